@@ -120,7 +120,8 @@ class Branch:
     fallthrough: int
 
     def describe(self) -> str:
-        return f"jump {self.taken:#x} if {self.cond} ({CONDITIONS[self.cond].text}) else {self.fallthrough:#x}"
+        text = f" ({CONDITIONS[self.cond].text})" if self.cond in CONDITIONS else ""
+        return f"jump {self.taken:#x} if {self.cond}{text} else {self.fallthrough:#x}"
 
 
 Effect = Union[Let, Push, AddRsp, Jump, Branch]
@@ -153,6 +154,38 @@ CONDITIONS: dict[str, Condition] = {
     "le": Condition("ZF=1 or SF!=OF", lambda cf, pf, zf, sf, of: zf | (sf ^ of)),
     "g": Condition("ZF=0 and SF=OF", lambda cf, pf, zf, sf, of: (zf | (sf ^ of)) ^ 1),
 }
+
+
+_FLAG_NAMES = ("cf", "pf", "zf", "sf", "of")
+
+
+def condition_test(cond: str) -> Callable:
+    """The test for a condition: a CONDITIONS name ('le'), or a formula over
+    cf pf zf sf of with & | ^ ~ and parentheses (e.g. 'zf & (sf ^ of)'), so
+    that foreign emulations, including wrong ones, can be written down."""
+    if cond in CONDITIONS:
+        return CONDITIONS[cond].test
+    import ast
+
+    try:
+        tree = ast.parse(cond, mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"condition {cond!r} is neither a condition code nor a flag formula") from None
+
+    def ev(node, flags):
+        if isinstance(node, ast.Name) and node.id in _FLAG_NAMES:
+            return flags[_FLAG_NAMES.index(node.id)]
+        if isinstance(node, ast.Constant) and node.value in (0, 1):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
+            return ev(node.operand, flags) ^ 1
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)):
+            a, b = ev(node.left, flags), ev(node.right, flags)
+            return a & b if isinstance(node.op, ast.BitAnd) else a | b if isinstance(node.op, ast.BitOr) else a ^ b
+        raise ValueError(f"condition {cond!r}: only cf pf zf sf of, 0, 1, &, |, ^, ~ are allowed")
+
+    ev(tree, (0, 0, 0, 0, 0))  # validate now, not when the probe fires
+    return lambda cf, pf, zf, sf, of: ev(tree, (cf, pf, zf, sf, of))
 
 
 def value_json(v: Value) -> object:

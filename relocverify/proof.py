@@ -1,0 +1,566 @@
+"""Prove a relocation equivalent to the original instruction, or refute it.
+
+The obligation (one instruction at A, its relocation at T):
+
+  From one arbitrary machine state (every general-purpose register, RFLAGS
+  (OF SF ZF AF PF CF, and DF, AC, ID), the fs/gs bases, every SIMD/x87
+  register the code touches, and all of memory), run the original
+  instruction at A and the relocation at T (its bytes, or an emulate plan's
+  effects).  For every input the two must end with
+
+    1. the same value in every register either side wrote (RFLAGS compared
+       as flags, computed from VEX's lazy thunk, not the thunk itself);
+    2. the same byte at every memory address outside tracer memory;
+    3. the same sequence of memory reads (address and size, on the path taken),
+       tracer memory excepted;
+    4. the same next RIP, under the A <-> T correspondence: a jump back to T
+       is the relocated instruction starting over, the image of the
+       original jumping to A (rep string loops, CAS retries); every other
+       exit must be the original's successor itself (A+len, the branch
+       target, the call target with A+len pushed).
+
+  Left out, and why: tracer memory, i.e. the trampoline bytes (and the
+  absolute-jump qwords inside them) and a scratch plan's save slot.  The
+  tracer allocates and writes them, no kernel code addresses them, and the
+  original instruction cannot see them: they exist only for the relocation.
+  A plan never writes below rsp except by an emulated push, which is the
+  original's own push, compared like any other store.
+
+  5. Atomicity, a separate obligation a sequential semantics cannot see:
+     the relocated code performs the original's memory operation under
+     LOCK exactly when the original does (a LOCK prefix, or xchg with
+     memory, which is implicitly locked).
+
+Semantics: ``semantics.py`` (VEX IR via pyvex, angr's claripy operations,
+memory for all addresses).  A proof is an UNSAT answer from z3 for the
+negated obligation, or the IR-identity fast path (``fast_path``), whose
+soundness argument is in its docstring.  A SAT answer is a counterexample;
+it is reported as ``refuted`` only after unicorn, an independent concrete
+executor, replays both sides on it and sees a difference too; otherwise the
+verdict is ``unknown``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import claripy
+import pyvex
+
+from . import semantics as S
+from .effects import Address, AddRsp, Branch, CONDITIONS, Const, Effect, Jump, Let, Load, Push, Reg, Temp, effect_json
+from .instruction import Decoded, Instruction
+from .plan import Plan, PlanKind
+from .policy import classify
+from .verdict import Counterexample, Difference, ProofResult, Verdict
+
+MASK64 = 0xFFFFFFFFFFFFFFFF
+DEFAULT_TIMEOUT_MS = 10_000
+
+# Instructions VEX lifts without error but wrongly (REFERENCES.md, "VEX").
+# A byte-identical copy of one is ``opaque``: the copy runs the same
+# hardware instruction, but no VEX-based proof of that exists.
+OPAQUE_LIFTS: dict[str, str] = {
+    "swapgs": "VEX lifts swapgs as a no-op",
+    "cli": "VEX lifts cli as a privileged exit",
+    "sti": "VEX lifts sti as a privileged exit",
+    "iretq": "VEX's iretq ignores CS and SS",
+    "rdmsr": "VEX models rdmsr as an effect-less helper",
+    "sysret": "VEX models sysret as an effect-less helper",
+    "sysretq": "VEX models sysret as an effect-less helper",
+}
+
+
+def _opaque_lift_reason(insn: Instruction) -> str | None:
+    if insn.opname in OPAQUE_LIFTS:
+        return OPAQUE_LIFTS[insn.opname]
+    if insn.opcode in (b"\x0f\x20", b"\x0f\x22"):
+        return "VEX lifts mov to/from a control register through a 32-bit truncation"
+    if insn.opcode in (b"\x0f\x21", b"\x0f\x23"):
+        return "VEX does not model debug registers"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Fast path
+# ---------------------------------------------------------------------------
+
+
+class _NotApplicable(Exception):
+    pass
+
+
+def _canon_expr(e, temps: dict):
+    t = type(e)
+    if t is pyvex.expr.RdTmp:
+        return ("t", temps[e.tmp])
+    if t is pyvex.expr.Const:
+        return ("c", e.con.type, e.con.value)
+    if t is pyvex.expr.Get:
+        if e.offset == S.REG_BY_NAME["rip"][0]:
+            raise _NotApplicable("reads rip")
+        return ("get", e.offset, e.ty)
+    if t in (pyvex.expr.Unop, pyvex.expr.Binop, pyvex.expr.Triop, pyvex.expr.Qop):
+        return (e.op,) + tuple(_canon_expr(a, temps) for a in e.args)
+    if t is pyvex.expr.Load:
+        return ("ld", e.end, e.ty, _canon_expr(e.addr, temps))
+    if t is pyvex.expr.ITE:
+        return ("ite", _canon_expr(e.cond, temps), _canon_expr(e.iftrue, temps), _canon_expr(e.iffalse, temps))
+    if t is pyvex.expr.CCall:
+        return ("ccall", e.cee.name, e.retty) + tuple(_canon_expr(a, temps) for a in e.args)
+    raise _NotApplicable(f"expression {t.__name__}")
+
+
+def _define(temps: dict, tmp: int) -> int:
+    temps[tmp] = len(temps)
+    return temps[tmp]
+
+
+def _canon_block(irsb, resolve) -> tuple:
+    """A canonical form of an IRSB: temps renamed by definition order, IMarks
+    and writes of rip dropped (every exit and the block's end overwrite rip,
+    and no statement reads it: checked), exit targets passed through ``resolve``."""
+    temps: dict = {}
+    out = []
+    rip = S.REG_BY_NAME["rip"][0]
+    for st in irsb.statements:
+        t = type(st)
+        if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
+            continue
+        if t is pyvex.stmt.WrTmp:
+            data = _canon_expr(st.data, temps)
+            out.append(("wr", _define(temps, st.tmp), data))
+        elif t is pyvex.stmt.Put:
+            if st.offset == rip:
+                _canon_expr(st.data, temps)  # still must not read rip
+                continue
+            out.append(("put", st.offset, _canon_expr(st.data, temps)))
+        elif t is pyvex.stmt.Store:
+            out.append(("st", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps)))
+        elif t is pyvex.stmt.StoreG:
+            out.append(("stg", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps),
+                        _canon_expr(st.guard, temps)))
+        elif t is pyvex.stmt.LoadG:
+            args = (_canon_expr(st.addr, temps), _canon_expr(st.alt, temps), _canon_expr(st.guard, temps))
+            out.append(("ldg", st.end, st.cvt, _define(temps, st.dst)) + args)
+        elif t is pyvex.stmt.CAS:
+            if st.dataHi is not None:
+                raise _NotApplicable("double CAS")
+            args = (_canon_expr(st.addr, temps), _canon_expr(st.expdLo, temps), _canon_expr(st.dataLo, temps))
+            out.append(("cas", st.end, _define(temps, st.oldLo)) + args)
+        elif t is pyvex.stmt.MBE:
+            out.append(("mbe", st.event))
+        elif t is pyvex.stmt.Exit:
+            out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), st.jumpkind))
+        elif t is pyvex.stmt.Dirty:
+            raise S.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
+        else:
+            raise _NotApplicable(f"statement {t.__name__}")
+    nxt = irsb.next
+    if type(nxt) is pyvex.expr.Const:
+        end = ("exit", resolve(nxt.con.value), irsb.jumpkind)
+    else:
+        end = ("next", _canon_expr(nxt, temps), irsb.jumpkind)
+    return tuple(out) + (end,)
+
+
+def _pure_jump_target(code: bytes, tramp: int, pc: int, depth: int = 0) -> int:
+    """Where a trampoline-internal block that only jumps goes (through chains of such blocks)."""
+    if depth > 8:
+        raise _NotApplicable("jump chain too long")
+    irsb = S.lift(code[pc - tramp:], pc)
+    for st in irsb.statements:
+        if type(st) in (pyvex.stmt.IMark, pyvex.stmt.NoOp):
+            continue
+        if type(st) is pyvex.stmt.Put and st.offset == S.REG_BY_NAME["rip"][0] and type(st.data) is pyvex.expr.Const:
+            continue
+        if type(st) is pyvex.stmt.WrTmp and type(st.data) is pyvex.expr.Load and type(st.data.addr) is pyvex.expr.Const:
+            continue  # the qword load of jmp *0(%rip), resolved below
+        raise _NotApplicable("internal block does more than jump")
+    if irsb.jumpkind != "Ijk_Boring":
+        raise _NotApplicable("internal block is not a plain jump")
+    nxt = irsb.next
+    if type(nxt) is pyvex.expr.Const:
+        target = nxt.con.value
+    else:
+        load = next((st.data for st in irsb.statements if type(st) is pyvex.stmt.WrTmp
+                     and type(nxt) is pyvex.expr.RdTmp and st.tmp == nxt.tmp), None)
+        if load is None or type(load) is not pyvex.expr.Load or load.ty != "Ity_I64":
+            raise _NotApplicable("internal block jumps indirectly")
+        off = load.addr.con.value - tramp
+        if not 0 <= off <= len(code) - 8:
+            raise _NotApplicable("absolute jump through memory outside the trampoline")
+        target = int.from_bytes(code[off:off + 8], "little")
+    if tramp < target < tramp + len(code):
+        return _pure_jump_target(code, tramp, target, depth + 1)
+    return target
+
+
+def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
+    """Prove equivalence by IR identity, or return False (no conclusion).
+
+    Argument.  The original is one IRSB lifted at A; the relocation's first
+    IRSB is lifted at T.  After canonicalisation (``_canon_block``) the two
+    statement lists are required to be identical, and no statement reads
+    rip.  Both run from the same initial state, and the only state they may
+    see differently is rip (A vs T), which neither reads: by induction over
+    the statements every temp, register write, load, store, CAS and exit
+    guard has the same value on both sides, so each exit is taken under the
+    same inputs with the same state.  Writes of rip are dead (each exit and
+    the block's end set rip).  Exit targets are compared after mapping:
+    the relocation's T is A (the instruction starting over), and a target
+    inside the trampoline is replaced by where the block there jumps,
+    which is sound only because such a block is checked to do nothing but
+    jump (no state change except rip).  Equal mapped targets and equal
+    states at every exit are exactly obligations 1-4.
+    """
+    end = tramp + len(code)
+
+    def resolve_reloc(v: int) -> int:
+        if v == tramp:
+            return at
+        if tramp < v < end:
+            return _pure_jump_target(code, tramp, v)
+        return v
+
+    try:
+        orig = S.lift(raw, at, max_inst=1)
+        if orig.size != len(raw):
+            return False
+        reloc = S.lift(code, tramp)
+        return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc)
+    except _NotApplicable:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# SMT path
+# ---------------------------------------------------------------------------
+
+
+def _merge(outs, f):
+    result = f(outs[-1])
+    for o in reversed(outs[:-1]):
+        result = claripy.If(o.guard, f(o), result)
+    return result
+
+
+def _written_registers(outs) -> set[str]:
+    names = set()
+    for o in outs:
+        for off in o.regs:
+            info = S._REG_OF_BYTE.get(off)
+            names.add(info[0] if info else f"guest_{off}")
+    return names
+
+
+def _flags(world, o, start_pc):
+    vals = [S.register_value(world, o.regs, n, start_pc) for n in S.FLAG_THUNK]
+    if vals[0].op != "BVV":
+        raise S.Gap("symbolic flags-thunk operation")
+    r = S._ccall.amd64g_calculate_rflags_all(S._CCallState(), *vals)
+    return r & S.OSZACP
+
+
+@dataclass(frozen=True)
+class _Item:
+    what: str
+    orig: object
+    reloc: object
+
+
+def _items(world, orig_outs, reloc_outs, at, tramp, x):
+    items = [_Item("rip", _merge(orig_outs, lambda o: o.target), _merge(reloc_outs, lambda o: o.target))]
+    jk_id = {}
+
+    def jk(o):
+        k = o.jumpkind if o.jumpkind not in S.NORMAL_JUMPKINDS else "Ijk_Boring"
+        return claripy.BVV(jk_id.setdefault(k, len(jk_id)), 8)
+
+    items.append(_Item("event", _merge(orig_outs, jk), _merge(reloc_outs, jk)))
+    names = _written_registers(orig_outs) | _written_registers(reloc_outs)
+    if names & set(S.FLAG_THUNK):
+        items.append(_Item("rflags", _merge(orig_outs, lambda o: _flags(world, o, at)),
+                           _merge(reloc_outs, lambda o: _flags(world, o, tramp))))
+    for name in sorted(names - set(S.FLAG_THUNK) - S.VEX_BOOKKEEPING - {"rip"}):
+        if name.startswith("guest_"):
+            raise S.Gap(f"a write to unnamed guest state at offset {name[6:]}")
+        items.append(_Item(name, _merge(orig_outs, lambda o: S.register_value(world, o.regs, name, at)),
+                           _merge(reloc_outs, lambda o: S.register_value(world, o.regs, name, tramp))))
+    if any(o.writes for o in orig_outs) or any(o.writes for o in reloc_outs):
+        items.append(_Item("memory", _merge(orig_outs, lambda o: S.read_memory_byte(world, o.writes, x)),
+                           _merge(reloc_outs, lambda o: S.read_memory_byte(world, o.writes, x))))
+    return items
+
+
+def _visible_reads(world, outs):
+    """(guard, address, size) of every read outside tracer memory, in program order per way out.
+
+    A read's guard is the path condition when it happened; it is conjoined
+    with the way out's guard so that reads on diverging paths stay apart."""
+    reads = []
+    for o in outs:
+        for r in o.reads:
+            if r.address.op == "BVV" and world.in_tracer(r.address.args[0]):
+                continue
+            reads.append((claripy.And(o.guard, r.guard), r.address, r.size))
+    return reads
+
+
+def _read_conditions(world, orig_outs, reloc_outs):
+    """Conditions under which the two sides' memory reads differ (obligation 3)."""
+    ro, rr = _visible_reads(world, orig_outs), _visible_reads(world, reloc_outs)
+    conds = []
+    for i in range(max(len(ro), len(rr))):
+        if i >= len(ro):
+            conds.append(rr[i][0])
+            continue
+        if i >= len(rr):
+            conds.append(ro[i][0])
+            continue
+        (go, ao, so), (gr, ar, sr) = ro[i], rr[i]
+        if so != sr:
+            conds.append(claripy.Or(go, gr))
+            continue
+        conds.append(claripy.Or(go != gr, claripy.And(go, ao != ar)))
+    return conds
+
+
+def _not_tracer(world, x):
+    return [claripy.Or(claripy.ULT(x, lo), claripy.UGE(x, lo + n)) if lo + n <= MASK64 else claripy.ULT(x, lo)
+            for lo, n in world.tracer_ranges]
+
+
+def _solve(world, items, read_conds, x, timeout_ms):
+    solver = claripy.Solver(timeout=timeout_ms)
+    for c in world.constraints():
+        solver.add(c)
+    for c in _not_tracer(world, x):
+        solver.add(c)
+    diffs = [it.orig != it.reloc for it in items] + read_conds
+    solver.add(claripy.Or(*diffs))
+    if not solver.satisfiable():
+        return None
+    return solver
+
+
+def _bits(solver, e) -> int:
+    return solver.eval(e, 1)[0]
+
+
+_OUT_NAMES = {"fs": "fs_base", "gs": "gs_base"}
+
+
+def _model_state(world: S.World, solver):
+    regs = []
+    for name, sym in sorted(world.reg_syms.items()):
+        regs.append((_OUT_NAMES.get(name, name), _bits(solver, sym)))
+    rflags = (_bits(solver, world.rflags) & S.OSZACP) | (_bits(solver, world.df) << 10) | 0x2
+    regs.append(("rflags", rflags))
+    mem = {}
+    for addr, byte in world.mem_syms.values():
+        a = _bits(solver, addr)
+        mem[a] = _bits(solver, byte)
+    return tuple(regs), tuple(sorted(mem.items()))
+
+
+def _describe(v: int, what: str) -> str:
+    return hex(v)
+
+
+def _counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_hex, effects) -> Counterexample:
+    regs, mem = _model_state(world, solver)
+    diffs = []
+    for it in items:
+        o, r = _bits(solver, it.orig), _bits(solver, it.reloc)
+        if o != r:
+            what = f"mem[{_bits(solver, x):#x}]" if it.what == "memory" else it.what
+            diffs.append(Difference(what, _describe(o, it.what), _describe(r, it.what)))
+    if not diffs and read_conds:
+        diffs.append(Difference("reads", "the original's memory reads", "different reads"))
+    import json
+    return Counterexample(regs, mem, tuple(diffs), decoded.raw.hex(), decoded.address, tramp, reloc_hex,
+                          json.dumps([effect_json(e) for e in effects], separators=(",", ":")) if effects else "")
+
+
+def _replay(cex: Counterexample, decoded: Instruction, reloc: bytes | None, effects, tramp, tracer_ranges):
+    """Run both sides concretely on unicorn from the counterexample's inputs."""
+    from . import replay as R
+
+    state = R.MachineState(dict(cex.registers), dict(cex.memory))
+    a = R.run_original(decoded.raw, decoded.address, state)
+    if effects:
+        b = R.run_effects(tuple(effects), decoded.address, state)
+    else:
+        b = R.run_relocated(reloc, tramp, decoded.address, decoded.length, state, tracer_memory=tracer_ranges)
+    diffs = R.compare(a, b, tracer_memory=tracer_ranges)
+    if a.fault or b.fault:
+        note = f"original: {a.fault or 'ok'}; relocated: {b.fault or 'ok'}"
+    else:
+        note = ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in diffs[:4])
+    return bool(diffs), note
+
+
+# ---------------------------------------------------------------------------
+# Atomicity
+# ---------------------------------------------------------------------------
+
+
+def _atomic(insn: Instruction) -> bool:
+    return insn.lock or (insn.opname == "xchg" and insn.memory is not None)
+
+
+def _relocated_instructions(code: bytes, tramp: int):
+    from .decoders import decode
+
+    off, out = 0, []
+    while off < len(code):
+        d = decode(code[off:], tramp + off)
+        if not isinstance(d, Instruction):
+            off += max(1, d.length)
+            continue
+        out.append(d)
+        off += d.length
+        if d.raw[:6] == b"\xff\x25\x00\x00\x00\x00":
+            off += 8
+    return out
+
+
+def _atomicity(decoded: Instruction, code: bytes | None, tramp: int, tracer_ranges) -> str | None:
+    """None if the obligation holds, else the refutation's reason."""
+    want = _atomic(decoded)
+    got = 0
+    if code is not None:
+        for ins in _relocated_instructions(code, tramp):
+            if ins.memory is None or not _atomic(ins):
+                continue
+            t = ins.rip_target
+            if t is not None and any(lo <= t < lo + n for lo, n in tracer_ranges):
+                continue
+            got += 1
+    if want and got == 0:
+        return "atomicity: the original's memory operation is LOCKed, the relocation's is not (LOCK dropped)"
+    if not want and got:
+        return "atomicity: the relocation performs a LOCKed memory operation the original does not (LOCK added)"
+    if got > 1:
+        return "atomicity: the relocation splits the original's locked operation into several"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------
+
+
+def _byte_identical_copy(decoded: Instruction, code: bytes | None) -> bool:
+    if code is None or code[:decoded.length] != decoded.raw:
+        return False
+    return classify(decoded).strategy == "copy"
+
+
+def _jumps_back(decoded: Instruction, code: bytes, tramp: int) -> bool:
+    n = decoded.length
+    if len(code) <= n:
+        return False
+    try:
+        return _pure_jump_target(code, tramp, tramp + n) == decoded.end
+    except (_NotApplicable, S.Gap):
+        return False
+
+
+def _gap_result(decoded: Instruction, code: bytes | None, tramp: int, reason: str, t0: float) -> ProofResult:
+    if _byte_identical_copy(decoded, code) and _jumps_back(decoded, code, tramp):
+        return ProofResult(Verdict.OPAQUE, f"byte-identical copy, not proved: {reason}", "copy-check",
+                           seconds=time.perf_counter() - t0)
+    return ProofResult(Verdict.UNKNOWN, reason, "smt", seconds=time.perf_counter() - t0)
+
+
+def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
+           tracer_ranges, timeout_ms: int) -> ProofResult:
+    t0 = time.perf_counter()
+    if code is not None:
+        lock = _atomicity(decoded, code, tramp, tracer_ranges)
+    else:
+        lock = _atomicity(decoded, None, tramp, ())
+    if lock is not None:
+        cex = Counterexample((), (), (Difference("lock", "locked" if _atomic(decoded) else "unlocked",
+                                                 "unlocked" if _atomic(decoded) else "locked"),),
+                             decoded.raw.hex(), decoded.address, tramp, code.hex() if code else "",
+                             replayed=None, replay_note="atomicity is not observable in a sequential replay")
+        return ProofResult(Verdict.REFUTED, lock, "atomicity", cex, time.perf_counter() - t0)
+    opaque = _opaque_lift_reason(decoded)
+    if opaque is not None:
+        return _gap_result(decoded, code, tramp, opaque, t0)
+    if code is not None:
+        try:
+            if fast_path(decoded.raw, decoded.address, code, tramp):
+                return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",
+                                   "fast-path", seconds=time.perf_counter() - t0)
+        except S.Gap as gap:
+            return _gap_result(decoded, code, tramp, gap.reason, t0)
+    tracer_bytes = {}
+    if code is not None:
+        tracer_bytes = {tramp + k: b for k, b in enumerate(code)}
+    world = S.World(tracer_bytes, tracer_ranges)
+    try:
+        orig = S.execute_original(world, decoded.raw, decoded.address)
+        if code is not None:
+            reloc = S.execute_relocated(world, code, tramp, decoded.address)
+        else:
+            reloc = S.execute_effects(world, effects, decoded.address, tramp)
+        x = claripy.BVS("x", 64, explicit_name=True)
+        items = _items(world, orig, reloc, decoded.address, tramp, x)
+        read_conds = _read_conditions(world, orig, reloc)
+        solver = _solve(world, items, read_conds, x, timeout_ms)
+    except S.Gap as gap:
+        return _gap_result(decoded, code, tramp, gap.reason, t0)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
+                           seconds=time.perf_counter() - t0)
+    if solver is None:
+        return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
+                           seconds=time.perf_counter() - t0)
+    try:
+        cex = _counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "", effects)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__} while extracting a model", "smt",
+                           seconds=time.perf_counter() - t0)
+    confirmed, note = _replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
+                         cex.reloc_hex, cex.effects_json, confirmed, note)
+    if world.uf_results and not confirmed:
+        return ProofResult(Verdict.UNKNOWN, "counterexample depends on an uninterpreted helper and did not replay",
+                           "smt", cex, time.perf_counter() - t0)
+    if not confirmed:
+        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})",
+                           "smt", cex, time.perf_counter() - t0)
+    what = ", ".join(d.what for d in cex.differences) or "reads"
+    return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
+
+
+def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The verdict for one of our own plans."""
+    if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.REJECTED, plan.reason, "policy")
+    if plan.kind is PlanKind.EMULATE:
+        return _check(decoded, None, plan.effects, plan.tramp, (), int(timeout_ms))
+    return _check(decoded, plan.trampoline, (), plan.tramp, plan.tracer_memory, int(timeout_ms))
+
+
+def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int,
+                     timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The verdict for relocated bytes made by any tool, run from ``tramp``.
+
+    Tracer memory is taken to be the relocated bytes themselves."""
+    if not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
+    return _check(decoded, bytes(reloc), (), tramp, ((tramp, len(reloc)),), int(timeout_ms))
+
+
+def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
+                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The verdict for an emulation program made by any tool."""
+    if not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
+    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms))
