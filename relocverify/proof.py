@@ -152,17 +152,52 @@ def _canon_block(irsb, resolve) -> tuple:
         elif t is pyvex.stmt.MBE:
             out.append(("mbe", st.event))
         elif t is pyvex.stmt.Exit:
-            out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), st.jumpkind))
+            out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), _jk(st.jumpkind)))
         elif t is pyvex.stmt.Dirty:
             raise S.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
         else:
             raise _NotApplicable(f"statement {t.__name__}")
     nxt = irsb.next
     if type(nxt) is pyvex.expr.Const:
-        end = ("exit", resolve(nxt.con.value), irsb.jumpkind)
+        end = ("exit", resolve(nxt.con.value), _jk(irsb.jumpkind))
     else:
-        end = ("next", _canon_expr(nxt, temps), irsb.jumpkind)
-    return tuple(out) + (end,)
+        end = ("next", _canon_expr(nxt, temps), _jk(irsb.jumpkind))
+    return _drop_dead(tuple(out) + (end,))
+
+
+def _jk(jumpkind: str) -> str:
+    """Call and Ret are hints to VEX's clients; as state transitions they are Boring."""
+    return "Ijk_Boring" if jumpkind in S.NORMAL_JUMPKINDS else jumpkind
+
+
+def _uses(node, acc: set) -> set:
+    if isinstance(node, tuple):
+        if len(node) == 2 and node[0] == "t" and isinstance(node[1], int):
+            acc.add(node[1])
+        else:
+            for n in node:
+                _uses(n, acc)
+    return acc
+
+
+def _pure(node) -> bool:
+    """No load inside: evaluating it has no effect (VEX operations and clean helpers are pure)."""
+    if isinstance(node, tuple):
+        if node and node[0] == "ld":
+            return False
+        return all(_pure(n) for n in node)
+    return True
+
+
+def _drop_dead(stmts: tuple) -> tuple:
+    """Drop writes of temps nobody reads whose expression is pure (AbiHint's red-zone arithmetic)."""
+    used = set()
+    for st in stmts:
+        if st[0] == "wr":
+            _uses(st[2], used)
+        else:
+            _uses(st[1:], used)
+    return tuple(st for st in stmts if not (st[0] == "wr" and st[1] not in used and _pure(st[2])))
 
 
 def _pure_jump_target(code: bytes, tramp: int, pc: int, depth: int = 0) -> int:
@@ -230,6 +265,92 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
             return False
         reloc = S.lift(code, tramp)
         return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc)
+    except _NotApplicable:
+        return False
+
+
+def _effects_image(effects) -> tuple | None:
+    """The IR image of an effect program, in ``_canon_block``'s canonical form,
+    or None when the program uses a form this translation does not cover
+    (memory operands: those go to the SMT path).
+
+    Each effect becomes the IR statements that mean exactly what effects.py
+    says it means: Push(v) is ``t=GET(rsp); t'=Sub64(t,8); PUT(rsp)=t';
+    STle(t')=v``; AddRsp(d) is ``PUT(rsp)=Add64(rsp,d)``; Let(n, Load(rsp))
+    is ``LDle:I64(rsp)``; Jump(v) ends the block at v.  A register's value
+    is re-used from the last statement that produced it, as VEX's lifter
+    does, so that an identical image means an identical computation.
+    """
+    rsp = S.REG_BY_NAME["rsp"][0]
+    out: list = []
+    known: dict[int, tuple] = {}
+    names: dict[str, tuple] = {}
+    counter = [0]
+
+    def wr(expr) -> tuple:
+        out.append(("wr", counter[0], expr))
+        counter[0] += 1
+        return ("t", counter[0] - 1)
+
+    def reg(name: str) -> tuple:
+        off = S.REG_BY_NAME[name][0]
+        if off not in known:
+            known[off] = wr(("get", off, "Ity_I64"))
+        return known[off]
+
+    def value(v):
+        if isinstance(v, Const):
+            return ("c", "Ity_I64", v.value & MASK64)
+        if isinstance(v, Reg):
+            return reg(v.name)
+        if isinstance(v, Temp):
+            return names.get(v.name)
+        if isinstance(v, Load) and v.size == 8 and v.address == Address(base="rsp"):
+            return wr(("ld", "Iend_LE", "Ity_I64", reg("rsp")))
+        return None
+
+    for k, e in enumerate(effects):
+        last = k == len(effects) - 1
+        if isinstance(e, Let):
+            val = value(e.value)
+            if val is None:
+                return None
+            names[e.name] = val
+        elif isinstance(e, Push):
+            val = value(e.value)
+            if val is None:
+                return None
+            new = wr(("Iop_Sub64", reg("rsp"), ("c", "Ity_I64", 8)))
+            out.append(("put", rsp, new))
+            known[rsp] = new
+            out.append(("st", "Iend_LE", new, val))
+        elif isinstance(e, AddRsp):
+            new = wr(("Iop_Add64", reg("rsp"), ("c", "Ity_I64", e.delta & MASK64)))
+            out.append(("put", rsp, new))
+            known[rsp] = new
+        elif isinstance(e, Jump) and last:
+            val = value(e.to)
+            if val is None:
+                return None
+            end = ("exit", val[2], "Ijk_Boring") if val[0] == "c" else ("next", val, "Ijk_Boring")
+            return _drop_dead(tuple(out) + (end,))
+        else:
+            return None
+    return None
+
+
+def fast_path_effects(raw: bytes, at: int, effects) -> bool:
+    """Prove an emulation by IR identity: the original's canonical IR equals
+    the effect program's IR image (``_effects_image``), so the two compute
+    the same state and the same next rip by the argument of ``fast_path``."""
+    image = _effects_image(effects)
+    if image is None:
+        return False
+    try:
+        orig = S.lift(raw, at, max_inst=1)
+        if orig.size != len(raw):
+            return False
+        return _canon_block(orig, lambda v: v) == image
     except _NotApplicable:
         return False
 
@@ -492,6 +613,12 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     opaque = _opaque_lift_reason(decoded)
     if opaque is not None:
         return _gap_result(decoded, code, tramp, opaque, t0)
+    try:
+        if code is None and fast_path_effects(decoded.raw, decoded.address, effects):
+            return ProofResult(Verdict.PROVED, "the original's IR is the effect program's IR image",
+                               "fast-path", seconds=time.perf_counter() - t0)
+    except S.Gap as gap:
+        return _gap_result(decoded, code, tramp, gap.reason, t0)
     if code is not None:
         try:
             if fast_path(decoded.raw, decoded.address, code, tramp):
