@@ -15,7 +15,7 @@ iced-x86 with the row's reason recorded in ``Instruction.notes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -418,3 +418,25 @@ def _decode_cached(raw: bytes, address: int) -> Decoded:
 def decoder_versions() -> dict[str, str]:
     """Versions of every decoder whose answers feed a decode (part of the proof-cache key)."""
     return {"capstone": capstone.__version__, "iced": getattr(iced_x86, "__version__", "1.21.0")}
+
+
+def rebase(decoded: Decoded, address: int) -> Decoded:
+    """The same decode at another address.
+
+    Only address-derived facts change: the address itself and a relative
+    branch's target (address + length + rel, masked); RIP-relative operands
+    are carried as their encoded displacement and resolved from ``address``
+    on use.  Used by the batch to decode each distinct byte string once.
+    """
+    address &= MASK64
+    if decoded.address == address:
+        return decoded
+    if not isinstance(decoded, Instruction):
+        return replace(decoded, address=address)
+    target = decoded.branch_target
+    op_str = decoded.op_str
+    if target is not None:
+        new_target = (target - decoded.address + address) & MASK64
+        op_str = op_str.replace(f"{target:#x}", f"{new_target:#x}")
+        target = new_target
+    return replace(decoded, address=address, branch_target=target, op_str=op_str)

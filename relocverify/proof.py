@@ -691,3 +691,53 @@ def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
     return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms))
+
+
+# ---------------------------------------------------------------------------
+# The proof cache key
+# ---------------------------------------------------------------------------
+
+_VERSIONS_TAG: bytes | None = None
+
+
+def _versions_tag() -> bytes:
+    global _VERSIONS_TAG
+    if _VERSIONS_TAG is None:
+        import hashlib
+
+        import angr
+        import claripy
+        import z3
+
+        from . import __version__
+        from .decoders import decoder_versions
+
+        text = repr((__version__, sorted(decoder_versions().items()), pyvex.__version__, angr.__version__,
+                     claripy.__version__, z3.get_version_string()))
+        _VERSIONS_TAG = hashlib.sha256(text.encode()).digest()[:8]
+    return _VERSIONS_TAG
+
+
+def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
+    """The key under which a verdict for ``plan`` may be reused, or None.
+
+    Keyed: a byte-identical copy of a position-independent instruction
+    (policy strategy ``copy``), by its bytes, the form of the jump back
+    (rel32 or absolute) and the versions of every tool a verdict depends on.
+
+    Why reuse is sound.  Such an instruction has no RIP-relative operand and
+    no relative branch, so its bytes, not its address, determine what it
+    does; A and T enter its VEX IR only as PC constants (IMark, rip writes,
+    a rep loop's jump to itself), which the verdict never depends on: the
+    fast path drops or maps exactly those (A <-> T), the opaque test looks
+    only at the bytes, and the SMT obligation is stated relative to A and T.
+    The jump back is the same instruction whatever its target, as long as
+    its form is the same.  Every other plan (rewrites, emulations) depends
+    on the relation of A, T and the targets, and is proved per instance.
+    """
+    if plan.kind is not PlanKind.COPY or not isinstance(decoded, Instruction):
+        return None
+    if classify(decoded).strategy != "copy":
+        return None
+    form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
+    return b"copy|" + _versions_tag() + form + decoded.raw

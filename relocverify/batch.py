@@ -1,0 +1,366 @@
+"""Verify every instruction of a kernel image: one verdict each, totals that add up.
+
+image -> functions -> instructions -> plan -> proof -> store -> summary.
+
+Work is split by function.  Worker processes (forked, so they share the
+loaded image) verify whole functions and return their rows; the parent
+alone writes the store, one transaction per batch of functions (see
+store.py: nothing is half-written, and a rerun resumes where a run
+stopped).  A solver timeout, a hang, or a crashing worker marks the
+instructions concerned ``unknown`` with the reason, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from .decoders import decode, decoder_versions, rebase
+from .errors import InputError
+from .functions import Function, find_functions, iter_instruction_spans
+from .image import Image, load_image
+from .instruction import Instruction
+from .plan import PlanKind, make_plan
+from .proof import cache_key, prove_plan
+from .store import InstructionRow, Store
+from .verdict import ProofResult, Verdict
+
+CHUNK_FUNCTIONS = 64
+WRITE_EVERY_S = 2.0
+
+_HEX = re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{6,}\b")
+
+
+def reason_key(verdict: str, rule: str, method: str, reason: str) -> str:
+    """A reason with its instance-specific numbers removed, for counting."""
+    if verdict == Verdict.PROVED.value:
+        return f"proved by {method}"
+    if verdict == Verdict.REJECTED.value:
+        return f"{rule}: {_HEX.sub('N', reason.split(':')[0] if rule in ('undecodable', 'decoder-disagreement') else reason)[:140]}"
+    return _HEX.sub("N", reason)[:160]
+
+
+# ---------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+@dataclass
+class _Context:
+    image: Image
+    tramp: int
+    timeout_s: float
+    cache: dict
+
+
+_CTX: _Context | None = None
+_DECODED: dict[bytes, object] = {}
+
+
+def _decode(raw: bytes, address: int):
+    hit = _DECODED.get(raw)
+    if hit is None:
+        hit = decode(raw, address)
+        if len(_DECODED) < 1_000_000:
+            _DECODED[raw] = hit
+        return hit
+    return rebase(hit, address)
+
+
+def verify_instruction(raw: bytes, address: int, tramp: int, timeout_s: float, cache: dict,
+                       new_cache: dict) -> tuple[str, str, str, str, str, str]:
+    """(verdict, reason, method, plan kind, rule, class) for one instruction."""
+    decoded = _decode(raw, address)
+    klass = decoded.opname if isinstance(decoded, Instruction) else type(decoded).__name__.lower()
+    plan = make_plan(decoded, tramp)
+    if plan.kind is PlanKind.REJECT:
+        return Verdict.REJECTED.value, plan.reason, "policy", plan.kind.value, plan.rule, klass
+    key = cache_key(decoded, plan)
+    if key is not None:
+        hit = cache.get(key) or new_cache.get(key)
+        if hit is not None:
+            return hit[0], hit[1], hit[2], plan.kind.value, plan.rule, klass
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s + 1.0)
+    try:
+        result = prove_plan(decoded, plan, timeout_ms=int(timeout_s * 1000))
+    except _Timeout:
+        result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {timeout_s:g} s", "timeout")
+    except Exception as exc:  # a bug in a third-party library must not stop the run
+        result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {str(exc)[:100]}", "error")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    row = (result.verdict.value, result.reason, result.method)
+    if key is not None and result.method not in ("timeout", "error"):
+        new_cache[key] = row
+    return (*row, plan.kind.value, plan.rule, klass)
+
+
+def _verify_functions(functions: list[Function]):
+    ctx = _CTX
+    new_cache: dict = {}
+    out = []
+    for fn in functions:
+        rows = []
+        for address, raw in iter_instruction_spans(ctx.image, fn):
+            v, reason, method, kind, rule, klass = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s,
+                                                                     ctx.cache, new_cache)
+            rows.append(InstructionRow(address, fn.section, fn.name, bytes(raw), v, reason,
+                                       reason_key(v, rule, method, reason), method, kind, rule, klass))
+        out.append((fn.start, fn.name, rows))
+    return out, new_cache
+
+
+def _crashed_rows(fn: Function, ctx: _Context, why: str):
+    rows = [InstructionRow(a, fn.section, fn.name, bytes(r), Verdict.UNKNOWN.value, why, why, "crash", "", "", "")
+            for a, r in iter_instruction_spans(ctx.image, fn)]
+    return fn.start, fn.name, rows
+
+
+# ---------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    total: int
+    enabled: bool
+    start: float = 0.0
+    done: int = 0
+    last: float = 0.0
+
+    def advance(self, n: int, final: bool = False) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.5 and not final):
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        eta = (self.total - self.done) / rate if rate > 0 else 0
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done:,}/{self.total:,} insn "
+                         f"{rate:,.0f} insn/s ETA {eta:,.0f}s ")
+        if final:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def tool_versions() -> dict:
+    import angr
+    import claripy
+    import pyvex
+    import unicorn
+    import z3
+
+    from . import __version__
+
+    return {"relocverify": __version__, **decoder_versions(), "pyvex": pyvex.__version__, "angr": angr.__version__,
+            "claripy": claripy.__version__, "z3": z3.get_version_string(), "unicorn": unicorn.__version__}
+
+
+def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, limit: int | None = None,
+        progress: bool = True, site_index=None) -> dict:
+    global _CTX
+    t0 = time.monotonic()
+    functions = find_functions(image)
+    if limit is not None:
+        functions = functions[:limit]
+    done = store.done_functions(image.identity)
+    todo = [f for f in functions if f.start not in done]
+    store.add_image(image.identity, image.path, image.format, image.symbol_source,
+                    {"sections": [s.name for s in image.iter_executable_sections()], "notes": list(image.notes)})
+    run_id = store.start_run(image.identity, tramp, tool_versions())
+    _CTX = _Context(image, tramp, timeout_s, store.load_cache())
+    from .functions import count_instructions
+
+    total = sum(count_instructions(image, f) for f in todo)
+    bar = Progress(total, progress, time.monotonic())
+    status = "complete"
+    try:
+        _run_pool(todo, store, image.identity, run_id, jobs, bar)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        bar.advance(0, final=True)
+        summary = summarize(store, image, functions, time.monotonic() - t0, site_index)
+        summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done)}
+        store.finish_run(run_id, status, summary)
+    return summary
+
+
+def _chunks(items, n):
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs: int, bar: Progress) -> None:
+    pending_rows: list = []
+    pending_cache: dict = {}
+    last_write = time.monotonic()
+
+    def absorb(results, cache):
+        nonlocal last_write
+        pending_rows.extend(results)
+        pending_cache.update(cache)
+        _CTX.cache.update(cache)
+        bar.advance(sum(len(r[2]) for r in results))
+        if time.monotonic() - last_write > WRITE_EVERY_S:
+            flush()
+
+    def flush():
+        nonlocal last_write
+        if pending_rows or pending_cache:
+            store.write_functions(image, run_id, pending_rows, pending_cache)
+        pending_rows.clear()
+        pending_cache.clear()
+        last_write = time.monotonic()
+
+    chunks = list(_chunks(todo, CHUNK_FUNCTIONS))
+    try:
+        if jobs <= 1:
+            for chunk in chunks:
+                absorb(*_verify_functions(chunk))
+            return
+        retry: list[list[Function]] = []
+        ctx = multiprocessing.get_context("fork")
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_verify_functions, c): c for c in chunks}
+            try:
+                for fut in cf.as_completed(futures):
+                    try:
+                        absorb(*fut.result())
+                    except cf.process.BrokenProcessPool:
+                        retry.append(futures[fut])
+            except cf.process.BrokenProcessPool:
+                retry.extend(c for f, c in futures.items() if not f.done())
+        for chunk in retry:  # isolate the crash: one function per fresh worker
+            for fn in chunk:
+                with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                    try:
+                        absorb(*pool.submit(_verify_functions, [fn]).result())
+                    except cf.process.BrokenProcessPool:
+                        absorb([_crashed_rows(fn, _CTX, "worker crashed while verifying this function")], {})
+    finally:
+        flush()
+
+
+# ---------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------
+
+
+def summarize(store: Store, image: Image, functions: list[Function], wall_s: float, site_index=None) -> dict:
+    ident = image.identity
+    by_verdict = {v.value: 0 for v in Verdict}
+    by_verdict.update(store.counts(ident, "verdict"))
+    n = sum(by_verdict.values())
+    by_section: dict[str, dict[str, int]] = {}
+    for sec, verdict, cnt in store.db.execute(
+            "SELECT section, verdict, count(*) FROM instructions WHERE image=? GROUP BY section, verdict", (ident,)):
+        by_section.setdefault(sec, {})[verdict] = cnt
+    top = {}
+    for verdict in ("rejected", "unknown", "opaque", "refuted"):
+        top[verdict] = [{"function": f, "instructions": c} for f, c in store.db.execute(
+            "SELECT function, count(*) c FROM instructions WHERE image=? AND verdict=? GROUP BY function "
+            "ORDER BY c DESC, function LIMIT 10", (ident, verdict))]
+    by_class: dict[str, dict[str, int]] = {}
+    for k, verdict, cnt in store.db.execute(
+            "SELECT klass, verdict, count(*) FROM instructions WHERE image=? GROUP BY klass, verdict", (ident,)):
+        by_class.setdefault(k, {})[verdict] = cnt
+    reasons = dict(sorted(store.counts(ident, "reason_key").items(), key=lambda kv: -kv[1]))
+    expected = sum(1 for _ in ()) if False else None
+    done = store.db.execute("SELECT count(*), coalesce(sum(instructions),0) FROM functions_done WHERE image=?",
+                            (ident,)).fetchone()
+    summary = {
+        "image": {"path": image.path, "identity": ident, "format": image.format,
+                  "compression": image.compression, "symbols": image.symbol_source},
+        "instructions": n,
+        "functions": len(functions),
+        "functions_verified": done[0],
+        "by_verdict": by_verdict,
+        "by_method": store.counts(ident, "method"),
+        "by_plan": store.counts(ident, "plan_kind"),
+        "by_reason": reasons,
+        "by_section": by_section,
+        "by_class": dict(sorted(by_class.items(), key=lambda kv: -sum(kv[1].values()))),
+        "top_functions": top,
+        "wall_s": round(wall_s, 3),
+        "instructions_per_s": round(n / wall_s, 1) if wall_s > 0 else None,
+        "totals_add_up": n == sum(by_verdict.values()) == done[1],
+    }
+    del expected
+    if site_index is not None:
+        summary["by_site"] = site_index
+    return summary
+
+
+def render_summary(s: dict) -> str:
+    lines = [f"image: {s['image']['path']} ({s['image']['format']}, symbols: {s['image']['symbols']})",
+             f"instructions: {s['instructions']:,} in {s['functions']:,} functions "
+             f"({s['functions_verified']:,} verified); totals add up: {s['totals_add_up']}",
+             "by verdict: " + ", ".join(f"{k} {v:,}" for k, v in s["by_verdict"].items()),
+             "by method: " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["by_method"].items())),
+             "by section:"]
+    for sec, d in sorted(s["by_section"].items()):
+        lines.append(f"  {sec:<24} " + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items())))
+    lines.append("top reasons:")
+    for r, c in list(s["by_reason"].items())[:15]:
+        lines.append(f"  {c:>9,}  {r}")
+    for verdict in ("rejected", "unknown"):
+        tops = s["top_functions"][verdict][:5]
+        if tops:
+            lines.append(f"top functions by {verdict}: " + ", ".join(f"{t['function']} ({t['instructions']})" for t in tops))
+    if "by_site" in s:
+        lines.append("sites: " + ", ".join(f"{k} {v['sites']:,}/{v['instructions']:,}" for k, v in s["by_site"].items()))
+    lines.append(f"wall: {s['wall_s']:.1f} s, {s['instructions_per_s'] or 0:,.0f} insn/s")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# Command
+# ---------------------------------------------------------------------------
+
+
+def command(args, out) -> int:
+    path, system_map = args.path, args.system_map
+    if path is None:
+        from .fetch import DEFAULT_KERNEL, fetch
+
+        k = fetch(DEFAULT_KERNEL, None)
+        path = str(k.vmlinux)
+    image = load_image(path, system_map)
+    db = args.db or os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
+    jobs = args.jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    store = Store(db)
+    try:
+        summary = run(image, store, args.trampoline_base, jobs, args.timeout, args.limit, not args.no_progress)
+    finally:
+        store.close()
+    out.write(render_summary(summary))
+    out.write(f"store: {db}\n")
+    if args.summary_json:
+        with open(args.summary_json, "w") as fh:
+            json.dump(summary, fh, indent=2)
+    bad = summary["by_verdict"].get("refuted", 0)
+    return 1 if bad else 0
