@@ -28,7 +28,7 @@ from .functions import Function, find_functions, iter_instruction_spans
 from .image import Image, load_image
 from .instruction import Instruction
 from .plan import PlanKind, make_plan
-from .proof import cache_key, prove_plan
+from .proof import cache_key, prove_plan, reusable
 from .store import InstructionRow, Store
 from .verdict import ProofResult, Verdict
 
@@ -107,7 +107,7 @@ def verify_instruction(raw: bytes, address: int, tramp: int, timeout_s: float, c
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     row = (result.verdict.value, result.reason, result.method)
-    if key is not None and result.method not in ("timeout", "error"):
+    if key is not None and reusable(key, result):
         new_cache[key] = row
     return (*row, plan.kind.value, plan.rule, klass)
 

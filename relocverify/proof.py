@@ -307,6 +307,9 @@ def _effects_image(effects) -> tuple | None:
             return names.get(v.name)
         if isinstance(v, Load) and v.size == 8 and v.address == Address(base="rsp"):
             return wr(("ld", "Iend_LE", "Ity_I64", reg("rsp")))
+        if (isinstance(v, Load) and v.size == 8 and v.address.base is None and v.address.index is None
+                and v.address.segment is None and v.address.address_size == 64):
+            return wr(("ld", "Iend_LE", "Ity_I64", ("c", "Ity_I64", v.address.disp & MASK64)))
         return None
 
     for k, e in enumerate(effects):
@@ -552,6 +555,8 @@ def _atomicity(decoded: Instruction, code: bytes | None, tramp: int, tracer_rang
     """None if the obligation holds, else the refutation's reason."""
     want = _atomic(decoded)
     got = 0
+    if not want and (code is None or not (b"\xf0" in code or b"\x86" in code or b"\x87" in code)):
+        return None  # no LOCK prefix and no xchg opcode byte anywhere: nothing locked on either side
     if code is not None:
         for ins in _relocated_instructions(code, tramp):
             if ins.memory is None or not _atomic(ins):
@@ -600,10 +605,7 @@ def _gap_result(decoded: Instruction, code: bytes | None, tramp: int, reason: st
 def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
            tracer_ranges, timeout_ms: int) -> ProofResult:
     t0 = time.perf_counter()
-    if code is not None:
-        lock = _atomicity(decoded, code, tramp, tracer_ranges)
-    else:
-        lock = _atomicity(decoded, None, tramp, ())
+    lock = _atomicity(decoded, code, tramp, tracer_ranges)
     if lock is not None:
         cex = Counterexample((), (), (Difference("lock", "locked" if _atomic(decoded) else "unlocked",
                                                  "unlocked" if _atomic(decoded) else "locked"),),
@@ -718,26 +720,142 @@ def _versions_tag() -> bytes:
     return _VERSIONS_TAG
 
 
+def pc_fields(code: bytes, base: int) -> list[tuple[int, int, int]] | None:
+    """Every field of ``code`` (decoded at ``base``) whose value is an address:
+    (offset, size, the address it denotes).  A RIP-relative displacement
+    denotes next-rip + disp; a relative branch, its target; the qword after
+    ``jmp *0(%rip)``, itself; a movabs immediate (a scratch plan's A+len),
+    itself.  None if the bytes do not decode."""
+    import iced_x86
+
+    dec = iced_x86.Decoder(64, code, ip=base)
+    fields = []
+    skip_to = 0
+    for ins in dec:
+        off = ins.ip - base
+        if off < skip_to:
+            continue
+        if ins.is_invalid:
+            return None
+        co = dec.get_constant_offsets(ins)
+        if ins.is_ip_rel_memory_operand:
+            fields.append((off + co.displacement_offset, co.displacement_size, ins.ip_rel_memory_address))
+        if ins.flow_control in (1, 3, 5, 8) and ins.near_branch_target and co.has_immediate:
+            fields.append((off + co.immediate_offset, co.immediate_size, ins.near_branch_target & MASK64))
+        if ins.code == iced_x86.Code.MOV_R64_IMM64:
+            fields.append((off + co.immediate_offset, 8, ins.immediate64))
+        if code[off:off + 6] == b"\xff\x25\x00\x00\x00\x00":
+            q = off + 6
+            if q + 8 > len(code):
+                return None
+            fields.append((q, 8, int.from_bytes(code[q:q + 8], "little")))
+            skip_to = q + 8
+            dec.position = skip_to
+            dec.ip = base + skip_to
+    return fields
+
+
+def _shape(code: bytes, fields) -> bytes:
+    b = bytearray(code)
+    for off, size, _ in fields:
+        b[off:off + size] = bytes(size)
+    return bytes(b)
+
+
 def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     """The key under which a verdict for ``plan`` may be reused, or None.
 
-    Keyed: a byte-identical copy of a position-independent instruction
-    (policy strategy ``copy``), by its bytes, the form of the jump back
-    (rel32 or absolute) and the versions of every tool a verdict depends on.
+    What a verdict depends on: the bytes, the plan, and how the addresses in
+    them relate to A and T; plus the versions of every tool that produced it.
 
-    Why reuse is sound.  Such an instruction has no RIP-relative operand and
-    no relative branch, so its bytes, not its address, determine what it
-    does; A and T enter its VEX IR only as PC constants (IMark, rip writes,
-    a rep loop's jump to itself), which the verdict never depends on: the
-    fast path drops or maps exactly those (A <-> T), the opaque test looks
-    only at the bytes, and the SMT obligation is stated relative to A and T.
-    The jump back is the same instruction whatever its target, as long as
-    its form is the same.  Every other plan (rewrites, emulations) depends
-    on the relation of A, T and the targets, and is proved per instance.
+    1. A byte-identical copy of a position-independent instruction (policy
+       strategy ``copy``): keyed by its bytes and the form of the jump back
+       (rel32 or absolute).  The instruction has no RIP-relative operand and
+       no relative branch, so A and T enter its VEX IR only as PC constants
+       (IMark, rip writes, a rep loop's jump to itself), which no verdict
+       depends on: the fast path drops or maps exactly those (A <-> T), the
+       opaque test reads only the bytes, and the SMT obligation is relative.
+
+    2. Any other plan: keyed by its *shape*: the original's bytes and the
+       trampoline's bytes (or the effect program) with every address-valued
+       field zeroed (``pc_fields``), and the *role* of each such field's
+       value: the original's own target, A+len, or a trampoline offset.
+       Roles must be unambiguous (distinct values), else no key.  Only
+       fast-path proofs are stored under such keys (see ``reusable``).
+       Why reuse is sound: VEX lifts bytes at an address to IR that depends
+       on the address only through PC constants (address, address+len, and
+       address+len+field for RIP-relative operands and branches).  Two
+       instances with the same shape and the same roles therefore lift, on
+       both sides, to the same IR trees with the same role in each
+       address-valued position; the fast path's equality of canonical IR,
+       established for one instance, holds position by position for the
+       other.  This invariance of the lifter is an assumption, tested in
+       tests/test_cache.py over random instructions and addresses.
     """
-    if plan.kind is not PlanKind.COPY or not isinstance(decoded, Instruction):
+    if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return None
-    if classify(decoded).strategy != "copy":
+    tag = _versions_tag()
+    if plan.kind is PlanKind.COPY and classify(decoded).strategy == "copy":
+        form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
+        return b"copy|" + tag + form + decoded.raw
+    a, n, t = decoded.address, decoded.length, plan.tramp
+    ofields = pc_fields(decoded.raw, a)
+    if ofields is None:
         return None
-    form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
-    return b"copy|" + _versions_tag() + form + decoded.raw
+    roles = {(a + n) & MASK64: "next", a: "self"}
+    for k, (_, _, v) in enumerate(ofields):
+        if v in roles:
+            return None
+        roles[v] = f"f{k}"
+    if plan.kind is PlanKind.EMULATE:
+        body = repr(tuple(_effect_roles(e, roles) for e in plan.effects))
+        if "?" in body:
+            return None
+        return b"emu|" + tag + _shape(decoded.raw, ofields) + b"|" + body.encode()
+    tfields = pc_fields(plan.trampoline, t)
+    if tfields is None:
+        return None
+    sig = []
+    for _, _, v in tfields:
+        r = roles.get(v)
+        if r is None and t <= v < t + len(plan.trampoline) + 16:
+            r = f"t+{v - t}"
+            if v in roles:
+                return None
+        if r is None:
+            return None
+        sig.append(r)
+    return (b"rel|" + tag + plan.rule.encode() + b"|" + _shape(decoded.raw, ofields) + b"|"
+            + _shape(plan.trampoline, tfields) + b"|" + ",".join(sig).encode())
+
+
+def _effect_roles(e, roles):
+    def val(v):
+        if isinstance(v, Const):
+            return ("c", roles.get(v.value & MASK64, "?"))
+        if isinstance(v, Load):
+            ad = v.address
+            disp = roles.get(ad.disp & MASK64, "?") if ad.base is None and ad.index is None else ad.disp
+            return ("ld", ad.base, ad.index, ad.scale, disp, ad.segment, ad.address_size, v.size)
+        return (type(v).__name__, getattr(v, "name", None))
+
+    if isinstance(e, (Let,)):
+        return ("let", e.name, val(e.value))
+    if isinstance(e, Push):
+        return ("push", val(e.value))
+    if isinstance(e, AddRsp):
+        return ("add", e.delta)
+    if isinstance(e, Jump):
+        return ("jump", val(e.to))
+    return ("branch", e.cond, roles.get(e.taken & MASK64, "?"), roles.get(e.fallthrough & MASK64, "?"))
+
+
+def reusable(key: bytes, result: ProofResult) -> bool:
+    """May ``result`` be stored under ``key``?  Copies: any verdict but a
+    timeout or internal error.  Shapes: only fast-path proofs (an SMT model
+    may depend on the particular addresses, e.g. on which bytes alias)."""
+    if result.method in ("timeout", "error", "crash"):
+        return False
+    if key.startswith(b"copy|"):
+        return True
+    return result.method == "fast-path" and result.verdict is Verdict.PROVED
