@@ -457,16 +457,22 @@ def _not_tracer(world, x):
 
 
 def _solve(world, items, read_conds, x, timeout_ms):
-    solver = claripy.Solver(timeout=timeout_ms)
-    for c in world.constraints():
-        solver.add(c)
-    for c in _not_tracer(world, x):
-        solver.add(c)
-    diffs = [it.orig != it.reloc for it in items] + read_conds
-    solver.add(claripy.Or(*diffs))
-    if not solver.satisfiable():
-        return None
-    return solver
+    """None if the negated obligation is unsatisfiable (a proof); else a solver holding a model.
+
+    Two stages, so that a counterexample shows a difference in outputs
+    whenever one exists (those replay on unicorn); only if the outputs can
+    never differ is a difference in the memory reads alone looked for."""
+    base = world.constraints() + _not_tracer(world, x)
+    for stage in ([it.orig != it.reloc for it in items], read_conds):
+        if not stage:
+            continue
+        solver = claripy.Solver(timeout=timeout_ms)
+        for c in base:
+            solver.add(c)
+        solver.add(claripy.Or(*stage))
+        if solver.satisfiable():
+            return solver
+    return None
 
 
 def _bits(solver, e) -> int:
@@ -509,21 +515,19 @@ def _counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_h
 
 
 def _replay(cex: Counterexample, decoded: Instruction, reloc: bytes | None, effects, tramp, tracer_ranges):
-    """Run both sides concretely on unicorn from the counterexample's inputs."""
+    """Run both sides concretely on unicorn from the counterexample's inputs.
+
+    Returns (confirmed, note): confirmed only by a conclusive difference
+    (``replay.Replay.differ``), never by a replay limit."""
     from . import replay as R
 
-    state = R.MachineState(dict(cex.registers), dict(cex.memory))
-    a = R.run_original(decoded.raw, decoded.address, state)
-    if effects:
-        b = R.run_effects(tuple(effects), decoded.address, state)
-    else:
-        b = R.run_relocated(reloc, tramp, decoded.address, decoded.length, state, tracer_memory=tracer_ranges)
-    diffs = R.compare(a, b, tracer_memory=tracer_ranges)
-    if a.fault or b.fault:
-        note = f"original: {a.fault or 'ok'}; relocated: {b.fault or 'ok'}"
-    else:
-        note = ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in diffs[:4])
-    return bool(diffs), note
+    state = R.state_from_counterexample(cex)
+    rep = R.replay(decoded.raw, decoded.address, tramp, state, reloc=reloc if not effects else None,
+                   effects=tuple(effects) if effects else None, tracer_memory=tracer_ranges)
+    if not rep.replayable:
+        return False, f"not replayable: {rep.limit}"
+    note = ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in rep.differences[:4])
+    return rep.differ, note or "unicorn saw no difference"
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,9 @@ running both sides on that state also gives different outcomes here.
 * ``run_effects`` interprets an emulate plan's effect program (``effects.py``)
   in plain Python, without unicorn;
 * ``compare`` lists the differences between two ``Outcome`` values, and
-  ``replay`` does all of it for one original and one relocation.
+  ``replay`` does all of it for one original and one relocation;
+* ``replay_command`` is ``relocverify replay``: exit 0 equal, 1 different,
+  2 bad input, 3 inconclusive (a limit of the replay, below).
 
 Machine model (what a replay assumes):
 
@@ -72,6 +74,7 @@ at CPL 0, so privileged instructions such as ``mov %cr3``, ``wrmsr`` or
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TextIO
 
@@ -97,6 +100,8 @@ GPRS = ("rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
 XMMS = tuple(f"xmm{i}" for i in range(16))
 REGISTERS = GPRS + ("rflags", "fs_base", "gs_base") + XMMS
 REGISTER_BITS = {**{r: 64 for r in GPRS + ("rflags", "fs_base", "gs_base")}, **{x: 128 for x in XMMS}}
+# Other names a counterexample may use (VEX calls the vector registers ymm0..): the low 128 bits of ymmN are xmmN.
+REGISTER_ALIASES = {**{f"ymm{i}": f"xmm{i}" for i in range(16)}, "fs": "fs_base", "gs": "gs_base"}
 
 CF, PF, AF, ZF, SF, DF, OF = 1 << 0, 1 << 2, 1 << 4, 1 << 6, 1 << 7, 1 << 10, 1 << 11
 RFLAGS_COMPARED = CF | PF | AF | ZF | SF | OF | DF
@@ -110,7 +115,11 @@ VECTORS = {0: "#DE", 1: "#DB", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM",
 
 @dataclass(frozen=True)
 class MachineState:
-    """Concrete inputs.  Registers not named are 0 (rflags: only bit 1 set)."""
+    """Concrete inputs.  Registers not named are 0 (rflags: only bit 1 set).
+
+    ``registers`` may also hold names the replay does not model (see
+    ``initial_registers``): a counterexample names every register of its model.
+    """
 
     registers: dict[str, int]
     memory: dict[int, int]  # byte address -> byte; every other byte reads as 0
@@ -163,13 +172,27 @@ class Replay:
 # ---------------------------------------------------------------------------
 
 
+def unmodelled_registers(state: MachineState) -> tuple[str, ...]:
+    """The input registers a replay ignores (x87 state, VEX guest offsets, ...), by name."""
+    return tuple(sorted(n for n in state.registers if n not in REGISTER_BITS and n not in REGISTER_ALIASES))
+
+
 def initial_registers(state: MachineState) -> dict[str, int]:
-    unknown = set(state.registers) - set(REGISTER_BITS)
-    if unknown:
-        raise ValueError(f"unknown register(s) {', '.join(sorted(unknown))}; known: {', '.join(REGISTERS)}")
+    """The modelled input registers; unnamed ones are 0, rflags has bit 1 set.
+
+    ymmN gives its low 128 bits to xmmN (an explicit xmmN wins).  Names in
+    ``unmodelled_registers`` are ignored.  That is safe for confirming a
+    counterexample: any difference the replay shows is still a difference on
+    a concrete state; a counterexample that depends on an ignored register
+    just may not replay.
+    """
     regs = {r: 0 for r in REGISTERS}
     regs["rflags"] = RFLAGS_FIXED
-    regs.update({k: v & ((1 << REGISTER_BITS[k]) - 1) for k, v in state.registers.items()})
+    named = sorted(state.registers.items(), key=lambda kv: kv[0] in REGISTER_BITS)  # aliases first
+    for name, value in named:
+        name = REGISTER_ALIASES.get(name, name)
+        if name in REGISTER_BITS:
+            regs[name] = value & ((1 << REGISTER_BITS[name]) - 1)
     return regs
 
 
@@ -594,20 +617,25 @@ def effects_from_json(doc: object) -> tuple[fx.Effect, ...]:
     return tuple(_effect_from_json(e) for e in doc)
 
 
+_REGISTER_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
 def state_from_json(doc: object) -> MachineState:
     """{"registers": {"rax": "0x..", ...}, "memory": {"0xaddr": "ab", ...}} -> MachineState.
 
     A memory value of several bytes ("abcd") fills consecutive addresses.
+    Register names the replay does not model are kept (a counterexample
+    names every register of its model) and listed by ``unmodelled_registers``.
     """
     if not isinstance(doc, dict) or not set(doc) <= {"registers", "memory"} \
             or not all(isinstance(doc.get(k) or {}, dict) for k in ("registers", "memory")):
         raise InputError('the state must be a JSON object {"registers": {...}, "memory": {...}}')
     registers = {}
     for name, value in (doc.get("registers") or {}).items():
-        if name not in REGISTER_BITS:
-            raise InputError(f"unknown register {name!r} in the state; known: rax..r15, rflags, fs_base, "
-                             f"gs_base, xmm0..xmm15")
-        registers[name] = _int(value, f"register {name}") & ((1 << REGISTER_BITS[name]) - 1)
+        if not _REGISTER_NAME.fullmatch(name):
+            raise InputError(f"{name!r} is not a register name; the replay models rax..r15, rflags, fs_base, "
+                             f"gs_base, xmm0..xmm15 (ymmN: its low half)")
+        registers[name] = _int(value, f"register {name}")
     memory = {}
     for addr, data in (doc.get("memory") or {}).items():
         base = _int(addr, "a memory address")
@@ -662,6 +690,8 @@ def replay_command(args, out: TextIO) -> int:
     else:
         effects = effects_from_json(_load_json(args.effects, "--effects"))
         result = replay(orig, args.at, args.tramp, state, effects=effects)
+    if unmodelled_registers(state):
+        out.write(f"note: not modelled by the replay, ignored: {', '.join(unmodelled_registers(state))}\n")
     out.write(_describe("original:", result.original) + "\n")
     out.write(_describe("relocated:", result.relocated) + "\n")
     for d in result.differences:
