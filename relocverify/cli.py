@@ -56,6 +56,17 @@ def parse_address(text: str) -> int:
     return v
 
 
+def parse_range(text: str) -> tuple[int, int]:
+    addr, sep, size = text.partition(":")
+    if not sep:
+        raise InputError(f"range {text!r} must be ADDR:SIZE, e.g. 0xffffffffc0002000:16")
+    try:
+        n = int(size, 0)
+    except ValueError:
+        raise InputError(f"range {text!r}: size is not a number") from None
+    return parse_address(addr), n
+
+
 def _one_instruction(raw: bytes, at: int):
     from .decoders import decode
     from .instruction import Instruction
@@ -150,7 +161,8 @@ def cmd_prove(args, out: TextIO) -> int:
     orig = parse_hex_bytes(args.orig, "--orig")
     reloc = parse_hex_bytes(args.reloc, "--reloc")
     decoded = _one_instruction(orig, args.at)
-    result = prove_relocation(decoded, reloc, args.tramp, timeout_ms=args.timeout * 1000)
+    result = prove_relocation(decoded, reloc, args.tramp, timeout_ms=args.timeout * 1000,
+                              tracer_memory=tuple(args.tracer_memory or ()))
     if args.json:
         json.dump(result.as_json(), out, indent=2)
         out.write("\n")
@@ -204,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--tramp", type=parse_address, required=True, metavar="T")
     pr.add_argument("--json", action="store_true")
     pr.add_argument("--timeout", type=float, default=10.0)
+    pr.add_argument("--tracer-memory", type=parse_range, action="append", metavar="ADDR:SIZE",
+                    help="memory the relocating tool owns (save slots): left out of the comparison")
     pr.set_defaults(func=cmd_prove)
 
     rp = sub.add_parser("replay", help="replay a counterexample concretely on unicorn")

@@ -456,13 +456,13 @@ def _not_tracer(world, x):
             for lo, n in world.tracer_ranges]
 
 
-def _solve(world, items, read_conds, x, timeout_ms):
+def _solve(world, items, read_conds, x, timeout_ms, extra=()):
     """None if the negated obligation is unsatisfiable (a proof); else a solver holding a model.
 
     Two stages, so that a counterexample shows a difference in outputs
     whenever one exists (those replay on unicorn); only if the outputs can
     never differ is a difference in the memory reads alone looked for."""
-    base = world.constraints() + _not_tracer(world, x)
+    base = world.constraints() + _not_tracer(world, x) + list(extra)
     for stage in ([it.orig != it.reloc for it in items], read_conds):
         if not stage:
             continue
@@ -660,6 +660,14 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
         return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__} while extracting a model", "smt",
                            seconds=time.perf_counter() - t0)
     confirmed, note = _replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    if not confirmed and note.startswith("not replayable") and "rcx" in world.reg_syms:
+        # A counter the solver chose too large to replay (rep, loop): ask for a small one.
+        small = _solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),))
+        if small is not None:
+            solver = small
+            cex = _counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "",
+                                  effects)
+            confirmed, note = _replay(cex, decoded, code, effects, tramp, tracer_ranges)
     cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
                          cex.reloc_hex, cex.effects_json, confirmed, note)
     if world.uf_results and not confirmed:
@@ -681,14 +689,16 @@ def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_M
     return _check(decoded, plan.trampoline, (), plan.tramp, plan.tracer_memory, int(timeout_ms))
 
 
-def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int,
-                     timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                     tracer_memory: tuple[tuple[int, int], ...] = ()) -> ProofResult:
     """The verdict for relocated bytes made by any tool, run from ``tramp``.
 
-    Tracer memory is taken to be the relocated bytes themselves."""
+    Tracer memory is the relocated bytes themselves, plus ``tracer_memory``:
+    (address, size) ranges the tool keeps its own data in (save slots)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
-    return _check(decoded, bytes(reloc), (), tramp, ((tramp, len(reloc)),), int(timeout_ms))
+    ranges = ((tramp, len(reloc)),) + tuple(tracer_memory)
+    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms))
 
 
 def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
