@@ -433,10 +433,12 @@ def rebase(decoded: Decoded, address: int) -> Decoded:
         return decoded
     if not isinstance(decoded, Instruction):
         return replace(decoded, address=address)
+    new = object.__new__(Instruction)  # a field-for-field copy: dataclasses.replace is 20x slower here
+    new.__dict__.update(decoded.__dict__)
+    object.__setattr__(new, "address", address)
     target = decoded.branch_target
-    op_str = decoded.op_str
     if target is not None:
         new_target = (target - decoded.address + address) & MASK64
-        op_str = op_str.replace(f"{target:#x}", f"{new_target:#x}")
-        target = new_target
-    return replace(decoded, address=address, branch_target=target, op_str=op_str)
+        object.__setattr__(new, "op_str", decoded.op_str.replace(f"{target:#x}", f"{new_target:#x}"))
+        object.__setattr__(new, "branch_target", new_target)
+    return new

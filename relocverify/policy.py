@@ -129,8 +129,15 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+_CLASSIFIED: dict[bytes, Rule] = {}
+
+
 def classify(insn: Instruction) -> Rule:
-    for rule in RULES:
-        if rule.matches(insn):
-            return rule
-    raise AssertionError("the last rule matches everything")
+    """The first row of RULES that matches.  No predicate looks at the
+    address, so the answer is memoised by the instruction's bytes."""
+    rule = _CLASSIFIED.get(insn.raw)
+    if rule is None:
+        rule = next(r for r in RULES if r.matches(insn))
+        if len(_CLASSIFIED) < 1_000_000:
+            _CLASSIFIED[insn.raw] = rule
+    return rule
