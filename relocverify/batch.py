@@ -33,6 +33,7 @@ from .store import InstructionRow, Store
 from .verdict import ProofResult, Verdict
 
 CHUNK_FUNCTIONS = 64
+DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
 WRITE_EVERY_S = 2.0
 
 _HEX = re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{6,}\b")
@@ -183,11 +184,13 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
     functions = find_functions(image)
     if limit is not None:
         functions = functions[:limit]
-    done = store.done_functions(image.identity)
+    versions = tool_versions()
+    config = json.dumps({"tramp": tramp, "versions": versions}, sort_keys=True)
+    done = store.done_functions(image.identity, config)
     todo = [f for f in functions if f.start not in done]
     store.add_image(image.identity, image.path, image.format, image.symbol_source,
                     {"sections": [s.name for s in image.iter_executable_sections()], "notes": list(image.notes)})
-    run_id = store.start_run(image.identity, tramp, tool_versions())
+    run_id = store.start_run(image.identity, tramp, versions)
     _CTX = _Context(image, tramp, timeout_s, store.load_cache())
     from .functions import count_instructions
 
@@ -195,7 +198,7 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
     bar = Progress(total, progress, time.monotonic())
     status = "complete"
     try:
-        _run_pool(todo, store, image.identity, run_id, jobs, bar)
+        _run_pool(todo, store, image.identity, run_id, jobs, bar, config)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -212,7 +215,8 @@ def _chunks(items, n):
         yield items[i:i + n]
 
 
-def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs: int, bar: Progress) -> None:
+def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs: int, bar: Progress,
+              config: str) -> None:
     pending_rows: list = []
     pending_cache: dict = {}
     last_write = time.monotonic()
@@ -229,7 +233,7 @@ def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs:
     def flush():
         nonlocal last_write
         if pending_rows or pending_cache:
-            store.write_functions(image, run_id, pending_rows, pending_cache)
+            store.write_functions(image, run_id, pending_rows, pending_cache, config)
         pending_rows.clear()
         pending_cache.clear()
         last_write = time.monotonic()
@@ -343,7 +347,7 @@ def render_summary(s: dict) -> str:
 def command(args, out) -> int:
     path, system_map = args.path, args.system_map
     if path is None:
-        from .fetch import DEFAULT_KERNEL, fetch
+        from .fetch import fetch
 
         k = fetch(DEFAULT_KERNEL, None)
         path = str(k.vmlinux)

@@ -2,8 +2,10 @@
 
 ``find_functions(image)`` takes its bounds from the best source the image has:
 
-1. ELF ``STT_FUNC`` symbols with a size (an unstripped vmlinux): exact.
-   Size-0 symbols are skipped; aliases at one address keep one name (the
+1. ELF symbols with a size in an executable section (an unstripped vmlinux):
+   exact.  ``STT_FUNC`` and, for assembly (``SYM_CODE_START``/``SYM_CODE_END``
+   gives ``entry_SYSCALL_64`` a size but no type), sized ``STT_NOTYPE``
+   symbols; ``STT_OBJECT`` is never code.  Size-0 symbols are skipped; aliases at one address keep one name (the
    largest size, then fewest leading underscores, then shortest, then
    alphabetical).  Overlapping symbols at different addresses are all kept.
 2. System.map (or kallsyms) text symbols: a function runs to the next
@@ -60,7 +62,7 @@ class Function:
 def find_functions(image: Image) -> list[Function]:
     """Every function of ``image``, sorted by (start, name); see the module doc."""
     sections = [s for s in image.iter_executable_sections()]
-    if any(s.kind == "func" and s.size for s in image.symbols if s.size is not None):
+    if any(s.size for s in image.symbols if s.kind == "func"):
         functions = _from_sized_symbols(image, sections)
     elif image.has_symbols():
         functions = _from_map_symbols(image, sections)
@@ -71,14 +73,11 @@ def find_functions(image: Image) -> list[Function]:
 
 
 def iter_instruction_spans(image: Image, function: Function) -> Iterator[tuple[int, bytes]]:
-    """``(address, raw bytes)`` of each instruction of ``function``, in order."""
-    section = image.get_section(function.section)
-    if section is None or not section.contains(function.start, function.size):
-        section = image.section_at(function.start)
-    if section is None or not section.contains(function.start, function.size):
-        return
-    offset = function.start - section.address
-    data = section.data[offset:offset + function.size]
+    """``(address, raw bytes)`` of each instruction of ``function``, in order.
+
+    Nothing is yielded for a function that no executable section holds.
+    """
+    data = _function_bytes(image, function)
     decoder = Decoder(64, data, ip=function.start)
     instruction = Instruction()
     position = 0
@@ -90,16 +89,24 @@ def iter_instruction_spans(image: Image, function: Function) -> Iterator[tuple[i
 
 
 def count_instructions(image: Image, function: Function) -> int:
-    """How many instructions ``iter_instruction_spans`` would yield (no slicing)."""
-    section = image.get_section(function.section)
-    offset = function.start - section.address
-    decoder = Decoder(64, section.data[offset:offset + function.size], ip=function.start)
+    """How many spans ``iter_instruction_spans`` yields, without slicing bytes."""
+    decoder = Decoder(64, _function_bytes(image, function), ip=function.start)
     instruction = Instruction()
     count = 0
     while decoder.can_decode:
         decoder.decode_out(instruction)
         count += 1
     return count
+
+
+def _function_bytes(image: Image, function: Function) -> bytes:
+    section = image.get_section(function.section)
+    if section is None or not section.contains(function.start, function.size):
+        section = image.section_at(function.start)
+    if section is None or not section.executable or not section.contains(function.start, function.size):
+        return b""
+    offset = function.start - section.address
+    return section.data[offset:offset + function.size]
 
 
 # --- ELF symbols with sizes -------------------------------------------------
@@ -112,7 +119,7 @@ def _from_sized_symbols(image: Image, sections: list[Section]) -> list[Function]
     locate = _SectionLocator(sections)
     best: dict[int, tuple] = {}
     for symbol in image.symbols:
-        if symbol.kind != "func" or not symbol.size:
+        if symbol.kind == "object" or not symbol.size:
             continue
         section = locate(symbol.address)
         if section is None:

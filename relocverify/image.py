@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import bz2
 import hashlib
+import io
 import lzma
 import mmap
 import os
@@ -53,6 +54,7 @@ SHT_REL = 9
 SHT_DYNSYM = 11
 
 EM_X86_64 = 62
+ET_REL = 1
 
 #: Ceiling on a decompressed bzImage payload; Debian's vmlinux.bin is ~60 MB.
 MAX_PAYLOAD = 1 << 30
@@ -190,7 +192,7 @@ class Image:
 def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = None) -> Image:
     """Load a vmlinux ELF or a bzImage, with symbols from ``system_map`` if given."""
     path = os.fspath(path)
-    with _open_input(path, "kernel image") as handle:
+    with _OpenInput(path, "kernel image") as handle:
         head = handle.read(0x400)
         if head[:4] == b"\x7fELF":
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
@@ -205,7 +207,7 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     try:
         elf = _read_elf(path, buffer, from_payload=format_ == "bzimage")
         symbols, source = elf.symbols, ("elf" if elf.symbols else "none")
-        notes = list(elf.notes)
+        notes: list[str] = []
         if system_map is not None:
             symbols, map_notes = load_system_map(system_map, elf.sections)
             source = "system.map"
@@ -240,20 +242,15 @@ class _OpenInput:
         self.handle.close()
 
 
-def _open_input(path: str, what: str) -> _OpenInput:
-    return _OpenInput(path, what)
-
-
 # --- ELF -----------------------------------------------------------------
 
 class _Elf(NamedTuple):
     sections: tuple[Section, ...]
     symbols: tuple[Symbol, ...]
     extent: int  # bytes of the buffer that belong to the ELF
-    notes: tuple[str, ...]
 
 
-_DROPPED_TYPES = {SHT_NULL, SHT_SYMTAB, SHT_RELA, SHT_REL, SHT_DYNSYM}
+_DROPPED_TYPES = {SHT_NULL, SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_REL, SHT_DYNSYM}
 _DROPPED_PREFIXES = (".debug", ".zdebug", ".rela", ".rel.")
 
 _SYMBOL_KINDS = {0: "other", 1: "object", 2: "func", 10: "func"}  # NOTYPE, OBJECT, FUNC, GNU_IFUNC
@@ -280,6 +277,9 @@ def _check_elf_header(path: str, buffer, what: str) -> None:
      e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", buffer, 16)
     if e_machine != EM_X86_64:
         raise ImageError(f"{path}: ELF machine {e_machine} is not x86-64 (62)")
+    if e_type == ET_REL:
+        raise ImageError(f"{path}: a relocatable object (a .ko module?) has no link-time addresses; "
+                         "pass a linked vmlinux")
     if e_shoff == 0:
         raise ImageError(f"{path}: {what} has no section headers; relocverify needs them")
     if e_shentsize != 64:
@@ -300,8 +300,6 @@ def _check_elf_header(path: str, buffer, what: str) -> None:
 
 
 def _parse_elf(path: str, buffer, what: str) -> _Elf:
-    import io
-
     size = len(buffer)
     stream = io.BytesIO(buffer) if isinstance(buffer, (bytes, bytearray)) else _MmapStream(buffer)
     elf = ELFFile(stream)
@@ -324,19 +322,14 @@ def _parse_elf(path: str, buffer, what: str) -> _Elf:
             symtab = index
         if type_number in _DROPPED_TYPES or sec.name.startswith(_DROPPED_PREFIXES):
             continue
-        if type_number == SHT_STRTAB:
-            continue
         flags = sh["sh_flags"]
         nobits = type_number == SHT_NOBITS
         data = b"" if nobits else bytes(buffer[offset:offset + length])
         sections.append(Section(name=sec.name, address=sh["sh_addr"], data=data,
                                 executable=bool(flags & SHF_EXECINSTR), flags=flags,
                                 offset=offset, nobits_size=length if nobits else 0))
-    symbols: tuple[Symbol, ...] = ()
-    notes: list[str] = []
-    if symtab is not None:
-        symbols = _parse_symtab(path, buffer, raw, symtab)
-    return _Elf(tuple(sections), symbols, extent, tuple(notes))
+    symbols = _parse_symtab(path, buffer, raw, symtab) if symtab is not None else ()
+    return _Elf(tuple(sections), symbols, extent)
 
 
 _SHT_NUMBERS = {"SHT_NULL": 0, "SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_STRTAB": 3,
@@ -366,8 +359,9 @@ class _MmapStream:
 
 
 def _parse_symtab(path: str, buffer, raw: list, index: int) -> tuple[Symbol, ...]:
-    """Elf64_Sym records, read straight with struct (pyelftools is ~30x slower)."""
-    name, _, offset, length, link = raw[index]
+    """Elf64_Sym records, read straight with struct: a vmlinux has ~120k of
+    them, too many for one pyelftools object each."""
+    _, _, offset, length, link = raw[index]
     if link >= len(raw):
         raise ImageError(f"{path}: bad symbol table: string table index {link} out of range")
     _, _, str_offset, str_length, _ = raw[link]
@@ -435,11 +429,9 @@ def _compression_of(path: str, payload: bytes) -> str:
 def _decompress(path: str, payload: bytes, compression: str) -> bytes:
     try:
         data = _DECOMPRESSORS[compression](payload)
-    except ImageError:
-        raise
-    except (lzma.LZMAError, zlib.error, OSError, ValueError, EOFError, RuntimeError) as exc:
-        raise ImageError(f"{path}: corrupt {compression} payload: {_one_line(exc)}") from None
-    except Exception as exc:  # lz4.block.LZ4BlockError, zstandard.ZstdError
+    except ImageError as exc:
+        raise ImageError(f"{path}: {exc}") from None
+    except _codec_errors() as exc:
         raise ImageError(f"{path}: corrupt {compression} payload: {_one_line(exc)}") from None
     if not data:
         raise ImageError(f"{path}: corrupt {compression} payload: it decompresses to nothing")
@@ -450,6 +442,14 @@ def _decompress(path: str, payload: bytes, compression: str) -> bytes:
         raise ImageError(f"{path}: the decompressed {compression} payload is not an ELF "
                          f"(starts with {data[:8].hex()})")
     return data
+
+
+def _codec_errors() -> tuple[type[BaseException], ...]:
+    import lz4.block
+    import zstandard
+
+    return (lzma.LZMAError, zlib.error, OSError, ValueError, EOFError,
+            lz4.block.LZ4BlockError, zstandard.ZstdError)
 
 
 def _inflate_xz(payload: bytes) -> bytes:
@@ -472,8 +472,6 @@ def _inflate_bzip2(payload: bytes) -> bytes:
 
 
 def _inflate_zstd(payload: bytes) -> bytes:
-    import io
-
     import zstandard
 
     reader = zstandard.ZstdDecompressor(max_window_size=1 << 31).stream_reader(
@@ -502,7 +500,8 @@ def _inflate_lz4(payload: bytes) -> bytes:
         if end - position == 4:  # the size_append trailer
             break
         if position + 4 + length > end:
-            raise ImageError(f"truncated lz4 block of {length} bytes at payload offset {position:#x}")
+            raise ImageError(f"truncated lz4 block of {length} bytes at payload offset {position:#x}; "
+                             "the bzImage is cut short")
         block = payload[position + 4:position + 4 + length]
         out.append(lz4.block.decompress(block, uncompressed_size=LZ4_LEGACY_BLOCK))
         total += len(out[-1])
@@ -549,7 +548,7 @@ def load_system_map(path: str | os.PathLike, sections: tuple[Section, ...] = ())
     with the image's section addresses is an error.
     """
     path = os.fspath(path)
-    with _open_input(path, "System.map") as handle:
+    with _OpenInput(path, "System.map") as handle:
         text = handle.read(256 << 20)
     entries = _parse_map_lines(path, text)
     notes: list[str] = []

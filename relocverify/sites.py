@@ -45,6 +45,7 @@ from typing import Callable, Iterator, NamedTuple
 
 from iced_x86 import Decoder
 
+from .errors import InputError
 from .image import Image, Section
 
 MASK64 = (1 << 64) - 1
@@ -138,13 +139,15 @@ SITE_POLICY: tuple[PolicyRow, ...] = (
               "NOP at boot and back into a call to a trampoline while tracing"),
     PolicyRow("static_call", "verify-variants",
               "the bytes on disk are not the bytes that run: the call to the trampoline is rewritten "
-              "into a direct call (or NOP) at boot and at every static_call_update()"),
+              "into a direct call (or NOP) at boot and at every static_call_update(); kprobes refuses "
+              "these sites (static_call_text_reserved)"),
     PolicyRow("jump_label", "verify-variants",
               "the bytes on disk are not the bytes that run: jump_label toggles a NOP and a 2/5-byte "
-              "jmp at runtime (text_poke_bp); kprobes refuses jump-label sites"),
+              "jmp at runtime (text_poke_bp); kprobes refuses these sites (jump_label_text_reserved)"),
     PolicyRow("smp_lock", "verify-variants",
               "the bytes on disk are not the bytes that run: alternatives_smp_unlock() turns the LOCK "
-              "prefix into a DS prefix on UP and back on CPU hotplug"),
+              "prefix into a DS prefix on UP and back on CPU hotplug; kprobes refuses these sites "
+              "(alternatives_text_reserved)"),
     PolicyRow("endbr_seal", "verify-variants",
               "apply_seal_endbr() overwrites an unused ENDBR64 with a NOP at boot (IBT kernels)"),
     PolicyRow("call_thunk", "verify-variants",
@@ -274,18 +277,28 @@ class SiteIndex:
     ``stray_by_kind()`` counts entries whose address is not in an executable
     section (expected: zero).  ``missing`` says which kinds could not be
     looked for and why; ``notes`` records the layouts chosen.
+
+    Queries cost two bisections: short sites (up to ``POINT_LIMIT`` bytes)
+    sit in one sorted list scanned back at most ``POINT_LIMIT`` bytes; long
+    ones (ranges, blacklisted functions) are cut into elementary segments,
+    each holding the sites that cover it.
     """
+
+    POINT_LIMIT = 64
 
     def __init__(self, sites: dict[str, list[Site]], missing: list[str], notes: list[str],
                  stray: dict[str, int]) -> None:
         self._sites = {kind: tuple(sorted(found, key=lambda s: (s.address, s.length)))
                        for kind, found in sites.items()}
-        self._starts = {kind: [s.address for s in found] for kind, found in self._sites.items()}
-        self._longest = {kind: max((s.length for s in found), default=0)
-                         for kind, found in self._sites.items()}
         self.missing = tuple(missing)
         self.notes = tuple(notes)
         self._stray = dict(stray)
+        every = [site for found in self._sites.values() for site in found if site.length > 0]
+        points = sorted((s for s in every if s.length <= self.POINT_LIMIT), key=lambda s: s.address)
+        self._points = points
+        self._point_starts = [s.address for s in points]
+        self._reach = max((s.length for s in points), default=0)
+        self._bounds, self._segments = _segment(s for s in every if s.length > self.POINT_LIMIT)
 
     def count_by_kind(self) -> dict[str, int]:
         return {kind: len(found) for kind, found in self._sites.items()}
@@ -302,24 +315,46 @@ class SiteIndex:
         return (site for k in self.kinds() for site in self._sites[k])
 
     def sites_at(self, address: int, length: int = 1) -> list[Site]:
-        """Every site overlapping [address, address + length)."""
-        end = address + max(length, 1)
-        found = []
-        for kind, starts in self._starts.items():
-            sites = self._sites[kind]
-            reach = self._longest[kind]
-            i = bisect.bisect_left(starts, end) - 1
-            while i >= 0 and starts[i] > address - reach:
-                site = sites[i]
-                if site.end > address and site.length > 0:
-                    found.append(site)
-                i -= 1
+        """Every site overlapping [address, address + length), in SITE_POLICY order."""
+        found = self._overlapping(address, address + max(length, 1))
         found.sort(key=lambda s: (_kind_key(s.kind), s.address))
         return found
 
     def kinds_at(self, address: int, length: int = 1) -> tuple[str, ...]:
         """The kinds of site overlapping [address, address + length), in SITE_POLICY order."""
-        return tuple(dict.fromkeys(site.kind for site in self.sites_at(address, length)))
+        found = self._overlapping(address, address + max(length, 1))
+        if not found:
+            return ()
+        return tuple(sorted({site.kind for site in found}, key=_kind_key))
+
+    def _overlapping(self, address: int, end: int) -> list[Site]:
+        found = []
+        starts, points = self._point_starts, self._points
+        lowest = address - self._reach
+        i = bisect.bisect_left(starts, end) - 1
+        while i >= 0 and starts[i] > lowest:
+            if points[i].end > address:
+                found.append(points[i])
+            i -= 1
+        bounds = self._bounds
+        j = max(bisect.bisect_right(bounds, address) - 1, 0)
+        while j < len(self._segments) and bounds[j] < end:
+            found.extend(self._segments[j])
+            j += 1
+        return list(dict.fromkeys(found)) if len(found) > 1 else found
+
+
+def _segment(long_sites) -> tuple[list[int], list[tuple[Site, ...]]]:
+    """Boundaries b[0] < b[1] < ... and, per [b[i], b[i+1]), the sites covering it."""
+    long_sites = list(long_sites)
+    bounds = sorted({s.address for s in long_sites} | {s.end for s in long_sites})
+    covering: list[list[Site]] = [[] for _ in range(max(len(bounds) - 1, 0))]
+    for site in long_sites:
+        first = bisect.bisect_left(bounds, site.address)
+        last = bisect.bisect_left(bounds, site.end)
+        for k in range(first, last):
+            covering[k].append(site)
+    return bounds, [tuple(c) for c in covering]
 
 
 def _kind_key(kind: str) -> tuple:
@@ -356,6 +391,8 @@ def find_sites(image: Image, config: str | os.PathLike | dict | None = None) -> 
             continue
         if len(table.layouts) > 1:
             notes.append(f"{table.kind}: {layout.name} [{layout.source}]")
+        if layouts != table.layouts and layout is not layouts[0]:
+            notes.append(f"{table.kind}: the table contradicts the kernel config; the table wins")
         sites[table.kind] = entries
     for range_ in RANGES:
         start, stop = image.symbol_address(range_.start), image.symbol_address(range_.stop)
@@ -392,8 +429,8 @@ def _read_config(config) -> dict[str, str]:
                 name, equals, value = line.strip().partition("=")
                 if equals and name.startswith("CONFIG_"):
                     options[name] = value
-    except OSError:
-        return {}
+    except OSError as exc:
+        raise InputError(f"{os.fspath(config)}: cannot read the kernel config: {exc.strerror}") from None
     return options
 
 

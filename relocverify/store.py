@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS instructions (
     plan_kind TEXT, rule TEXT, klass TEXT, sites TEXT, run INTEGER,
     PRIMARY KEY (image, address)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS functions_done (
-    image TEXT NOT NULL, start INTEGER NOT NULL, name TEXT, instructions INTEGER, run INTEGER,
+    image TEXT NOT NULL, start INTEGER NOT NULL, name TEXT, instructions INTEGER, run INTEGER, config TEXT,
     PRIMARY KEY (image, start)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS proof_cache (
     key BLOB PRIMARY KEY, verdict TEXT NOT NULL, reason TEXT, method TEXT) WITHOUT ROWID;
@@ -104,11 +104,14 @@ class Store:
                         (time.time(), status, json.dumps(summary), run))
 
     # -- instructions ------------------------------------------------------
-    def done_functions(self, image: str) -> set[int]:
-        return {_unsigned(r[0]) for r in self.db.execute("SELECT start FROM functions_done WHERE image=?", (image,))}
+    def done_functions(self, image: str, config: str) -> set[int]:
+        """Functions already stored for this image under the same configuration
+        (trampoline base and tool versions): a rerun with other settings redoes them."""
+        return {_unsigned(r[0]) for r in self.db.execute(
+            "SELECT start FROM functions_done WHERE image=? AND config=?", (image, config))}
 
     def write_functions(self, image: str, run: int, done: list[tuple[int, str, list[InstructionRow]]],
-                        cache: dict[bytes, tuple[str, str, str]]) -> None:
+                        cache: dict[bytes, tuple[str, str, str]], config: str = "") -> None:
         """Store whole functions and new proof-cache entries in one transaction."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
@@ -118,8 +121,8 @@ class Store:
                     "INSERT OR REPLACE INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [(image, _signed(r.address), r.section, r.function, r.raw, r.verdict, r.reason, r.reason_key,
                       r.method, r.plan_kind, r.rule, r.klass, r.sites, run) for r in rows])
-                db.execute("INSERT OR REPLACE INTO functions_done VALUES (?,?,?,?,?)",
-                           (image, _signed(start), name, len(rows), run))
+                db.execute("INSERT OR REPLACE INTO functions_done VALUES (?,?,?,?,?,?)",
+                           (image, _signed(start), name, len(rows), run, config))
             db.executemany("INSERT OR IGNORE INTO proof_cache VALUES (?,?,?,?)",
                            [(k, *v) for k, v in cache.items()])
             db.execute("COMMIT")
