@@ -13,6 +13,7 @@ instructions concerned ``unknown`` with the reason, and the run goes on.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import multiprocessing
 import os
@@ -27,12 +28,14 @@ from .errors import InputError
 from .functions import Function, find_functions, iter_instruction_spans
 from .image import Image, load_image
 from .instruction import Instruction
-from .plan import PlanKind, make_plan
+from .plan import PlanKind, fits_s32, make_plan, rel_from
+from .policy import classify
 from .proof import cache_key, prove_plan, reusable
-from .store import InstructionRow, Store
+from .store import Store
 from .verdict import ProofResult, Verdict
 
 CHUNK_FUNCTIONS = 64
+SURVEY_CHUNK = 2000
 DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
 WRITE_EVERY_S = 2.0
 
@@ -66,11 +69,15 @@ class _Context:
     image: Image
     tramp: int
     timeout_s: float
-    cache: dict
+    cache: dict  # proof-cache key -> (verdict, reason, method)
+    bytes_only: dict  # raw -> verdict row, for instructions whose verdict depends on their bytes alone
 
 
 _CTX: _Context | None = None
 _DECODED: dict[bytes, object] = {}
+
+# A verdict row: (verdict, reason, method, plan kind, rule, class, reason key)
+Row = tuple
 
 
 def _decode(raw: bytes, address: int):
@@ -83,19 +90,23 @@ def _decode(raw: bytes, address: int):
     return rebase(hit, address)
 
 
+def _row(verdict: str, reason: str, method: str, kind: str, rule: str, klass: str) -> Row:
+    return verdict, reason, method, kind, rule, klass, reason_key(verdict, rule, method, reason)
+
+
 def verify_instruction(raw: bytes, address: int, tramp: int, timeout_s: float, cache: dict,
-                       new_cache: dict) -> tuple[str, str, str, str, str, str]:
-    """(verdict, reason, method, plan kind, rule, class) for one instruction."""
+                       new_cache: dict) -> Row:
+    """The verdict row of one instruction: decode, plan, cached proof or a new one."""
     decoded = _decode(raw, address)
     klass = decoded.opname if isinstance(decoded, Instruction) else type(decoded).__name__.lower()
     plan = make_plan(decoded, tramp)
     if plan.kind is PlanKind.REJECT:
-        return Verdict.REJECTED.value, plan.reason, "policy", plan.kind.value, plan.rule, klass
+        return _row(Verdict.REJECTED.value, plan.reason, "policy", plan.kind.value, plan.rule, klass)
     key = cache_key(decoded, plan)
     if key is not None:
         hit = cache.get(key) or new_cache.get(key)
         if hit is not None:
-            return hit[0], hit[1], hit[2], plan.kind.value, plan.rule, klass
+            return _row(hit[0], hit[1], hit[2], plan.kind.value, plan.rule, klass)
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s + 1.0)
     try:
@@ -107,29 +118,60 @@ def verify_instruction(raw: bytes, address: int, tramp: int, timeout_s: float, c
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    row = (result.verdict.value, result.reason, result.method)
     if key is not None and reusable(key, result):
-        new_cache[key] = row
-    return (*row, plan.kind.value, plan.rule, klass)
+        new_cache[key] = (result.verdict.value, result.reason, result.method)
+    return _row(result.verdict.value, result.reason, result.method, plan.kind.value, plan.rule, klass)
+
+
+def depends_on_bytes_only(decoded) -> bool:
+    """True if the verdict of ``decoded`` is the same at every address A (for
+    a given T within rel32 reach of A+len): a decode failure, or an
+    instruction without a RIP-relative operand or relative branch that the
+    policy copies or rejects.  See proof.cache_key for why."""
+    if not isinstance(decoded, Instruction):
+        return True
+    if decoded.rip_relative or decoded.branch_target is not None:
+        return False
+    return classify(decoded).strategy in ("copy", "reject")
+
+
+def _jump_back_in_reach(address: int, length: int, tramp: int) -> bool:
+    return fits_s32(rel_from(tramp + length + 5, address + length))
+
+
+def _survey(items: list[tuple[bytes, int]]):
+    """Phase 1: one verdict per distinct byte string whose verdict depends on its bytes only."""
+    ctx = _CTX
+    new_cache: dict = {}
+    bytes_only, other = {}, []
+    for raw, address in items:
+        decoded = _decode(raw, address)
+        if depends_on_bytes_only(decoded) and _jump_back_in_reach(address, len(raw), ctx.tramp):
+            bytes_only[raw] = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s, ctx.cache, new_cache)
+        else:
+            other.append(raw)
+    return bytes_only, other, new_cache
 
 
 def _verify_functions(functions: list[Function]):
+    """Phase 2: every instruction of whole functions."""
     ctx = _CTX
+    known = ctx.bytes_only
     new_cache: dict = {}
     out = []
     for fn in functions:
         rows = []
         for address, raw in iter_instruction_spans(ctx.image, fn):
-            v, reason, method, kind, rule, klass = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s,
-                                                                     ctx.cache, new_cache)
-            rows.append(InstructionRow(address, fn.section, fn.name, bytes(raw), v, reason,
-                                       reason_key(v, rule, method, reason), method, kind, rule, klass))
+            row = known.get(raw)
+            if row is None or not _jump_back_in_reach(address, len(raw), ctx.tramp):
+                row = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s, ctx.cache, new_cache)
+            rows.append((address, fn.section, fn.name, raw) + row)
         out.append((fn.start, fn.name, rows))
     return out, new_cache
 
 
 def _crashed_rows(fn: Function, ctx: _Context, why: str):
-    rows = [InstructionRow(a, fn.section, fn.name, bytes(r), Verdict.UNKNOWN.value, why, why, "crash", "", "", "")
+    rows = [(a, fn.section, fn.name, bytes(r), Verdict.UNKNOWN.value, why, "crash", "", "", "", why)
             for a, r in iter_instruction_spans(ctx.image, fn)]
     return fn.start, fn.name, rows
 
@@ -179,6 +221,13 @@ def tool_versions() -> dict:
 
 def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, limit: int | None = None,
         progress: bool = True, site_index=None) -> dict:
+    """Verify every instruction of ``image`` (its first ``limit`` functions) into ``store``.
+
+    Phase 1 gives one verdict to each distinct byte string whose verdict
+    depends on its bytes alone (``depends_on_bytes_only``), in parallel, each
+    proved once.  Phase 2 walks whole functions, in parallel: it looks those
+    verdicts up and plans and proves the rest (RIP-relative operands,
+    branches, calls) instance by instance, through the shape cache."""
     global _CTX
     t0 = time.monotonic()
     functions = find_functions(image)
@@ -186,18 +235,27 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
         functions = functions[:limit]
     versions = tool_versions()
     config = json.dumps({"tramp": tramp, "versions": versions}, sort_keys=True)
+    tag = hashlib.sha256(config.encode()).digest()[:12]
     done = store.done_functions(image.identity, config)
     todo = [f for f in functions if f.start not in done]
     store.add_image(image.identity, image.path, image.format, image.symbol_source,
                     {"sections": [s.name for s in image.iter_executable_sections()], "notes": list(image.notes)})
     run_id = store.start_run(image.identity, tramp, versions)
-    _CTX = _Context(image, tramp, timeout_s, store.load_cache())
-    from .functions import count_instructions
-
-    total = sum(count_instructions(image, f) for f in todo)
-    bar = Progress(total, progress, time.monotonic())
+    byte_verdicts = store.load_byte_verdicts(tag)
+    _CTX = _Context(image, tramp, timeout_s, store.load_cache(), {})
+    first_seen: dict[bytes, int] = {}
+    total = 0
+    for f in todo:
+        for address, raw in iter_instruction_spans(image, f):
+            total += 1
+            if raw not in byte_verdicts and raw not in first_seen:
+                first_seen[raw] = address
     status = "complete"
+    bar = Progress(total, progress, time.monotonic())
     try:
+        _survey_pool(sorted(first_seen.items()), store, tag, byte_verdicts, jobs, progress)
+        _CTX.bytes_only = {raw: row for raw, row in byte_verdicts.items() if row is not None}
+        bar.start = time.monotonic()
         _run_pool(todo, store, image.identity, run_id, jobs, bar, config)
     except KeyboardInterrupt:
         status = "interrupted"
@@ -205,7 +263,8 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
     finally:
         bar.advance(0, final=True)
         summary = summarize(store, image, functions, time.monotonic() - t0, site_index)
-        summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done)}
+        summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done),
+                          "distinct_byte_strings_surveyed": len(first_seen)}
         store.finish_run(run_id, status, summary)
     return summary
 
@@ -213,6 +272,36 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
 def _chunks(items, n):
     for i in range(0, len(items), n):
         yield items[i:i + n]
+
+
+def _pool(jobs: int):
+    return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+
+
+def _survey_pool(items: list[tuple[bytes, int]], store: Store, tag: bytes, byte_verdicts: dict, jobs: int,
+                 progress: bool) -> None:
+    if not items:
+        return
+    bar = Progress(len(items), progress, time.monotonic())
+    chunks = list(_chunks(items, SURVEY_CHUNK))
+
+    def absorb(result):
+        found, other, cache = result
+        batch = dict(found)
+        batch.update({raw: None for raw in other})
+        byte_verdicts.update(batch)
+        _CTX.cache.update(cache)
+        store.write_byte_verdicts(tag, batch, cache)
+        bar.advance(len(batch))
+
+    if jobs <= 1:
+        for c in chunks:
+            absorb(_survey(c))
+    else:
+        with _pool(jobs) as pool:
+            for fut in cf.as_completed([pool.submit(_survey, c) for c in chunks]):
+                absorb(fut.result())
+    bar.advance(0, final=True)
 
 
 def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs: int, bar: Progress,
@@ -245,8 +334,7 @@ def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs:
                 absorb(*_verify_functions(chunk))
             return
         retry: list[list[Function]] = []
-        ctx = multiprocessing.get_context("fork")
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with _pool(jobs) as pool:
             futures = {pool.submit(_verify_functions, c): c for c in chunks}
             try:
                 for fut in cf.as_completed(futures):
@@ -258,7 +346,7 @@ def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs:
                 retry.extend(c for f, c in futures.items() if not f.done())
         for chunk in retry:  # isolate the crash: one function per fresh worker
             for fn in chunk:
-                with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                with _pool(1) as pool:
                     try:
                         absorb(*pool.submit(_verify_functions, [fn]).result())
                     except cf.process.BrokenProcessPool:

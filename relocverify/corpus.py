@@ -39,20 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
-from .effects import (
-    CONDITIONS,
-    AddRsp,
-    Address,
-    Branch,
-    Const,
-    Effect,
-    Jump,
-    Let,
-    Load,
-    Push,
-    Reg,
-    Temp,
-)
+from .effects import Branch, Effect, Jump
 from .errors import InputError
 from .verdict import Verdict
 
@@ -71,8 +58,6 @@ DECODE_KINDS = {"instruction": "Instruction", "disagreement": "Disagreement", "u
 VERDICTS = tuple(v.value for v in Verdict)
 # Rule names made by plan.py itself rather than by a policy.RULES row.
 PLAN_RULES = ("rip-scratch", "rip-out-of-range", "undecodable", "decoder-disagreement")
-GPR64 = ("rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
-         "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
 
 
 # ---------------------------------------------------------------------------
@@ -158,55 +143,15 @@ def parse_rule(v: object) -> str:
     return _one_of(tuple(r.name for r in RULES) + PLAN_RULES)(v)
 
 
-def _value(v: object):
-    """An effect value in effect_json form: "0x..", {reg=..}, {temp=..}, {load={...}, size=..}."""
-    if isinstance(v, (str, int)) and not isinstance(v, bool):
-        return Const(parse_address(v))
-    if isinstance(v, dict) and set(v) == {"reg"}:
-        return Reg(_one_of(GPR64)(v["reg"]))
-    if isinstance(v, dict) and set(v) == {"temp"}:
-        return Temp(parse_text(v["temp"]))
-    if isinstance(v, dict) and set(v) <= {"load", "size"} and isinstance(v.get("load"), dict):
-        a = v["load"]
-        unknown = set(a) - {"base", "index", "scale", "disp", "segment", "address_size"}
-        if unknown:
-            raise ValueError(f"load has unknown keys {sorted(unknown)}")
-        address = Address(base=a.get("base") and _one_of(GPR64)(a["base"]),
-                          index=a.get("index") and _one_of(GPR64)(a["index"]),
-                          scale=_one_of((1, 2, 4, 8))(a.get("scale", 1)),
-                          disp=a.get("disp", 0) if isinstance(a.get("disp", 0), int) else parse_address(a["disp"]),
-                          segment=a.get("segment") and _one_of(("fs", "gs"))(a["segment"]),
-                          address_size=_one_of((32, 64))(a.get("address_size", 64)))
-        return Load(address, _one_of((1, 2, 4, 8))(v.get("size", 8)))
-    raise ValueError(f"{v!r} is not a value: give \"0x...\", {{reg=..}}, {{temp=..}} or {{load={{..}}, size=8}}")
-
-
-_EFFECT_OPS: dict[str, tuple[tuple[str, ...], Callable[[dict], Effect]]] = {
-    "let": (("name", "value"), lambda e: Let(parse_text(e["name"]), _value(e["value"]))),
-    "push": (("value",), lambda e: Push(_value(e["value"]))),
-    "add_rsp": (("delta",), lambda e: AddRsp(int(e["delta"]))),
-    "jump": (("to",), lambda e: Jump(_value(e["to"]))),
-    "branch": (("cond", "taken", "fallthrough"),
-               lambda e: Branch(_one_of(tuple(CONDITIONS))(e["cond"]), parse_address(e["taken"]),
-                                parse_address(e["fallthrough"]))),
-}
-
-
 def parse_effects(v: object) -> tuple[Effect, ...]:
     """A list of effect tables, as ``effects.effect_json`` writes them (``text`` is ignored)."""
-    if not isinstance(v, list) or not v:
-        raise ValueError("must be a non-empty list of effect tables")
-    out = []
-    for k, e in enumerate(v):
-        if not isinstance(e, dict) or e.get("op") not in _EFFECT_OPS:
-            raise ValueError(f"effect {k} needs op = one of {', '.join(_EFFECT_OPS)}")
-        keys, build = _EFFECT_OPS[e["op"]]
-        if set(e) - {"op", "text", *keys} or set(keys) - set(e):
-            raise ValueError(f"effect {k} ({e['op']}) takes exactly the keys {', '.join(keys)}")
-        out.append(build(e))
-    if not isinstance(out[-1], (Jump, Branch)) or any(isinstance(x, (Jump, Branch)) for x in out[:-1]):
+    from .replay import effects_from_json
+
+    effects = effects_from_json(v)
+    if not effects or not isinstance(effects[-1], (Jump, Branch)) \
+            or any(isinstance(x, (Jump, Branch)) for x in effects[:-1]):
         raise ValueError("must end in exactly one jump or branch")
-    return tuple(out)
+    return effects
 
 
 # ---------------------------------------------------------------------------
@@ -296,8 +241,8 @@ def _entry(path: str, index: int, table: object, defaults: dict) -> Entry:
     for key, value in {**defaults, **table}.items():
         try:
             facts[key] = ENTRY_KEYS[key].parse(value)
-        except (ValueError, TypeError, KeyError) as e:
-            raise _bad(path, where, f"{key} = {value!r} {e}") from None
+        except (ValueError, TypeError, KeyError, InputError) as e:
+            raise _bad(path, where, f"{key} = {value!r}: {e}") from None
     stem = Path(path).stem
     return Entry(id=facts.pop("id", f"{stem}:{index}"), path=path, raw=facts.pop("hex"),
                  at=facts.pop("at", DEFAULT_AT), tramp=facts.pop("tramp", DEFAULT_TRAMP),
@@ -542,7 +487,7 @@ def command(args, out: TextIO) -> int:
     if args.corpus_command == "fetch":
         return _fetch(args, out)
     entries = load(args.paths)
-    timeout_ms = int(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S) * 1000
+    timeout_ms = int((getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S) * 1000)
     results = []
     for entry in entries:
         r = run_entry(entry, timeout_ms)
@@ -559,16 +504,17 @@ def command(args, out: TextIO) -> int:
     return 0 if summary.missed == 0 else 1
 
 
+FETCHED_PATHS = ("vmlinux", "vmlinuz", "system_map", "config")
+
+
 def _fetch(args, out: TextIO) -> int:
+    """Delegate to ``fetch.fetch`` and print where the kernel's files are."""
     from .fetch import fetch
 
-    result = fetch(args.name, args.cache)
-    if isinstance(result, dict):
-        for k, v in result.items():
-            out.write(f"{k}: {v}\n")
-    elif isinstance(result, (str, Path)):
-        out.write(f"{result}\n")
-    else:
-        for p in result:
-            out.write(f"{p}\n")
+    kernel = fetch(args.name, args.cache)
+    out.write(f"{kernel.name} ({kernel.release})\n")
+    for what in FETCHED_PATHS:
+        path = getattr(kernel, what)
+        if path:
+            out.write(f"{what}: {path}\n")
     return 0

@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS instructions (
 CREATE TABLE IF NOT EXISTS functions_done (
     image TEXT NOT NULL, start INTEGER NOT NULL, name TEXT, instructions INTEGER, run INTEGER, config TEXT,
     PRIMARY KEY (image, start)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS byte_verdicts (
+    tag BLOB NOT NULL, raw BLOB NOT NULL, row TEXT, PRIMARY KEY (tag, raw)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS proof_cache (
     key BLOB PRIMARY KEY, verdict TEXT NOT NULL, reason TEXT, method TEXT) WITHOUT ROWID;
 """
@@ -110,17 +112,20 @@ class Store:
         return {_unsigned(r[0]) for r in self.db.execute(
             "SELECT start FROM functions_done WHERE image=? AND config=?", (image, config))}
 
-    def write_functions(self, image: str, run: int, done: list[tuple[int, str, list[InstructionRow]]],
+    def write_functions(self, image: str, run: int, done: list[tuple[int, str, list[tuple]]],
                         cache: dict[bytes, tuple[str, str, str]], config: str = "") -> None:
-        """Store whole functions and new proof-cache entries in one transaction."""
+        """Store whole functions and new proof-cache entries in one transaction.
+
+        A row is (address, section, function, bytes, verdict, reason, method,
+        plan kind, rule, class, reason key[, sites])."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
             for start, name, rows in done:
                 db.executemany(
                     "INSERT OR REPLACE INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [(image, _signed(r.address), r.section, r.function, r.raw, r.verdict, r.reason, r.reason_key,
-                      r.method, r.plan_kind, r.rule, r.klass, r.sites, run) for r in rows])
+                    [(image, _signed(r[0]), r[1], r[2], r[3], r[4], r[5], r[10], r[6], r[7], r[8], r[9],
+                      r[11] if len(r) > 11 else "", run) for r in rows])
                 db.execute("INSERT OR REPLACE INTO functions_done VALUES (?,?,?,?,?,?)",
                            (image, _signed(start), name, len(rows), run, config))
             db.executemany("INSERT OR IGNORE INTO proof_cache VALUES (?,?,?,?)",
@@ -129,6 +134,24 @@ class Store:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def write_byte_verdicts(self, tag: bytes, verdicts: dict[bytes, tuple | None],
+                            cache: dict[bytes, tuple[str, str, str]]) -> None:
+        """Verdicts that depend on the bytes alone (None: the bytes' verdict depends on the address)."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany("INSERT OR REPLACE INTO byte_verdicts VALUES (?,?,?)",
+                           [(tag, raw, None if row is None else json.dumps(row)) for raw, row in verdicts.items()])
+            db.executemany("INSERT OR IGNORE INTO proof_cache VALUES (?,?,?,?)", [(k, *v) for k, v in cache.items()])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def load_byte_verdicts(self, tag: bytes) -> dict[bytes, tuple | None]:
+        return {raw: None if row is None else tuple(json.loads(row))
+                for raw, row in self.db.execute("SELECT raw, row FROM byte_verdicts WHERE tag=?", (tag,))}
 
     def load_cache(self) -> dict[bytes, tuple[str, str, str]]:
         return {r[0]: (r[1], r[2], r[3]) for r in self.db.execute("SELECT key, verdict, reason, method FROM proof_cache")}
