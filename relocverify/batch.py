@@ -71,6 +71,8 @@ class _Context:
     timeout_s: float
     cache: dict  # proof-cache key -> (verdict, reason, method)
     bytes_only: dict  # raw -> verdict row, for instructions whose verdict depends on their bytes alone
+    sites: object = None  # sites.SiteIndex, or None
+    variants: object = None  # variants.VariantFinder, or None
 
 
 _CTX: _Context | None = None
@@ -165,13 +167,60 @@ def _verify_functions(functions: list[Function]):
             row = known.get(raw)
             if row is None or not _jump_back_in_reach(address, len(raw), ctx.tramp):
                 row = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s, ctx.cache, new_cache)
-            rows.append((address, fn.section, fn.name, raw) + row)
+            kinds = ""
+            if ctx.sites is not None:
+                found = ctx.sites.sites_at(address, len(raw))
+                if found:
+                    row = _with_sites(row, found, address, raw, ctx, new_cache)
+                    kinds = "," + ",".join(dict.fromkeys(s.kind for s in found)) + ","
+            rows.append((address, fn.section, fn.name, raw) + row + (kinds,))
         out.append((fn.start, fn.name, rows))
     return out, new_cache
 
 
+_RANK = {v.value: v.rank for v in Verdict}
+
+
+def _with_sites(row: Row, found, address: int, raw: bytes, ctx: _Context, new_cache: dict) -> Row:
+    """The row's verdict in the light of the kernel sites covering the instruction.
+
+    The weakest verdict wins (``Verdict`` order): a site the policy rejects
+    makes it ``rejected``; at a boot-patched site every variant that can run
+    is verified and the weakest of their verdicts is kept, and a site whose
+    variants are not in the image makes it ``unknown``.  A refutation of the
+    bytes on disk is never hidden."""
+    from .sites import POLICY_BY_KIND
+    from .variants import NoVariants
+
+    worst = row
+    for site in found:
+        policy = POLICY_BY_KIND.get(site.kind)
+        if policy is None or policy.consequence == "mark":
+            continue
+        if policy.consequence == "reject":
+            cand = _row(Verdict.REJECTED.value, f"site {site.kind}: {policy.reason}", "site", row[3],
+                        f"site:{site.kind}", row[5])
+        else:
+            variants = ctx.variants.variants_at(site, address, raw)
+            if isinstance(variants, NoVariants):
+                cand = _row(Verdict.UNKNOWN.value, f"site {site.kind}: {variants.reason}", "site", row[3],
+                            f"site:{site.kind}", row[5])
+            else:
+                cand = row
+                for v in variants:
+                    if v.raw == raw:
+                        continue
+                    vr = verify_instruction(v.raw, address, ctx.tramp, ctx.timeout_s, ctx.cache, new_cache)
+                    if _RANK[vr[0]] > _RANK[cand[0]]:
+                        cand = _row(vr[0], f"site {site.kind}, variant {v.name}: {vr[1]}", vr[2], vr[3], vr[4],
+                                    row[5])
+        if _RANK[cand[0]] > _RANK[worst[0]]:
+            worst = cand
+    return worst
+
+
 def _crashed_rows(fn: Function, ctx: _Context, why: str):
-    rows = [(a, fn.section, fn.name, bytes(r), Verdict.UNKNOWN.value, why, "crash", "", "", "", why)
+    rows = [(a, fn.section, fn.name, bytes(r), Verdict.UNKNOWN.value, why, "crash", "", "", "", why, "")
             for a, r in iter_instruction_spans(ctx.image, fn)]
     return fn.start, fn.name, rows
 
@@ -220,7 +269,7 @@ def tool_versions() -> dict:
 
 
 def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, limit: int | None = None,
-        progress: bool = True, site_index=None) -> dict:
+        progress: bool = True, with_sites: bool = True) -> dict:
     """Verify every instruction of ``image`` (its first ``limit`` functions) into ``store``.
 
     Phase 1 gives one verdict to each distinct byte string whose verdict
@@ -234,15 +283,21 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
     if limit is not None:
         functions = functions[:limit]
     versions = tool_versions()
-    config = json.dumps({"tramp": tramp, "versions": versions}, sort_keys=True)
+    config = json.dumps({"tramp": tramp, "versions": versions, "sites": with_sites}, sort_keys=True)
     tag = hashlib.sha256(config.encode()).digest()[:12]
     done = store.done_functions(image.identity, config)
     todo = [f for f in functions if f.start not in done]
     store.add_image(image.identity, image.path, image.format, image.symbol_source,
                     {"sections": [s.name for s in image.iter_executable_sections()], "notes": list(image.notes)})
-    run_id = store.start_run(image.identity, tramp, versions)
-    byte_verdicts = store.load_byte_verdicts(tag)
-    _CTX = _Context(image, tramp, timeout_s, store.load_cache(), {})
+    previous = None if todo else store.last_summary(image.identity, config)
+    run_id = store.start_run(image.identity, tramp, config)
+    byte_verdicts = store.load_byte_verdicts(tag) if todo else {}
+    from .sites import find_sites
+    from .variants import VariantFinder
+
+    sites = find_sites(image) if with_sites else None
+    _CTX = _Context(image, tramp, timeout_s, store.load_cache() if todo else {}, {}, sites,
+                    VariantFinder(image) if sites is not None else None)
     first_seen: dict[bytes, int] = {}
     total = 0
     for f in todo:
@@ -251,20 +306,31 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
             if raw not in byte_verdicts and raw not in first_seen:
                 first_seen[raw] = address
     status = "complete"
+    alternatives = None
     bar = Progress(total, progress, time.monotonic())
     try:
         _survey_pool(sorted(first_seen.items()), store, tag, byte_verdicts, jobs, progress)
         _CTX.bytes_only = {raw: row for raw, row in byte_verdicts.items() if row is not None}
         bar.start = time.monotonic()
         _run_pool(todo, store, image.identity, run_id, jobs, bar, config)
+        if sites is not None:
+            alternatives = verify_replacements(sites, _CTX)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
         bar.advance(0, final=True)
-        summary = summarize(store, image, functions, time.monotonic() - t0, site_index)
+        if previous is not None and previous.get("functions") == len(functions) and status == "complete":
+            summary = previous  # nothing was verified: every stored row is as that run left it
+        else:
+            summary = summarize(store, image, functions, 0.0, sites)
         summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done),
                           "distinct_byte_strings_surveyed": len(first_seen)}
+        if alternatives is not None:
+            summary["alternative_replacements"] = alternatives
+        wall = time.monotonic() - t0
+        summary["wall_s"] = round(wall, 3)
+        summary["instructions_per_s"] = round(bar.done / wall, 1) if wall > 0 else None
         store.finish_run(run_id, status, summary)
     return summary
 
@@ -361,54 +427,113 @@ def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs:
 
 
 def summarize(store: Store, image: Image, functions: list[Function], wall_s: float, site_index=None) -> dict:
+    """Counts over every stored instruction of the image, in one scan of the store."""
+    from collections import Counter
+
     ident = image.identity
-    by_verdict = {v.value: 0 for v in Verdict}
-    by_verdict.update(store.counts(ident, "verdict"))
+    by_verdict = Counter({v.value: 0 for v in Verdict})
+    by_section: dict[str, Counter] = {}
+    by_class: dict[str, Counter] = {}
+    by_function: dict[str, Counter] = {}
+    reasons, methods, plans, site_rows = Counter(), Counter(), Counter(), Counter()
+    for sec, verdict, rkey, method, kind, klass, sites, n in store.db.execute(
+            "SELECT section, verdict, reason_key, method, plan_kind, klass, sites, count(*) "
+            "FROM instructions WHERE image=? GROUP BY 1, 2, 3, 4, 5, 6, 7", (ident,)):
+        by_verdict[verdict] += n
+        by_section.setdefault(sec, Counter())[verdict] += n
+        by_class.setdefault(klass, Counter())[verdict] += n
+        reasons[rkey] += n
+        methods[method] += n
+        plans[kind] += n
+        for k in (sites or "").strip(",").split(","):
+            if k:
+                site_rows[k] += n
+    for verdict, fn, n in store.db.execute(
+            "SELECT verdict, function, count(*) FROM instructions WHERE image=? AND verdict != 'proved' "
+            "GROUP BY 1, 2", (ident,)):
+        by_function.setdefault(verdict, Counter())[fn] += n
     n = sum(by_verdict.values())
-    by_section: dict[str, dict[str, int]] = {}
-    for sec, verdict, cnt in store.db.execute(
-            "SELECT section, verdict, count(*) FROM instructions WHERE image=? GROUP BY section, verdict", (ident,)):
-        by_section.setdefault(sec, {})[verdict] = cnt
-    top = {}
-    for verdict in ("rejected", "unknown", "opaque", "refuted"):
-        top[verdict] = [{"function": f, "instructions": c} for f, c in store.db.execute(
-            "SELECT function, count(*) c FROM instructions WHERE image=? AND verdict=? GROUP BY function "
-            "ORDER BY c DESC, function LIMIT 10", (ident, verdict))]
-    by_class: dict[str, dict[str, int]] = {}
-    for k, verdict, cnt in store.db.execute(
-            "SELECT klass, verdict, count(*) FROM instructions WHERE image=? GROUP BY klass, verdict", (ident,)):
-        by_class.setdefault(k, {})[verdict] = cnt
-    reasons = dict(sorted(store.counts(ident, "reason_key").items(), key=lambda kv: -kv[1]))
-    expected = sum(1 for _ in ()) if False else None
-    done = store.db.execute("SELECT count(*), coalesce(sum(instructions),0) FROM functions_done WHERE image=?",
-                            (ident,)).fetchone()
+    done = store.db.execute("SELECT count(*) FROM functions_done WHERE image=?", (ident,)).fetchone()[0]
+    expected = expected_instruction_count(image, functions)
     summary = {
         "image": {"path": image.path, "identity": ident, "format": image.format,
                   "compression": image.compression, "symbols": image.symbol_source},
         "instructions": n,
+        "instructions_expected": expected,
         "functions": len(functions),
-        "functions_verified": done[0],
-        "by_verdict": by_verdict,
-        "by_method": store.counts(ident, "method"),
-        "by_plan": store.counts(ident, "plan_kind"),
-        "by_reason": reasons,
-        "by_section": by_section,
-        "by_class": dict(sorted(by_class.items(), key=lambda kv: -sum(kv[1].values()))),
-        "top_functions": top,
+        "functions_verified": done,
+        "by_verdict": dict(by_verdict),
+        "by_method": dict(methods),
+        "by_plan": dict(plans),
+        "by_reason": dict(reasons.most_common()),
+        "by_section": {k: dict(v) for k, v in sorted(by_section.items())},
+        "by_class": {k: dict(v) for k, v in sorted(by_class.items(), key=lambda kv: -sum(kv[1].values()))},
+        "top_functions": {v: [{"function": f, "instructions": c} for f, c in by_function.get(v, Counter()).most_common(10)]
+                          for v in ("rejected", "unknown", "opaque", "refuted")},
         "wall_s": round(wall_s, 3),
         "instructions_per_s": round(n / wall_s, 1) if wall_s > 0 else None,
-        "totals_add_up": n == sum(by_verdict.values()) == done[1],
+        "totals_add_up": n == sum(by_verdict.values()) == expected,
     }
-    del expected
     if site_index is not None:
-        summary["by_site"] = site_index
+        counts = site_index.count_by_kind()
+        summary["by_site"] = {k: {"sites": counts.get(k, 0), "instructions": site_rows.get(k, 0)}
+                              for k in site_index.kinds()}
+        summary["sites_missing"] = list(site_index.missing)
     return summary
+
+
+def expected_instruction_count(image: Image, functions: list[Function]) -> int:
+    """How many distinct instructions (by address) the functions hold.
+
+    Function bounds may overlap (retbleed_untrain_ret holds
+    retbleed_return_thunk one byte in); an address decoded in both is one
+    instruction and gets one verdict."""
+    from .functions import count_instructions
+
+    total, prev = 0, None
+    overlapping = []
+    for f in sorted(functions, key=lambda f: (f.start, f.end)):
+        total += count_instructions(image, f)
+        if prev is not None and f.start < prev.end:
+            overlapping.append((prev, f))
+        if prev is None or f.end > prev.end:
+            prev = f
+    for a, b in overlapping:
+        shared = {x for x, _ in iter_instruction_spans(image, a)} & {x for x, _ in iter_instruction_spans(image, b)}
+        total -= len(shared)
+    return total
+
+
+def verify_replacements(sites, ctx: _Context) -> dict:
+    """Every alternative's replacement, verified instruction by instruction at its live address."""
+    from .variants import NoVariants
+
+    by_verdict = {v.value: 0 for v in Verdict}
+    reasons: dict[str, int] = {}
+    n_sites = n_insns = 0
+    cache: dict = {}
+    for site in sites.iter_sites("alternative"):
+        n_sites += 1
+        insns = ctx.variants.replacement_instructions(site)
+        if isinstance(insns, NoVariants):
+            by_verdict[Verdict.UNKNOWN.value] += 1
+            reasons[insns.reason] = reasons.get(insns.reason, 0) + 1
+            continue
+        for address, raw in insns:
+            n_insns += 1
+            row = verify_instruction(raw, address, ctx.tramp, ctx.timeout_s, ctx.cache, cache)
+            by_verdict[row[0]] += 1
+            if row[0] != Verdict.PROVED.value:
+                reasons[row[6]] = reasons.get(row[6], 0) + 1
+    return {"sites": n_sites, "instructions": n_insns, "by_verdict": by_verdict,
+            "by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
 
 
 def render_summary(s: dict) -> str:
     lines = [f"image: {s['image']['path']} ({s['image']['format']}, symbols: {s['image']['symbols']})",
              f"instructions: {s['instructions']:,} in {s['functions']:,} functions "
-             f"({s['functions_verified']:,} verified); totals add up: {s['totals_add_up']}",
+             f"({s['functions_verified']:,} verified); expected {s['instructions_expected']:,}; "
+             f"totals add up: {s['totals_add_up']}",
              "by verdict: " + ", ".join(f"{k} {v:,}" for k, v in s["by_verdict"].items()),
              "by method: " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["by_method"].items())),
              "by section:"]
@@ -422,8 +547,14 @@ def render_summary(s: dict) -> str:
         if tops:
             lines.append(f"top functions by {verdict}: " + ", ".join(f"{t['function']} ({t['instructions']})" for t in tops))
     if "by_site" in s:
-        lines.append("sites: " + ", ".join(f"{k} {v['sites']:,}/{v['instructions']:,}" for k, v in s["by_site"].items()))
-    lines.append(f"wall: {s['wall_s']:.1f} s, {s['instructions_per_s'] or 0:,.0f} insn/s")
+        lines.append("sites (table entries / instructions covered):")
+        for k, v in s["by_site"].items():
+            lines.append(f"  {k:<18} {v['sites']:>8,} {v['instructions']:>10,}")
+    if "alternative_replacements" in s:
+        a = s["alternative_replacements"]
+        lines.append(f"alternative replacements: {a['sites']:,} sites, {a['instructions']:,} instructions: "
+                     + ", ".join(f"{k} {v:,}" for k, v in a["by_verdict"].items()))
+    lines.append(f"wall: {s['wall_s']:.1f} s, {s['instructions_per_s'] or 0:,.0f} insn/s verified in this run")
     return "\n".join(lines) + "\n"
 
 

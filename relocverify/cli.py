@@ -69,7 +69,7 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def _one_instruction(raw: bytes, at: int):
     from .decoders import decode
-    from .instruction import Instruction
+    from .instruction import Disagreement, Instruction, Undecodable
 
     if len(raw) > 15:
         raise InputError(f"HEX has {len(raw)} bytes; an x86 instruction has at most 15")
@@ -77,8 +77,10 @@ def _one_instruction(raw: bytes, at: int):
     if isinstance(decoded, Instruction) and decoded.length != len(raw):
         raise InputError(f"HEX holds more than one instruction: the first, {decoded.text!r}, is "
                          f"{decoded.length} bytes of {len(raw)}")
-    if not isinstance(decoded, Instruction) and decoded.length < len(raw) and not decoded.answers:
-        raise InputError(f"HEX is undecodable: {decoded.reason}")
+    if isinstance(decoded, Undecodable):
+        raise InputError(f"HEX {raw.hex(' ')} is undecodable: {decoded.reason}")
+    if isinstance(decoded, Disagreement) and decoded.length != len(raw):
+        raise InputError(f"HEX: the decoders disagree on its length ({decoded.reason}); give one instruction")
     return decoded
 
 

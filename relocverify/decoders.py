@@ -73,13 +73,19 @@ class Layout:
 def layout(raw: bytes) -> Layout | None:
     """Split an encoding into its parts.  None if the bytes end too early."""
     i, n = 0, len(raw)
-    while i < n and raw[i] in LEGACY_PREFIXES and i < MAX_INSN:
-        i += 1
-    prefixes = bytes(raw[:i])
     rex = None
-    if i < n and 0x40 <= raw[i] <= 0x4F:
-        rex = raw[i]
+    legacy = bytearray()
+    # Legacy prefixes and REX bytes may interleave; a REX counts only when it
+    # immediately precedes the opcode (SDM 2.2.1): one followed by a legacy
+    # prefix is ignored by the hardware.
+    while i < n and i < MAX_INSN and (raw[i] in LEGACY_PREFIXES or 0x40 <= raw[i] <= 0x4F):
+        if 0x40 <= raw[i] <= 0x4F:
+            rex = raw[i]
+        else:
+            rex = None
+            legacy.append(raw[i])
         i += 1
+    prefixes = bytes(legacy)
     if i >= n:
         return None
     b = raw[i]
@@ -231,7 +237,7 @@ def _iced_memory(ins, raw: bytes, co, info) -> MemoryOperand | None:
     for p in lay.prefixes if lay else b"":
         seg = {0x64: "fs", 0x65: "gs"}.get(p, seg)
     size = _MEMSIZE.get(ins.memory_size, 0)
-    addr_size = 32 if base in ("eip",) or (base or "").startswith("e") or (index or "").startswith("e") else 64
+    addr_size = 32 if lay is not None and 0x67 in lay.prefixes else 64
     base_name = "rip" if base in ("rip", "eip") else base
     return MemoryOperand(base_name, index, ins.memory_index_scale if index else 1, disp, seg, size, addr_size)
 

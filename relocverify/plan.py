@@ -266,7 +266,7 @@ def _xbegin_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
 def _memory_address(insn: Instruction) -> Address:
     mem = insn.memory
     if mem.base == "rip":
-        return Address(disp=insn.rip_target, address_size=mem.address_size)
+        return Address(disp=insn.rip_target, segment=mem.segment, address_size=mem.address_size)
     return Address(base=reg_family(mem.base) if mem.base else None,
                    index=reg_family(mem.index) if mem.index else None,
                    scale=mem.scale, disp=mem.displacement, segment=mem.segment, address_size=mem.address_size)
@@ -316,6 +316,13 @@ _STRATEGIES = {
 }
 
 
+TRAMPOLINE_MAX = 64  # the longest trampoline any strategy builds, save slot included
+
+
+def _overlaps(a: int, n: int, t: int) -> bool:
+    return (t - a) & MASK64 < n or (a - t) & MASK64 < TRAMPOLINE_MAX
+
+
 def make_plan(decoded: Decoded, tramp: int) -> Plan:
     """Plan the relocation of ``decoded`` (at its own address) to ``tramp``."""
     tramp &= MASK64
@@ -324,6 +331,9 @@ def make_plan(decoded: Decoded, tramp: int) -> Plan:
     if isinstance(decoded, Disagreement):
         return _reject("decoder-disagreement", f"decoders disagree: {decoded.reason}", decoded.address,
                        decoded.length, tramp)
+    if _overlaps(decoded.address, decoded.length, tramp):
+        return _reject("tramp-overlap", f"the trampoline at {tramp:#x} overlaps the instruction it relocates",
+                       decoded.address, decoded.length, tramp)
     rule = classify(decoded)
     if rule.strategy == "reject":
         return _reject(rule.name, rule.reason, decoded.address, decoded.length, tramp)

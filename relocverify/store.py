@@ -96,10 +96,16 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO images VALUES (?,?,?,?,?)",
                         (identity, path, fmt, symbol_source, json.dumps(info)))
 
-    def start_run(self, image: str, tramp: int, versions: dict) -> int:
+    def start_run(self, image: str, tramp: int, config: str) -> int:
         cur = self.db.execute("INSERT INTO runs (image, started, status, tramp, versions) VALUES (?,?,?,?,?)",
-                              (image, time.time(), "running", _signed(tramp), json.dumps(versions, sort_keys=True)))
+                              (image, time.time(), "running", _signed(tramp), config))
         return cur.lastrowid
+
+    def last_summary(self, image: str, config: str) -> dict | None:
+        """The summary of the newest complete run of this image under this configuration."""
+        row = self.db.execute("SELECT summary FROM runs WHERE image=? AND versions=? AND status='complete' "
+                              "AND summary IS NOT NULL ORDER BY id DESC LIMIT 1", (image, config)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def finish_run(self, run: int, status: str, summary: dict) -> None:
         self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
