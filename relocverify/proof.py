@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import claripy
 import pyvex
@@ -734,7 +735,14 @@ def _versions_tag() -> bytes:
     return _VERSIONS_TAG
 
 
-def pc_fields(code: bytes, base: int) -> list[tuple[int, int, int]] | None:
+class PcField(NamedTuple):
+    offset: int
+    size: int
+    value: int  # the address the field denotes
+    data: bool = False  # a RIP-relative operand (addresses data), not a control-flow target
+
+
+def pc_fields(code: bytes, base: int) -> list[PcField] | None:
     """Every field of ``code`` (decoded at ``base``) whose value is an address:
     (offset, size, the address it denotes).  A RIP-relative displacement
     denotes next-rip + disp; a relative branch, its target; the qword after
@@ -753,26 +761,34 @@ def pc_fields(code: bytes, base: int) -> list[tuple[int, int, int]] | None:
             return None
         co = dec.get_constant_offsets(ins)
         if ins.is_ip_rel_memory_operand:
-            fields.append((off + co.displacement_offset, co.displacement_size, ins.ip_rel_memory_address))
+            fields.append(PcField(off + co.displacement_offset, co.displacement_size, ins.ip_rel_memory_address,
+                                  True))
         if ins.flow_control in (1, 3, 5, 8) and ins.near_branch_target and co.has_immediate:
-            fields.append((off + co.immediate_offset, co.immediate_size, ins.near_branch_target & MASK64))
+            fields.append(PcField(off + co.immediate_offset, co.immediate_size, ins.near_branch_target & MASK64))
         if ins.code == iced_x86.Code.MOV_R64_IMM64:
-            fields.append((off + co.immediate_offset, 8, ins.immediate64))
+            fields.append(PcField(off + co.immediate_offset, 8, ins.immediate64))
         if code[off:off + 6] == b"\xff\x25\x00\x00\x00\x00":
             q = off + 6
             if q + 8 > len(code):
                 return None
-            fields.append((q, 8, int.from_bytes(code[q:q + 8], "little")))
+            fields.append(PcField(q, 8, int.from_bytes(code[q:q + 8], "little")))
             skip_to = q + 8
             dec.position = skip_to
             dec.ip = base + skip_to
     return fields
 
 
+def _role_of(value: int, data: bool, name: str) -> str:
+    """A role, with the address's alignment (mod 64) when it addresses data:
+    VEX decides at lift time whether an aligned access (movdqa, cmpxchg16b)
+    faults, from the constant address itself (found by tests/test_cache.py)."""
+    return f"{name}@{value & 63}" if data else name
+
+
 def _shape(code: bytes, fields) -> bytes:
     b = bytearray(code)
-    for off, size, _ in fields:
-        b[off:off + size] = bytes(size)
+    for f in fields:
+        b[f.offset:f.offset + f.size] = bytes(f.size)
     return bytes(b)
 
 
@@ -817,10 +833,10 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     if ofields is None:
         return None
     roles = {(a + n) & MASK64: "next", a: "self"}
-    for k, (_, _, v) in enumerate(ofields):
-        if v in roles:
+    for k, f in enumerate(ofields):
+        if f.value in roles:
             return None
-        roles[v] = f"f{k}"
+        roles[f.value] = _role_of(f.value, f.data, f"f{k}")
     if plan.kind is PlanKind.EMULATE:
         body = repr(tuple(_effect_roles(e, roles) for e in plan.effects))
         if "?" in body:
@@ -830,12 +846,12 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     if tfields is None:
         return None
     sig = []
-    for _, _, v in tfields:
-        r = roles.get(v)
-        if r is None and t <= v < t + len(plan.trampoline) + 16:
-            r = f"t+{v - t}"
-            if v in roles:
-                return None
+    for f in tfields:
+        v = f.value
+        internal = 0 <= (v - t) & MASK64 < len(plan.trampoline) + 16
+        if internal and v in roles:
+            return None  # ambiguous: a trampoline address that is also one of the original's
+        r = _role_of(v, f.data, f"t+{(v - t) & MASK64}") if internal else roles.get(v)
         if r is None:
             return None
         sig.append(r)

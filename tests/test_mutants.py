@@ -72,7 +72,7 @@ def _valid(raw: bytes) -> bool:
 
 def _with_rip_target(raw: bytes, at: int, target: int) -> bytes:
     """``raw`` at ``at`` with its RIP-relative displacement set to address ``target``."""
-    for off, size, _ in pc_fields(raw, at):
+    for off, size, *_ in pc_fields(raw, at):
         if size == 4 and raw[:off] and _is_rip_disp(raw, at, off):
             return raw[:off] + struct.pack("<i", target - (at + len(raw))) + raw[off + 4:]
     return raw
@@ -129,7 +129,7 @@ def mutants_of(base: str, hexes: str, t: int) -> list[Mutant]:
     fields = pc_fields(code, t)
     # displacement / branch target +-1 in every address-valued field of the first instruction
     first_len = len(code) if plan.scratch else (iced_x86.Decoder(64, code, ip=t).decode().len)
-    for off, size, _ in fields:
+    for off, size, *_ in fields:
         # 4-byte fields only: a rel8 +-1 inside the loop idiom lands mid-instruction, which no relocator emits
         if size != 4 or (off >= first_len and plan.rule != "loop"):
             continue

@@ -1,0 +1,144 @@
+"""The proof cache: its key must capture everything a verdict depends on.
+
+proof.cache_key reuses a verdict across instances on two grounds, both
+tested here: (1) the VEX lifter's output for the same bytes depends on the
+address only through PC constants (A, A+len, A+len+field); (2) instances
+with equal keys get equal verdicts when proved afresh.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relocverify import semantics as S
+from relocverify.decoders import decode
+from relocverify.plan import make_plan
+from relocverify.proof import _canon_block, cache_key, pc_fields, prove_plan, prove_relocation
+from relocverify.verdict import Verdict
+
+MASK64 = (1 << 64) - 1
+SAMPLES = [
+    "48 8b 05 10 00 00 00", "48 81 3d 10 00 00 00 78 56 34 12", "f0 ff 05 10 00 00 00", "ff 35 10 00 00 00",
+    "48 8d 05 f0 ff ff ff", "c5 f9 6f 05 20 00 00 00", "66 89 3d 10 00 00 00", "0f b6 05 01 00 00 00",
+    "7e 10", "7f f0", "0f 85 00 01 00 00", "eb 10", "e9 00 01 00 00", "e2 10", "e3 f0", "c7 f8 00 01 00 00",
+    "e8 00 01 00 00", "ff 15 10 00 00 00", "f3 a4", "f3 48 ab", "48 01 d8", "0f 1f 44 00 00", "c3",
+    "0f 28 05 20 00 00 00", "f0 48 0f c7 0d 10 00 00 00",
+]
+kernel_text = st.integers(0xFFFFFFFF81000000, 0xFFFFFFFF9FFFFFFF)
+
+
+def _roles(node, values: dict):
+    """The canonical IR with every PC-derived constant replaced by its role."""
+    if isinstance(node, tuple):
+        if len(node) == 3 and node[0] == "c" and node[2] in values:
+            return ("c", node[1], values[node[2]])
+        return tuple(_roles(n, values) for n in node)
+    if isinstance(node, int) and node in values:
+        return values[node]
+    return node
+
+
+def _role_ir(raw: bytes, at: int):
+    """(the roles of the PC-derived values, the canonical IR with each replaced by its role)."""
+    values = {at: "A", (at + len(raw)) & MASK64: "A+len"}
+    for k, f in enumerate(pc_fields(raw, at)):
+        values.setdefault(f.value, f"field{k}@{f.value & 63}" if f.data else f"field{k}")
+    return tuple(sorted(values.values())), _roles(_canon_block(S.lift(raw, at, max_inst=1), lambda v: v), values)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(SAMPLES), kernel_text, st.integers(-(1 << 20), 1 << 20))
+def test_lifter_depends_on_the_address_only_through_pc_constants(hexes, a1, k):
+    """Same roles (data addresses with the same alignment mod 64) => same IR."""
+    raw = bytes.fromhex(hexes)
+    a2 = (a1 + 64 * k) & MASK64
+    roles1, ir1 = _role_ir(raw, a1)
+    roles2, ir2 = _role_ir(raw, a2)
+    assert roles1 == roles2 and ir1 == ir2
+
+
+def test_vex_checks_alignment_at_lift_time():
+    """Why a data address's alignment is part of its role: vmovdqa from a
+    misaligned constant address lifts to an unconditional SIGSEGV exit."""
+    raw = bytes.fromhex("c5 f9 6f 05 20 00 00 00")
+    aligned, misaligned = 0xFFFFFFFF81000000 - 8, 0xFFFFFFFF81000000
+    assert _role_ir(raw, aligned)[1] != _role_ir(raw, misaligned)[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(SAMPLES), kernel_text, kernel_text, st.integers(0xFFFFFFFFC0000000, 0xFFFFFFFFC7FFFFFF))
+def test_equal_keys_mean_equal_verdicts(hexes, a1, a2, t):
+    raw = bytes.fromhex(hexes)
+    d1, d2 = decode(raw, a1), decode(raw, a2)
+    p1, p2 = make_plan(d1, t), make_plan(d2, t)
+    k1, k2 = cache_key(d1, p1), cache_key(d2, p2)
+    if k1 is not None and k1 == k2:
+        r1, r2 = prove_plan(d1, p1), prove_plan(d2, p2)
+        assert (r1.verdict, r1.method) == (r2.verdict, r2.method)
+
+
+def test_roles_are_part_of_the_key():
+    """A jcc trampoline whose taken and fall-through exits are swapped has the
+    same bytes-with-fields-zeroed shape but other roles: another key, and refuted."""
+    a, t = 0xFFFFFFFF81234560, 0xFFFFFFFFC0001000
+    d = decode(bytes.fromhex("7e 10"), a)
+    plan = make_plan(d, t)
+    good = plan.trampoline  # jle rel32 -> target; jmp rel32 -> A+2
+    target, back = d.branch_target, d.end
+    swapped = (good[:2] + struct.pack("<i", back - (t + 6)) + b"\xe9" + struct.pack("<i", target - (t + 11)))
+    good_key = cache_key(d, plan)
+    from dataclasses import replace
+
+    bad_key = cache_key(d, replace(plan, trampoline=swapped))
+    assert good_key is not None and bad_key is not None and good_key != bad_key
+    assert prove_relocation(d, swapped, t).verdict is Verdict.REFUTED
+
+
+def test_ambiguous_roles_get_no_key():
+    """jmp +0 targets A+len itself: its roles are ambiguous, so it is never cached."""
+    a, t = 0xFFFFFFFF81234560, 0xFFFFFFFFC0001000
+    d = decode(bytes.fromhex("eb 00"), a)
+    assert cache_key(d, make_plan(d, t)) is None
+
+
+@pytest.mark.parametrize("hexes", ["48 01 d8", "f3 a4", "0f a2"])
+def test_copies_are_keyed_by_bytes_and_jump_form(hexes):
+    raw = bytes.fromhex(hexes)
+    near, far = 0xFFFFFFFFC0001000, 0x00007F0000001000
+    d1, d2 = decode(raw, 0xFFFFFFFF81000000), decode(raw, 0xFFFFFFFF82345678)
+    assert cache_key(d1, make_plan(d1, near)) == cache_key(d2, make_plan(d2, near))
+    assert cache_key(d1, make_plan(d1, near)) != cache_key(d1, make_plan(d1, far))
+
+
+@pytest.mark.slow
+def test_lifter_invariance_on_real_kernel_instructions():
+    """The invariance the shape cache relies on, over address-dependent
+    instructions of the real Debian kernel, each also lifted 64*k bytes away."""
+    import random
+
+    from relocverify.fetch import fetch
+    from relocverify.functions import find_functions, iter_instruction_spans
+    from relocverify.image import load_image
+
+    image = load_image(fetch("debian-6.1-cloud").vmlinux)
+    rng = random.Random(7)
+    functions = rng.sample(find_functions(image), 3000)
+    checked = 0
+    for f in functions:
+        for at, raw in iter_instruction_spans(image, f):
+            fields = pc_fields(raw, at)
+            if not fields or any(struct.pack("<I", v & 0xFFFFFFFF) in raw for v in
+                                 [f.value for f in fields] + [at, at + len(raw)]):
+                continue  # an immediate equal to a PC value: the test's substitution by value would conflate them
+            try:
+                roles1, ir1 = _role_ir(raw, at)
+                roles2, ir2 = _role_ir(raw, (at + 64 * rng.randint(-4096, 4096)) & MASK64)
+            except S.Gap:
+                continue
+            assert roles1 == roles2 and ir1 == ir2, (hex(at), raw.hex())
+            checked += 1
+    assert checked > 10_000
