@@ -181,6 +181,18 @@ def _verify_functions(functions: list[Function]):
 _RANK = {v.value: v.rank for v in Verdict}
 
 
+def site_verdict(image: Image, sites, raw: bytes, address: int, tramp: int, timeout_s: float,
+                 row: Row) -> tuple[Row, tuple]:
+    """One instruction's verdict row in the light of the image's sites, and those sites."""
+    from .variants import VariantFinder
+
+    found = tuple(sites.sites_at(address, len(raw)))
+    if not found:
+        return row, found
+    ctx = _Context(image, tramp, timeout_s, {}, {}, sites, VariantFinder(image))
+    return _with_sites(row, found, address, raw, ctx, {}), found
+
+
 def _with_sites(row: Row, found, address: int, raw: bytes, ctx: _Context, new_cache: dict) -> Row:
     """The row's verdict in the light of the kernel sites covering the instruction.
 

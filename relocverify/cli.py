@@ -119,6 +119,9 @@ def cmd_check(args, out: TextIO) -> int:
     decoded = _one_instruction(raw, args.at)
     plan = make_plan(decoded, args.tramp)
     result = prove_plan(decoded, plan, timeout_ms=args.timeout * 1000)
+    site_doc = None
+    if args.image:
+        result, site_doc = _check_sites(args, decoded, plan, result)
     if args.json:
         doc = {
             "length": decoded.length,
@@ -130,6 +133,8 @@ def cmd_check(args, out: TextIO) -> int:
             "plan": plan.as_json(),
             **result.as_json(),
         }
+        if site_doc is not None:
+            doc["sites"] = site_doc
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
@@ -147,8 +152,33 @@ def cmd_check(args, out: TextIO) -> int:
             out.write("\n".join(_disasm(plan.trampoline, plan.tramp)) + "\n")
         for e in plan.effects:
             out.write(f"  effect: {e.describe()}\n")
+        for site in site_doc or ():
+            out.write(f"site: {site['kind']} at {site['address']} ({site['consequence']}): {site['reason']}\n")
         out.write(result.render())
     return verdict_exit_code(result.verdict)
+
+
+def _check_sites(args, decoded, plan, result):
+    """The verdict at --at in the kernel image: its sites, and every variant that can run there."""
+    from .batch import site_verdict
+    from .image import load_image
+    from .sites import POLICY_BY_KIND, find_sites
+    from .verdict import ProofResult, Verdict
+
+    image = load_image(args.image, args.system_map)
+    if not image.is_executable(decoded.address):
+        raise InputError(f"--at {decoded.address:#x} is not in an executable section of {args.image}")
+    if image.read(decoded.address, decoded.length) != decoded.raw:
+        raise InputError(f"HEX is not the bytes of {args.image} at {decoded.address:#x}")
+    row = (result.verdict.value, result.reason, result.method, plan.kind.value, plan.rule, "", "")
+    new, found = site_verdict(image, find_sites(image), decoded.raw, decoded.address, plan.tramp,
+                              args.timeout, row)
+    doc = [{"kind": s.kind, "address": hex(s.address), "length": s.length,
+            "consequence": POLICY_BY_KIND[s.kind].consequence if s.kind in POLICY_BY_KIND else "mark",
+            "reason": POLICY_BY_KIND[s.kind].reason if s.kind in POLICY_BY_KIND else ""} for s in found]
+    if new[0] != row[0] or new[1] != row[1]:
+        result = ProofResult(Verdict(new[0]), new[1], new[2])
+    return result, doc
 
 
 # ---------------------------------------------------------------------------
@@ -209,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tramp", type=parse_address, default=DEFAULT_TRAMP, metavar="ADDR")
     c.add_argument("--json", action="store_true")
     c.add_argument("--timeout", type=float, default=10.0, help="solver timeout in seconds")
+    c.add_argument("--image", default=None, metavar="VMLINUX",
+                   help="the kernel the bytes come from: also check the kernel sites at --at")
+    c.add_argument("--system-map", default=None)
     c.set_defaults(func=cmd_check)
 
     pr = sub.add_parser("prove", help="check a relocation made by another tool")

@@ -97,13 +97,21 @@ class VariantFinder:
     def _retpoline(self, site, a, raw):
         if site.address != a:
             return NoVariants("inside a retpoline site, whose NOP padding apply_retpolines() chooses at boot")
-        if len(raw) != 5 or raw[0] not in (0xE8, 0xE9):
+        body = raw[1:] if raw[:1] == b"\x2e" else raw  # -mindirect-branch-cs-prefix leaves room for lfence
+        if len(body) == 5 and body[0] in (0xE8, 0xE9):
+            cc = None
+        elif len(body) == 6 and body[0] == 0x0F and body[1] & 0xF0 == 0x80:
+            cc = body[1] & 0x0F
+        else:
             return NoVariants(f"retpoline site of an unexpected form ({raw.hex()})")
-        target = (a + 5 + struct.unpack("<i", raw[1:5])[0]) & MASK64
+        target = (a + len(raw) + struct.unpack("<i", body[-4:])[0]) & MASK64
         reg = self.thunk_reg.get(target)
         if reg is None:
             return NoVariants("the retpoline thunk's register is unknown (no symbols: pass System.map)")
-        call = raw[0] == 0xE8
+        if cc is not None:
+            # patch_retpoline: "Jncc.d8 1f; [lfence]; jmp *%reg; 1:" -- at A, the inverted short jcc.
+            return [Variant("jcc thunk (on disk)", raw), Variant("jncc over jmp *%reg", bytes([0x70 + (cc ^ 1), len(raw) - 2]))]
+        call = body[0] == 0xE8
         return [Variant("thunk (on disk)", raw), Variant(f"{'call' if call else 'jmp'} *%{reg}", _indirect(call, reg)),
                 Variant("lfence (lfence; indirect)", b"\x0f\xae\xe8")]
 

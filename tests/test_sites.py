@@ -555,3 +555,51 @@ def test_debian_tables_hold_final_link_values(debian, name):
     for section_name in (".return_sites", ".retpoline_sites", ".smp_locks"):
         checked, bad = relocation_mismatches(kernel.vmlinux, section_name)
         assert checked > 1000 and bad == 0, section_name
+
+
+# --- sites in verdicts (batch and check) ---------------------------------------
+
+@pytest.mark.slow
+def test_batch_summary_reports_sites_and_verifies_every_replacement(tmp_path):
+    from relocverify import batch
+    from relocverify.store import Store
+
+    image = load_image(fetch("debian-6.1-cloud").vmlinux)
+    store = Store(str(tmp_path / "s.sqlite"))
+    summary = batch.run(image, store, 0xFFFFFFFFC0001000, jobs=2, timeout_s=10, limit=1500, progress=False)
+    rows = list(store.iter_rows(image.identity))
+    store.close()
+    index = find_sites(image)
+    assert set(summary["by_site"]) == set(index.kinds())
+    for kind, entry in summary["by_site"].items():
+        assert entry["sites"] == index.count_by_kind()[kind]
+        assert entry["instructions"] == sum(1 for r in rows if f",{kind}," in r.sites)
+    alt = summary["alternative_replacements"]
+    assert alt["sites"] == index.count_by_kind()["alternative"]
+    assert sum(alt["by_verdict"].values()) >= alt["instructions"] > 4000
+    assert alt["by_verdict"]["refuted"] == 0
+    # a rejecting site rejects, whatever the bytes' own proof said
+    assert all(r.verdict == "rejected" for r in rows if ",extable," in r.sites or ",bug," in r.sites)
+    # the live variants of a return thunk (jmp __x86_return_thunk, ret) are both verified
+    thunk_rows = [r for r in rows if ",return_thunk," in r.sites and r.raw[:1] == b"\xe9"]
+    assert thunk_rows and all(r.verdict == "proved" for r in thunk_rows)
+
+
+@pytest.mark.slow
+def test_check_with_image_prints_sites_and_the_live_variant():
+    from relocverify.cli import main
+
+    k = fetch("debian-6.1-cloud")
+    image = load_image(k.vmlinux)
+    index = find_sites(image)
+    site = next(s for s in index.iter_sites("return_thunk"))
+    raw = image.read(site.address, site.length)
+    import io
+
+    out = io.StringIO()
+    code = main(["check", raw.hex(), "--at", hex(site.address), "--image", k.vmlinux, "--json"], out=out)
+    import json
+
+    doc = json.loads(out.getvalue())
+    assert code == 0 and doc["verdict"] == "proved"
+    assert [s["kind"] for s in doc["sites"]][:1] == ["return_thunk"]
