@@ -9,6 +9,8 @@ import subprocess
 import time
 
 import pytest
+
+import elfbuild
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,14 +80,7 @@ SECTIONS {
 
 
 def build_elf(directory):
-    if not (shutil.which("gcc") and shutil.which("ld")):
-        pytest.skip("needs gcc and ld to build the test ELF")
-    source, obj, lds, out = (directory / n for n in ("f.s", "f.o", "f.lds", "vmlinux"))
-    source.write_text(ASM)
-    lds.write_text(LINKER_SCRIPT)
-    subprocess.run(["gcc", "-c", "-o", str(obj), str(source)], check=True)
-    subprocess.run(["ld", "-static", "-nostdlib", "-T", str(lds), "-o", str(out), str(obj)], check=True)
-    return out
+    return elfbuild.build_elf(directory, ASM, LINKER_SCRIPT)
 
 
 @pytest.fixture(scope="module")
