@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .decoders import decode, decoder_versions, rebase
+from .decoders import decode, decoder_versions, field_shape, rebase, with_fields
 from .errors import InputError
 from .functions import Function, find_functions, iter_instruction_spans
 from .image import Image, load_image
@@ -82,14 +82,31 @@ _DECODED: dict[bytes, object] = {}
 Row = tuple
 
 
+_SHAPES: dict[bytes, Instruction] = {}
+_CACHE_LIMIT = 200_000  # decodes kept per worker: beyond it the caches start afresh (memory, not correctness)
+
+
 def _decode(raw: bytes, address: int):
+    """decoders.decode, once per distinct byte string and, for encodings with
+    displacement or immediate fields, once per shape (decoders.with_fields)."""
     hit = _DECODED.get(raw)
-    if hit is None:
-        hit = decode(raw, address)
-        if len(_DECODED) < 1_000_000:
-            _DECODED[raw] = hit
-        return hit
-    return rebase(hit, address)
+    if hit is not None:
+        return rebase(hit, address)
+    shape = field_shape(raw)
+    if shape is not None:
+        base = _SHAPES.get(shape)
+        if base is not None:
+            d = with_fields(base, raw, address)
+            if d is not None:
+                return d
+    d = decode(raw, address)
+    if len(_DECODED) >= _CACHE_LIMIT:
+        _DECODED.clear()
+        _SHAPES.clear()
+    _DECODED[raw] = d
+    if shape is not None and isinstance(d, Instruction):
+        _SHAPES[shape] = d
+    return d
 
 
 def _row(verdict: str, reason: str, method: str, kind: str, rule: str, klass: str) -> Row:
@@ -319,9 +336,12 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
                 first_seen[raw] = address
     status = "complete"
     alternatives = None
+    surveyed = 0
     bar = Progress(total, progress, time.monotonic())
     try:
         _survey_pool(sorted(first_seen.items()), store, tag, byte_verdicts, jobs, progress)
+        surveyed = len(first_seen)
+        del first_seen
         _CTX.bytes_only = {raw: row for raw, row in byte_verdicts.items() if row is not None}
         bar.start = time.monotonic()
         _run_pool(todo, store, image.identity, run_id, jobs, bar, config)
@@ -337,7 +357,7 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
         else:
             summary = summarize(store, image, functions, 0.0, sites)
         summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done),
-                          "distinct_byte_strings_surveyed": len(first_seen)}
+                          "distinct_byte_strings_surveyed": surveyed}
         if alternatives is not None:
             summary["alternative_replacements"] = alternatives
         wall = time.monotonic() - t0
@@ -363,9 +383,11 @@ def _survey_pool(items: list[tuple[bytes, int]], store: Store, tag: bytes, byte_
     bar = Progress(len(items), progress, time.monotonic())
     chunks = list(_chunks(items, SURVEY_CHUNK))
 
+    shared: dict[tuple, tuple] = {}
+
     def absorb(result):
         found, other, cache = result
-        batch = dict(found)
+        batch = {raw: shared.setdefault(row, row) for raw, row in found.items()}
         batch.update({raw: None for raw in other})
         byte_verdicts.update(batch)
         _CTX.cache.update(cache)

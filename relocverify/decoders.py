@@ -354,7 +354,7 @@ def decode(raw: bytes, address: int) -> Decoded:
     return _decode_cached(raw, address)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def _decode_cached(raw: bytes, address: int) -> Decoded:
     ic = _iced(raw, address)
     cs = _capstone(raw, address)
@@ -445,4 +445,72 @@ def rebase(decoded: Decoded, address: int) -> Decoded:
         new_target = (target - decoded.address + address) & MASK64
         object.__setattr__(new, "op_str", decoded.op_str.replace(f"{target:#x}", f"{new_target:#x}"))
         object.__setattr__(new, "branch_target", new_target)
+    return new
+
+
+_CS_LITE = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+_CS_LITE.syntax = capstone.CS_OPT_SYNTAX_ATT
+
+
+def field_shape(raw: bytes) -> bytes | None:
+    """``raw`` with its displacement and relative-branch bytes zeroed, or None
+    if it has neither (or is invalid).
+
+    Two encodings with the same shape have the same length, prefixes,
+    opcode, ModRM/SIB and field positions, and the same decode facts but for
+    the field values themselves: x86 lengths and offsets do not depend on a
+    displacement or a branch offset.  (Other immediates stay in the shape: a
+    shift by 0 writes no flags, so their values can matter.)"""
+    dec = iced_x86.Decoder(64, raw)
+    ins = dec.decode()
+    if ins.is_invalid or ins.len != len(raw):
+        return None
+    co = dec.get_constant_offsets(ins)
+    rel = co.has_immediate and ins.flow_control in _REL_FLOWS and ins.near_branch_target != 0 or \
+        co.has_immediate and ins.is_jcx_short or co.has_immediate and ins.is_loop or co.has_immediate and ins.is_loopcc
+    if not (co.has_displacement or rel):
+        return None
+    b = bytearray(raw)
+    if co.has_displacement:
+        b[co.displacement_offset:co.displacement_offset + co.displacement_size] = bytes(co.displacement_size)
+    if rel:
+        b[co.immediate_offset:co.immediate_offset + co.immediate_size] = bytes(co.immediate_size)
+    return bytes(b)
+
+
+_REL_FLOWS = (iced_x86.FlowControl.UNCONDITIONAL_BRANCH, iced_x86.FlowControl.CONDITIONAL_BRANCH,
+              iced_x86.FlowControl.CALL, iced_x86.FlowControl.XBEGIN_XABORT_XEND)
+
+
+def with_fields(shape: Instruction, raw: bytes, address: int) -> Instruction | None:
+    """The decode of ``raw`` at ``address`` from the decode of another encoding of the same shape.
+
+    Only the field-derived facts change: the bytes, the displacement, a
+    relative branch's target and the text.  Both decoders still check the
+    new bytes: iced-x86 and capstone (its lite mode) must each decode
+    exactly ``len(raw)`` bytes, and iced gives the branch target.  None if
+    they do not (the caller then decodes in full)."""
+    if len(raw) != shape.length:
+        return None
+    dec = iced_x86.Decoder(64, raw, ip=address)
+    ins = dec.decode()
+    if ins.is_invalid or ins.len != len(raw):
+        return None
+    lite = next(_CS_LITE.disasm_lite(raw, address, 1), None)
+    if shape.notes:  # a known capstone defect: the text is iced-x86's, as in decode()
+        mnemonic, _, op_str = _FORMATTER.format(ins).partition(" ")
+        lite = (address, len(raw) if lite is None else lite[1], mnemonic, op_str.strip())
+    if lite is None or (lite[1] != len(raw) and not shape.notes):
+        return None
+    new = object.__new__(Instruction)
+    new.__dict__.update(shape.__dict__)
+    object.__setattr__(new, "raw", raw)
+    object.__setattr__(new, "address", address & MASK64)
+    object.__setattr__(new, "mnemonic", lite[2])
+    object.__setattr__(new, "op_str", lite[3])
+    if shape.branch_target is not None:
+        object.__setattr__(new, "branch_target", ins.near_branch_target & MASK64)
+    if shape.memory is not None and shape.disp_size:
+        disp = int.from_bytes(raw[shape.disp_offset:shape.disp_offset + shape.disp_size], "little", signed=True)
+        object.__setattr__(new, "memory", replace(shape.memory, displacement=disp))
     return new

@@ -118,6 +118,9 @@ RULES: tuple[Rule, ...] = (
          "emulated when T is out of rel32 range"),
     Rule("xbegin", _op("xbegin"), "xbegin-rewrite",
          "xbegin's abort target is relative: re-targeted so that an abort still lands on the original handler"),
+    Rule("hypercall", _op("vmcall", "vmmcall", "vmgexit"), "reject",
+         "a hypercall exits to the hypervisor, which reads the guest RIP (KVM skips the instruction by its "
+         "length, Xen checks that hypercalls come from its hypercall page): at T it sees the trampoline"),
     Rule("unclassified-flow", lambda i: i.flow not in ("next", "exception") and i.opname not in ("xend", "xabort"),
          "reject", "a control transfer with no relocation rule (far, interrupt or privilege change)"),
     Rule("rip-relative", lambda i: i.rip_relative, "rip-rewrite",
@@ -138,6 +141,7 @@ def classify(insn: Instruction) -> Rule:
     rule = _CLASSIFIED.get(insn.raw)
     if rule is None:
         rule = next(r for r in RULES if r.matches(insn))
-        if len(_CLASSIFIED) < 1_000_000:
-            _CLASSIFIED[insn.raw] = rule
+        if len(_CLASSIFIED) >= 200_000:
+            _CLASSIFIED.clear()
+        _CLASSIFIED[insn.raw] = rule
     return rule

@@ -156,8 +156,17 @@ class Store:
             raise
 
     def load_byte_verdicts(self, tag: bytes) -> dict[bytes, tuple | None]:
-        return {raw: None if row is None else tuple(json.loads(row))
-                for raw, row in self.db.execute("SELECT raw, row FROM byte_verdicts WHERE tag=?", (tag,))}
+        rows: dict[str, tuple] = {}  # most rows are equal: share one tuple per distinct row
+        out = {}
+        for raw, row in self.db.execute("SELECT raw, row FROM byte_verdicts WHERE tag=?", (tag,)):
+            if row is None:
+                out[raw] = None
+                continue
+            t = rows.get(row)
+            if t is None:
+                t = rows[row] = tuple(json.loads(row))
+            out[raw] = t
+        return out
 
     def load_cache(self) -> dict[bytes, tuple[str, str, str]]:
         return {r[0]: (r[1], r[2], r[3]) for r in self.db.execute("SELECT key, verdict, reason, method FROM proof_cache")}

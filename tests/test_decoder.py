@@ -166,3 +166,68 @@ def test_undecodable_and_disagreement_are_values():
     assert isinstance(u, Undecodable) and u.length == 1
     g = decode(bytes.fromhex("0fff00"), A)
     assert isinstance(g, Disagreement) and {a.length for a in g.answers} == {2, 3}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(min_size=1, max_size=15), st.binary(min_size=15, max_size=15), st.integers(0, (1 << 64) - 1))
+def test_decode_from_shape_equals_a_full_decode(raw, other, address):
+    """decoders.with_fields: re-filling another encoding's fields gives exactly the full decode."""
+    from relocverify.decoders import field_shape, with_fields
+
+    first = decode(raw, address)
+    if not isinstance(first, Instruction):
+        return
+    shape = field_shape(first.raw)
+    if shape is None:
+        return
+    # the same shape with other field values
+    b = bytearray(first.raw)
+    for k in range(len(b)):
+        if shape[k] != first.raw[k] or field_k(first, k):
+            b[k] = other[k]
+    new_raw = bytes(b)
+    full = decode(new_raw, address)
+    if not isinstance(full, Instruction) or field_shape(full.raw) != shape:
+        return
+    refilled = with_fields(first, new_raw, address)
+    assert refilled is not None
+    assert refilled == full
+    assert (refilled.mnemonic, refilled.op_str) == (full.mnemonic, full.op_str)
+
+
+def field_k(d: Instruction, k: int) -> bool:
+    return (d.disp_size and d.disp_offset <= k < d.disp_offset + d.disp_size) or \
+        (d.imm_size and d.imm_offset <= k < d.imm_offset + d.imm_size) or \
+        (d.imm2_size and d.imm2_offset <= k < d.imm2_offset + d.imm2_size)
+
+
+@pytest.mark.slow
+def test_decode_from_shape_on_real_kernel_instructions():
+    """decoders.with_fields against a full decode, for every shape-sharing pair in a kernel sample."""
+    import random
+
+    from relocverify.decoders import field_shape, with_fields
+    from relocverify.fetch import fetch
+    from relocverify.functions import find_functions, iter_instruction_spans
+    from relocverify.image import load_image
+
+    image = load_image(fetch("debian-6.1-cloud").vmlinux)
+    functions = random.Random(3).sample(find_functions(image), 2000)
+    first: dict[bytes, Instruction] = {}
+    checked = 0
+    for f in functions:
+        for at, raw in iter_instruction_spans(image, f):
+            shape = field_shape(raw)
+            if shape is None:
+                continue
+            base = first.get(shape)
+            if base is None:
+                d = decode(raw, at)
+                if isinstance(d, Instruction):
+                    first[shape] = d
+                continue
+            refilled = with_fields(base, raw, at)
+            full = decode(raw, at)
+            assert refilled == full and (refilled.mnemonic, refilled.op_str) == (full.mnemonic, full.op_str), raw.hex()
+            checked += 1
+    assert checked > 20_000
