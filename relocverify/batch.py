@@ -337,16 +337,23 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
     status = "complete"
     alternatives = None
     surveyed = 0
+    phases = {"setup_s": round(time.monotonic() - t0, 3)}
     bar = Progress(total, progress, time.monotonic())
     try:
+        t1 = time.monotonic()
         _survey_pool(sorted(first_seen.items()), store, tag, byte_verdicts, jobs, progress)
+        phases["survey_s"] = round(time.monotonic() - t1, 3)
         surveyed = len(first_seen)
         del first_seen
         _CTX.bytes_only = {raw: row for raw, row in byte_verdicts.items() if row is not None}
         bar.start = time.monotonic()
+        t1 = time.monotonic()
         _run_pool(todo, store, image.identity, run_id, jobs, bar, config)
+        phases["functions_s"] = round(time.monotonic() - t1, 3)
         if sites is not None:
+            t1 = time.monotonic()
             alternatives = verify_replacements(sites, _CTX)
+            phases["replacements_s"] = round(time.monotonic() - t1, 3)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -357,7 +364,7 @@ def run(image: Image, store: Store, tramp: int, jobs: int, timeout_s: float, lim
         else:
             summary = summarize(store, image, functions, 0.0, sites)
         summary["run"] = {"id": run_id, "status": status, "verified_now": bar.done, "resumed": len(done),
-                          "distinct_byte_strings_surveyed": surveyed}
+                          "distinct_byte_strings_surveyed": surveyed, "phases": phases}
         if alternatives is not None:
             summary["alternative_replacements"] = alternatives
         wall = time.monotonic() - t0
