@@ -418,7 +418,6 @@ def _run_pool(todo: list[Function], store: Store, image: str, run_id: int, jobs:
     last_write = time.monotonic()
 
     def absorb(results, cache):
-        nonlocal last_write
         pending_rows.extend(results)
         pending_cache.update(cache)
         _CTX.cache.update(cache)

@@ -24,7 +24,6 @@ import iced_x86
 
 from .instruction import (
     LEGACY_PREFIXES,
-    SEGMENT_PREFIXES,
     DecoderAnswer,
     Decoded,
     Disagreement,

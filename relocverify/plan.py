@@ -38,7 +38,6 @@ GPR64 = ("rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
 # shifts, mul/div, mulx, pcmpistri and maskmov; si/di/bx are free of those
 # except for string instructions, which never have a RIP-relative operand.
 SCRATCH_CANDIDATES = ("rsi", "rdi", "rbx")
-JMP_ABS_LEN = 14  # ff 25 00 00 00 00 + 8-byte target
 
 
 class PlanKind(str, Enum):

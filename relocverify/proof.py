@@ -42,6 +42,7 @@ verdict is ``unknown``.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -50,7 +51,7 @@ import claripy
 import pyvex
 
 from . import semantics as S
-from .effects import Address, AddRsp, Branch, CONDITIONS, Const, Effect, Jump, Let, Load, Push, Reg, Temp, effect_json
+from .effects import Address, AddRsp, Const, Effect, Jump, Let, Load, Push, Reg, Temp, effect_json
 from .instruction import Decoded, Instruction
 from .plan import Plan, PlanKind
 from .policy import classify
@@ -496,10 +497,6 @@ def _model_state(world: S.World, solver):
     return tuple(regs), tuple(sorted(mem.items()))
 
 
-def _describe(v: int, what: str) -> str:
-    return hex(v)
-
-
 def _counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_hex, effects) -> Counterexample:
     regs, mem = _model_state(world, solver)
     diffs = []
@@ -507,10 +504,9 @@ def _counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_h
         o, r = _bits(solver, it.orig), _bits(solver, it.reloc)
         if o != r:
             what = f"mem[{_bits(solver, x):#x}]" if it.what == "memory" else it.what
-            diffs.append(Difference(what, _describe(o, it.what), _describe(r, it.what)))
+            diffs.append(Difference(what, hex(o), hex(r)))
     if not diffs and read_conds:
         diffs.append(Difference("reads", "the original's memory reads", "different reads"))
-    import json
     return Counterexample(regs, mem, tuple(diffs), decoded.raw.hex(), decoded.address, tramp, reloc_hex,
                           json.dumps([effect_json(e) for e in effects], separators=(",", ":")) if effects else "")
 

@@ -30,7 +30,7 @@ This is the checker's trust base.  What it models, and what it does not:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import archinfo
 import claripy
@@ -334,7 +334,7 @@ class _Interp:
         return self.world.uninterpreted(name, tuple(args), bits)
 
     # -- statements -------------------------------------------------------
-    def run_block(self, irsb, path: _Path, map_target) -> list[tuple[_Path, object, str]]:
+    def run_block(self, irsb, path: _Path) -> list[tuple[_Path, object, str]]:
         """Run one IRSB.  Returns the ways out: (path, target, jumpkind)."""
         exits = []
         for st in irsb.statements:
@@ -418,7 +418,7 @@ def execute_original(world: World, raw: bytes, at: int) -> list[Outcome]:
     if irsb.size != len(raw):
         raise Gap(f"VEX decoded {irsb.size} bytes where the decoders decoded {len(raw)}")
     interp = _Interp(world, at)
-    outs = interp.run_block(irsb, _Path(claripy.true()), None)
+    outs = interp.run_block(irsb, _Path(claripy.true()))
     return [_finish(p, tgt, jk) for p, tgt, jk in outs]
 
 
@@ -440,7 +440,7 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
         if blocks > max_blocks:
             raise Gap(f"the relocated code ran more than {max_blocks} blocks without leaving the trampoline")
         irsb = lift(code[pc - tramp:], pc)
-        for p, tgt, jk in interp.run_block(irsb, path, None):
+        for p, tgt, jk in interp.run_block(irsb, path):
             if claripy.is_false(p.guard):
                 continue
             if tgt.op == "BVV":
@@ -463,18 +463,13 @@ def _finish(p: _Path, target, jk: str) -> Outcome:
     return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk)
 
 
-def initial_path() -> _Path:
-    return _Path(claripy.true())
-
-
 # ---------------------------------------------------------------------------
 # The semantics of emulation effects (effects.py)
 # ---------------------------------------------------------------------------
 
 
 def _address(world: World, path: _Path, a, start_pc: int):
-    from .effects import Address  # noqa: F401  (documentation of the type)
-
+    """The value of an effects.Address: base + index*scale + disp (+ fs/gs base), wrapped to its size."""
     v = claripy.BVV(a.disp & MASK64, 64)
     if a.base:
         v = v + register_value(world, path.regs, a.base, start_pc)

@@ -171,16 +171,8 @@ class Store:
     def load_cache(self) -> dict[bytes, tuple[str, str, str]]:
         return {r[0]: (r[1], r[2], r[3]) for r in self.db.execute("SELECT key, verdict, reason, method FROM proof_cache")}
 
-    def instruction_count(self, image: str) -> int:
-        return self.db.execute("SELECT count(*) FROM instructions WHERE image=?", (image,)).fetchone()[0]
-
     def iter_rows(self, image: str):
         for r in self.db.execute("SELECT address, section, function, bytes, verdict, reason, reason_key, method, "
                                  "plan_kind, rule, klass, sites FROM instructions WHERE image=? ORDER BY address",
                                  (image,)):
             yield InstructionRow(_unsigned(r[0]), *r[1:])
-
-    def counts(self, image: str, column: str) -> dict[str, int]:
-        assert column in ("verdict", "reason_key", "klass", "section", "method", "plan_kind", "rule")
-        q = f"SELECT {column}, count(*) FROM instructions WHERE image=? GROUP BY {column}"
-        return {k: n for k, n in self.db.execute(q, (image,))}

@@ -41,8 +41,6 @@ NOP5 = bytes.fromhex("0f1f440000")
 NOP2 = bytes.fromhex("6690")
 _REGS = ("rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
          "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
-VARIANT_KINDS = ("alternative", "paravirt", "retpoline", "return_thunk", "fentry", "static_call", "jump_label",
-                 "smp_lock")
 
 
 @dataclass(frozen=True)

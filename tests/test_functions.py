@@ -4,8 +4,6 @@ every function by instruction spans."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 import pytest

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from relocverify import corpus
 from relocverify.decoders import decode
-from relocverify.effects import AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp
+from relocverify.effects import AddRsp, Branch, Const, Jump, Let, Load, Push
 from relocverify.instruction import Instruction
 from relocverify.plan import SCRATCH_CANDIDATES, Plan, PlanKind, make_plan
 from relocverify.policy import RULES

@@ -10,9 +10,7 @@ every site address lies in an executable section.
 
 from __future__ import annotations
 
-import shutil
 import struct
-import subprocess
 
 import pytest
 
