@@ -159,6 +159,14 @@ def parse_effects(v: object) -> tuple[Effect, ...]:
 # ---------------------------------------------------------------------------
 
 
+def _parse_tracer_range(text) -> tuple[int, int]:
+    """'ADDR:SIZE': memory the foreign tracer keeps its own data in (a save slot)."""
+    addr, sep, size = str(text).partition(":")
+    if not sep:
+        raise ValueError(f"{text!r} is not ADDR:SIZE")
+    return parse_address(addr), int(size, 0)
+
+
 @dataclass(frozen=True)
 class Key:
     parse: Callable[[object], object]
@@ -193,6 +201,7 @@ ENTRY_KEYS: dict[str, Key] = {
     # verdicts, and foreign relocations
     "verdict": Key(parse_verdicts),
     "reloc": Key(parse_hex),
+    "tracer_memory": Key(lambda v: tuple(_parse_tracer_range(x) for x in v)),
     "effects": Key(parse_effects),
     "own_verdict": Key(parse_verdicts),
 }
@@ -434,7 +443,8 @@ def run_entry(entry: Entry, timeout_ms: int = int(DEFAULT_TIMEOUT_S * 1000), pro
 
         if entry.foreign and "verdict" in entry.facts:
             if "reloc" in entry.facts:
-                result = proof.prove_relocation(decoded, entry.get("reloc"), entry.tramp, timeout_ms=timeout_ms)
+                result = proof.prove_relocation(decoded, entry.get("reloc"), entry.tramp, timeout_ms=timeout_ms,
+                                                tracer_memory=entry.get("tracer_memory", ()))
             else:
                 result = proof.prove_effects(decoded, entry.get("effects"), entry.tramp, timeout_ms=timeout_ms)
             checks.append(_verdict_check("foreign verdict", entry.get("verdict"), result))
