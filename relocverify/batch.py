@@ -36,6 +36,8 @@ from .verdict import ProofResult, Verdict
 
 CHUNK_FUNCTIONS = 64
 SURVEY_CHUNK = 2000
+# The solver gets the timeout; a watchdog this much later stops anything else that hangs.
+WATCHDOG_MARGIN_S = 0.5
 DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
 WRITE_EVERY_S = 2.0
 
@@ -127,7 +129,7 @@ def verify_instruction(raw: bytes, address: int, tramp: int, timeout_s: float, c
         if hit is not None:
             return _row(hit[0], hit[1], hit[2], plan.kind.value, plan.rule, klass)
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s + 1.0)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s + WATCHDOG_MARGIN_S)
     try:
         result = prove_plan(decoded, plan, timeout_ms=int(timeout_s * 1000))
     except _Timeout:
@@ -401,13 +403,28 @@ def _survey_pool(items: list[tuple[bytes, int]], store: Store, tag: bytes, byte_
         store.write_byte_verdicts(tag, batch, cache)
         bar.advance(len(batch))
 
+    def lost(chunk):
+        # A worker died surveying these: leave them to phase 2, which verifies them
+        # instance by instance and isolates a crash to one function (not stored).
+        byte_verdicts.update({raw: None for raw, _ in chunk})
+        bar.advance(len(chunk))
+
     if jobs <= 1:
         for c in chunks:
             absorb(_survey(c))
     else:
         with _pool(jobs) as pool:
-            for fut in cf.as_completed([pool.submit(_survey, c) for c in chunks]):
-                absorb(fut.result())
+            futures = {pool.submit(_survey, c): c for c in chunks}
+            try:
+                for fut in cf.as_completed(futures):
+                    try:
+                        absorb(fut.result())
+                    except cf.process.BrokenProcessPool:
+                        lost(futures[fut])
+            except cf.process.BrokenProcessPool:
+                for fut, c in futures.items():
+                    if not fut.done():
+                        lost(c)
     bar.advance(0, final=True)
 
 

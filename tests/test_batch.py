@@ -109,3 +109,102 @@ def test_a_file_that_is_not_a_store_is_left_alone(tmp_path, capsys, cloud):
 def test_missing_file(tmp_path, capsys):
     assert main(["vmlinux", str(tmp_path / "nope"), "--no-progress"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# --- faults inside the batch, on a small real ELF built here --------------------
+
+SMALL_ASM = r"""
+    .section .text, "ax"
+    .globl f_plain
+    .type f_plain, @function
+f_plain:
+    push %rbp
+    mov %rsp, %rbp
+    mov 0x10(%rip), %rax
+    add %rbx, %rax
+    pop %rbp
+    ret
+    .size f_plain, .-f_plain
+
+    .globl f_cpuid
+    .type f_cpuid, @function
+f_cpuid:
+    xor %eax, %eax
+    cpuid
+    jle 1f
+    nop
+1:  ret
+    .size f_cpuid, .-f_cpuid
+
+    .globl f_loop
+    .type f_loop, @function
+f_loop:
+    loop f_loop
+    call f_plain
+    ret
+    .size f_loop, .-f_loop
+"""
+SMALL_LDS = """
+SECTIONS {
+  . = 0xffffffff81000000;
+  .text : { *(.text) }
+  /DISCARD/ : { *(.note.gnu.property) *(.comment) }
+}
+"""
+
+
+@pytest.fixture()
+def small(tmp_path):
+    import elfbuild
+
+    return load_image(elfbuild.build_elf(tmp_path, SMALL_ASM, SMALL_LDS))
+
+
+def _run_small(image, tmp_path, jobs=2, timeout_s=10.0):
+    store = Store(str(tmp_path / "s.sqlite"))
+    summary = batch.run(image, store, TRAMP, jobs=jobs, timeout_s=timeout_s, progress=False)
+    rows = {r.address: r for r in store.iter_rows(image.identity)}
+    store.close()
+    return summary, rows
+
+
+def test_small_image_all_verdicts_add_up(small, tmp_path):
+    summary, rows = _run_small(small, tmp_path)
+    assert summary["totals_add_up"] and summary["instructions"] == len(rows) == 14
+    assert {r.verdict for r in rows.values()} <= {"proved", "opaque"}
+    assert next(r for r in rows.values() if r.klass == "cpuid").verdict == "opaque"
+
+
+def test_a_crashing_worker_marks_its_function_unknown_and_the_run_goes_on(small, tmp_path, monkeypatch):
+    """Fault injection: verifying cpuid kills the worker process (os._exit)."""
+    real = batch.verify_instruction
+
+    def crash_on_cpuid(raw, *args, **kw):
+        if raw == b"\x0f\xa2":
+            os._exit(1)
+        return real(raw, *args, **kw)
+
+    monkeypatch.setattr(batch, "verify_instruction", crash_on_cpuid)
+    summary, rows = _run_small(small, tmp_path)
+    assert summary["totals_add_up"] and len(rows) == 14
+    crashed = [r for r in rows.values() if r.function == "f_cpuid"]
+    assert crashed and all(r.verdict == "unknown" and "crashed" in r.reason for r in crashed)
+    assert all(r.verdict in ("proved",) for r in rows.values() if r.function != "f_cpuid")
+
+
+def test_a_hanging_proof_is_unknown_after_the_timeout(small, tmp_path, monkeypatch):
+    """Fault injection: proving the loop hangs; the watchdog ends it and the run goes on."""
+    real = batch.prove_plan
+
+    def hang_on_loop(decoded, plan, **kw):
+        if decoded.opname == "loop":
+            time.sleep(60)
+        return real(decoded, plan, **kw)
+
+    monkeypatch.setattr(batch, "prove_plan", hang_on_loop)
+    t0 = time.time()
+    summary, rows = _run_small(small, tmp_path, timeout_s=0.5)
+    assert time.time() - t0 < 30
+    loop = next(r for r in rows.values() if r.klass == "loop")
+    assert loop.verdict == "unknown" and loop.reason.startswith("timeout")
+    assert summary["totals_add_up"]
