@@ -311,8 +311,10 @@ class _Interp:
     def const(con):
         ty = con.type
         bits = _ty_bits(ty)
-        if ty in ("Ity_F32", "Ity_F64"):
-            raise Gap("floating-point constants are not modelled")
+        if ty == "Ity_F32":
+            return claripy.FPV(con.value, claripy.FSORT_FLOAT)
+        if ty == "Ity_F64":
+            return claripy.FPV(con.value, claripy.FSORT_DOUBLE)
         return claripy.BVV(con.value & ((1 << bits) - 1), bits)
 
     def ccall(self, path: _Path, e):
