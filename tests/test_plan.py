@@ -290,7 +290,7 @@ def test_corpus_metadata():
         # refuted, or unknown where the entry says why the counterexample cannot be replayed
         assert e.get("verdict") == {"refuted"} or (e.get("verdict") == {"unknown"} and "replay" in e.why), e.id
         assert e.get("plan") and e.get("rule"), e.id
-    numbers = {e.id.split("-")[0] for e in KNOWN_BUGS}
+    numbers = {e.id.split("-")[0] for e in KNOWN_BUGS if e.id.startswith("bug")}
     assert numbers == {f"bug{n}" for n in range(1, 12)}, "every REFERENCES.md known bug has an entry"
 
 
