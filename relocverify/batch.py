@@ -2,11 +2,18 @@
 
 image -> functions -> instructions -> plan -> proof -> store -> summary.
 
-Work is split by function.  Worker processes (forked, so they share the
-loaded image) verify whole functions and return their rows; the parent
-alone writes the store, one transaction per batch of functions (see
-store.py: nothing is half-written, and a rerun resumes where a run
-stopped).  A solver timeout, a hang, or a crashing worker marks the
+Two phases, each on forked worker processes that share the loaded image:
+
+1. the survey: one verdict for each distinct byte string whose verdict
+   depends on its bytes alone (``depends_on_bytes_only``);
+2. the functions: every instruction of whole functions; the survey's
+   verdicts are looked up, the rest (RIP-relative operands, branches,
+   calls) are planned and proved per instance through the shape cache,
+   and kernel sites and their boot-time variants are applied.
+
+The parent alone writes the store, one transaction per batch of whole
+functions (see store.py: nothing is half-written, and a rerun resumes where
+a run stopped).  A solver timeout, a hang, or a crashing worker marks the
 instructions concerned ``unknown`` with the reason, and the run goes on.
 """
 
@@ -48,7 +55,7 @@ def reason_key(verdict: str, rule: str, method: str, reason: str) -> str:
     """A reason with its instance-specific numbers removed, for counting."""
     if verdict == Verdict.PROVED.value:
         return f"proved by {method}"
-    if verdict == Verdict.REJECTED.value:
+    if verdict == Verdict.REJECTED.value and not rule.startswith("site:"):
         return f"{rule}: {_HEX.sub('N', reason.split(':')[0] if rule in ('undecodable', 'decoder-disagreement') else reason)[:140]}"
     return _HEX.sub("N", reason)[:160]
 
