@@ -475,18 +475,6 @@ def test_kernel_table_rows_have_reasons():
 
 # --- slow: the real Debian kernels -----------------------------------------------------
 
-@pytest.fixture(scope="session")
-def debian_kernels():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            kernel = fetch(name)
-            cache[name] = (kernel, stripped_copy(kernel.vmlinux))
-        return cache[name]
-    return get
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_debian_kernel_loads_in_all_three_modes(debian_kernels, name, tmp_path):

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relocverify.errors import InputError
-from relocverify.fetch import KERNELS, fetch, strip_elf, stripped_copy
+from relocverify.fetch import KERNELS, fetch, strip_elf
 from relocverify.image import load_image
 from relocverify.sites import (POLICY_BY_KIND, RANGES, SECTION_RANGES, SITE_POLICY, TABLES, Site,
                                SiteIndex, find_sites)
@@ -476,22 +476,10 @@ def relocation_mismatches(vmlinux: str, section_name: str, limit: int = 2000) ->
         return checked, bad
 
 
-@pytest.fixture(scope="session")
-def debian(request):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            kernel = fetch(name)
-            cache[name] = (kernel, stripped_copy(kernel.vmlinux))
-        return cache[name]
-    return get
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_debian_site_counts_match_independent_counts(debian, name):
-    kernel, stripped = debian(name)
+def test_debian_site_counts_match_independent_counts(debian_kernels, name):
+    kernel, stripped = debian_kernels(name)
     expected = independent_counts(kernel.vmlinux)
     dbg = find_sites(load_image(kernel.vmlinux), kernel.config)
     packed = find_sites(load_image(kernel.vmlinuz, kernel.system_map), kernel.config)
@@ -512,8 +500,8 @@ def test_debian_site_counts_match_independent_counts(debian, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_debian_every_site_lies_in_executable_text(debian, name):
-    kernel, _ = debian(name)
+def test_debian_every_site_lies_in_executable_text(debian_kernels, name):
+    kernel, _ = debian_kernels(name)
     image = load_image(kernel.vmlinux)
     index = find_sites(image)
     ranges = sorted(executable_ranges(kernel.vmlinux))
@@ -541,10 +529,10 @@ def test_debian_every_site_lies_in_executable_text(debian, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_debian_tables_hold_final_link_values(debian, name):
+def test_debian_tables_hold_final_link_values(debian_kernels, name):
     """The -dbg vmlinux keeps .rela records (--emit-relocs); the stored
     self-relative values already equal S + A - P, so no relocation applies."""
-    kernel, _ = debian(name)
+    kernel, _ = debian_kernels(name)
     for section_name in (".return_sites", ".retpoline_sites", ".smp_locks"):
         checked, bad = relocation_mismatches(kernel.vmlinux, section_name)
         assert checked > 1000 and bad == 0, section_name
