@@ -1,20 +1,20 @@
 """relocverify: a formally checked x86-64 instruction relocation verifier.
 
-Data flow, one module per stage:
+The data flow is the folder tree, one subpackage per stage, each importing
+only from the stages below it:
 
-    image.py        kernel ELF / bzImage / System.map  -> Image
-    functions.py    Image                               -> Function bounds
-    instruction.py  decoder-neutral Instruction record  (frozen)
-    decoders.py     bytes at an address                 -> Instruction | Undecodable | Disagreement
-    policy.py       per-class strategy table, a reason on every row
-    plan.py         (Instruction, A, T)                 -> Plan (reject | copy | rewrite | emulate)
-    effects.py      the declarative emulation language of emulate plans
-    proof.py        (Plan or foreign relocation)        -> Verdict + Counterexample
-    replay.py       a counterexample replayed concretely on unicorn
-    store.py        SQLite store of verdicts, runs and the proof cache
-    batch.py        every instruction of an image       -> one verdict each
-    sites.py        kernel sites the bytes do not reveal (extable, alternatives, ...)
-    cli.py          the thin command line
+    x86/        the shared base: registers, encodings, the instruction record, decoders
+    image/      ELF vmlinux / bzImage / System.map          -> Image, functions
+    plan/       (Instruction, A, T)                          -> Plan (reject | copy | rewrite | emulate)
+    concrete/   unicorn and the effect interpreter           -> concrete outcomes, replays
+    proof/      (Plan or foreign relocation)                 -> Verdict, Counterexample
+    kernel/     kernel sites the bytes do not reveal         -> site findings
+    store/      SQLite results, the persistent proof cache
+    engine/     every instruction of an image                -> one finding each, in the store
+    corpus/     corpora with expected outcomes               -> pass / miss
+    cli/        the thin command line
+
+``errors``, ``inputs`` and ``versions`` sit at the bottom beside ``x86``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relocverify.fetch import fetch, stripped_copy
+from relocverify.image.fetch import fetch, stripped_copy
 
 
 @pytest.fixture(scope="session")

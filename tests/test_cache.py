@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relocverify import semantics as S
-from relocverify.decoders import decode
-from relocverify.plan import make_plan
-from relocverify.proof import _canon_block, cache_key, pc_fields, prove_plan, prove_relocation
-from relocverify.verdict import Verdict
+from relocverify.proof import semantics as S
+from relocverify.x86.decode import decode
+from relocverify.plan.plan import make_plan
+from relocverify.proof.cache_key import cache_key, pc_fields
+from relocverify.proof.fast_path import _canon_block
+from relocverify.proof.prove import prove_plan, prove_relocation
+from relocverify.proof.verdict import Verdict
 
 MASK64 = (1 << 64) - 1
 SAMPLES = [
@@ -120,9 +122,9 @@ def test_lifter_invariance_on_real_kernel_instructions():
     instructions of the real Debian kernel, each also lifted 64*k bytes away."""
     import random
 
-    from relocverify.fetch import fetch
-    from relocverify.functions import find_functions, iter_instruction_spans
-    from relocverify.image import load_image
+    from relocverify.image.fetch import fetch
+    from relocverify.image.functions import find_functions, iter_instruction_spans
+    from relocverify.image.loader import load_image
 
     image = load_image(fetch("debian-6.1-cloud").vmlinux)
     rng = random.Random(7)
@@ -142,3 +144,120 @@ def test_lifter_invariance_on_real_kernel_instructions():
             assert roles1 == roles2 and ir1 == ir2, (hex(at), raw.hex())
             checked += 1
     assert checked > 10_000
+
+
+# --- instance keys (engine.keys) determine the full key -----------------------------
+
+IMMEDIATE_SAMPLES = ["48 83 c4 08", "48 81 ec 00 01 00 00", "c7 47 08 01 00 00 00", "b8 44 33 22 11",
+                     "48 b8 88 77 66 55 44 33 22 11", "48 c1 e0 05", "d1 e0", "c0 e8 07", "48 0f ba e0 05",
+                     "f6 c1 01", "48 f7 c7 00 10 00 00", "6a 10", "68 00 10 00 00", "48 6b c0 0c",
+                     "66 83 f8 02", "80 3d 10 00 00 00 01", "83 05 10 00 00 00 01", "41 80 78 05 00",
+                     "65 48 8b 04 25 28 00 00 00", "65 8b 04 25 00 00 00 00", "48 8b 04 25 00 10 00 00"]
+
+
+
+def _full(raw: bytes, at: int, t: int):
+    d = decode(raw, at)
+    plan = make_plan(d, t)
+    return (plan.kind.value, plan.rule, getattr(d, "opname", type(d).__name__), cache_key(d, plan))
+
+
+def _check_instance_keys(instances, t: int) -> int:
+    """Group (bytes, address) instances by instance key; every group must share its full key,
+    plan kind, rule and class.  Returns how many groups had more than one member."""
+    from relocverify.engine.keys import KeyMaker, per_instance
+
+    maker = KeyMaker(t)
+    groups: dict[bytes, tuple] = {}
+    shared = 0
+    for raw, at in instances:
+        key = maker.key(raw, at)
+        full = _full(raw, at, t)
+        if per_instance(key):
+            assert full[3] is None or full[0] == "reject", (raw.hex(), hex(at))
+            continue
+        if key in groups:
+            assert groups[key][0] == full, (raw.hex(), hex(at), groups[key][1])
+            shared += 1
+        else:
+            groups[key] = (full, (raw.hex(), hex(at)))
+    return shared
+
+
+def _with_fields(raw: bytes, rng, at: int) -> bytes:
+    """``raw`` with its displacement and immediate bytes drawn at random (the decode's own offsets)."""
+    d = decode(raw, at)
+    if not hasattr(d, "disp_size"):
+        return raw
+    b = bytearray(raw)
+    for off, size in ((d.disp_offset, d.disp_size), (d.imm_offset, d.imm_size)):
+        for k in range(off, off + size):
+            b[k] = rng.randrange(256)
+    return bytes(b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(SAMPLES + IMMEDIATE_SAMPLES), st.randoms(use_true_random=False),
+       st.sampled_from([0xFFFFFFFFC0001000, 0xFFFFFFFF81234000, 0x00007F0000001000, 0xFFFFFFFFC0000010]))
+def test_an_instance_key_determines_the_full_key(hexes, rng, t):
+    """The engine looks a finding up by instance key (engine.keys) instead of decoding, planning
+    and computing the full key: instances with the same instance key must have the same full key,
+    plan kind, rule and class.  Addresses near T, near rel32's edge and far away, with random
+    displacements and immediates."""
+    raw = bytes.fromhex(hexes)
+    instances = []
+    for _ in range(12):
+        choice = rng.random()
+        if choice < 0.3:
+            at = (t + rng.randrange(-300, 300)) & MASK64
+        elif choice < 0.5:
+            at = (t + rng.choice([-1, 1]) * ((1 << 31) + rng.randrange(-300, 300))) & MASK64
+        else:
+            at = rng.randrange(0xFFFFFFFF81000000, 0xFFFFFFFF9FFFFFFF)
+        instances.append((_with_fields(raw, rng, at), at))
+    _check_instance_keys(instances, t)
+
+
+@pytest.mark.parametrize("hexes", IMMEDIATE_SAMPLES)
+def test_operand_immediates_do_not_change_the_verdict(hexes):
+    """Why cache_key.IMMEDIATE_OPERANDS may leave their immediate out of a copy's key: the same
+    instruction with many immediate values (0, 1, the shift-count and sign edges, random) gets
+    the same verdict, by the same method."""
+    import random
+
+    from relocverify.proof.cache_key import copy_shape, operand_immediate
+
+    rng = random.Random(hexes)
+    a, t = 0xFFFFFFFF81234560, 0xFFFFFFFFC0001000
+    d = decode(bytes.fromhex(hexes), a)
+    if not operand_immediate(d):
+        return
+    o, n = d.imm_offset, d.imm_size
+    values = [0, 1, 2, 7, 8, 31, 32, 63, 64, 0x7F, 0x80, 0xFF, (1 << 8 * n) - 1] + [rng.getrandbits(8 * n)
+                                                                                     for _ in range(8)]
+    seen = set()
+    for v in values:
+        raw = d.raw[:o] + (v & ((1 << 8 * n) - 1)).to_bytes(n, "little") + d.raw[o + n:]
+        dv = decode(raw, a)
+        assert copy_shape(dv) == copy_shape(d)
+        r = prove_plan(dv, make_plan(dv, t))
+        seen.add((r.verdict, r.method))
+    assert len(seen) == 1, seen
+
+
+@pytest.mark.slow
+def test_instance_keys_determine_full_keys_on_real_kernel_instructions():
+    """The same claim over every instance of 2,000 random functions of the Debian 6.1 kernel
+    (each distinct full key computed once per instance key group member)."""
+    import random
+
+    from relocverify.image.fetch import fetch
+    from relocverify.image.functions import find_functions, iter_instruction_spans
+    from relocverify.image.loader import load_image
+
+    image = load_image(fetch("debian-6.1-cloud").vmlinux)
+    rng = random.Random(11)
+    instances = [(raw, at) for f in rng.sample(find_functions(image), 2000)
+                 for at, raw in iter_instruction_spans(image, f)]
+    shared = _check_instance_keys(instances, 0xFFFFFFFFC0001000)
+    assert len(instances) > 80_000 and shared > 50_000

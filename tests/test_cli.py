@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from relocverify import cli, corpus
+from relocverify import cli
+from relocverify.corpus import runner as corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,7 +265,7 @@ def test_bundled_corpora_all_met():
 
 
 def test_corpus_fetch_delegates(monkeypatch, tmp_path):
-    from relocverify import fetch
+    from relocverify.image import fetch
 
     calls = []
 

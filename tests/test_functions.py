@@ -12,10 +12,11 @@ import elfbuild
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relocverify.fetch import KERNELS, fetch, stripped_copy, strip_elf
-from relocverify.functions import (Function, find_functions, iter_instruction_spans,
+from relocverify.image.fetch import KERNELS, fetch, stripped_copy, strip_elf
+from relocverify.image.functions import (Function, find_functions, iter_instruction_spans,
                                    trim_int3_padding)
-from relocverify.image import Image, Section, Symbol, load_image
+from relocverify.image.image import Image, Section, Symbol
+from relocverify.image.loader import load_image
 
 TEXT = 0xFFFFFFFF81000000
 

@@ -27,10 +27,13 @@ import elfbuild
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relocverify import fetch as fetch_module
+from relocverify.image import fetch as fetch_module
 from relocverify.errors import FetchError, ImageError
-from relocverify.fetch import KERNELS, KernelSpec, fetch, strip_elf, stripped_copy
-from relocverify.image import LZ4_LEGACY_MAGIC, Image, Section, Symbol, load_image, load_system_map
+from relocverify.image.fetch import KERNELS, KernelSpec, fetch, strip_elf, stripped_copy
+from relocverify.image.bzimage import LZ4_LEGACY_MAGIC
+from relocverify.image.image import Image, Section, Symbol
+from relocverify.image.loader import load_image
+from relocverify.image.symbols import load_system_map
 
 TEXT = 0xFFFFFFFF81000000
 

@@ -16,11 +16,13 @@ from dataclasses import dataclass, replace
 import iced_x86
 import pytest
 
-from relocverify.decoders import decode
-from relocverify.effects import Branch, Const, Push
-from relocverify.plan import PlanKind, jump, make_plan
-from relocverify.proof import pc_fields, prove_effects, prove_plan, prove_relocation
-from relocverify.verdict import Verdict
+from relocverify.x86.decode import decode
+from relocverify.plan.effects import Branch, Const, Push
+from relocverify.plan.plan import PlanKind, make_plan
+from relocverify.x86.encoding import jump
+from relocverify.proof.cache_key import pc_fields
+from relocverify.proof.prove import prove_effects, prove_plan, prove_relocation
+from relocverify.proof.verdict import Verdict
 
 A = 0xFFFFFFFF81234560
 T_NEAR = 0xFFFFFFFFC0001000

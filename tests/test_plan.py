@@ -21,12 +21,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from relocverify import corpus
-from relocverify.decoders import decode
-from relocverify.effects import AddRsp, Branch, Const, Jump, Let, Load, Push
-from relocverify.instruction import Instruction
-from relocverify.plan import SCRATCH_CANDIDATES, Plan, PlanKind, make_plan
-from relocverify.policy import RULES
+from relocverify.corpus import runner as corpus
+from relocverify.x86.decode import decode
+from relocverify.plan.effects import AddRsp, Branch, Const, Jump, Let, Load, Push
+from relocverify.x86.instruction import Instruction
+from relocverify.plan.plan import SCRATCH_CANDIDATES, Plan, PlanKind, make_plan
+from relocverify.plan.policy import RULES
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
 CORPORA = Path(__file__).resolve().parent.parent / "corpora"

@@ -10,14 +10,16 @@ import struct
 import pytest
 
 from relocverify import cli
-from relocverify.decoders import decode
-from relocverify.effects import (Address, AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp, effect_json)
-from relocverify.plan import PlanKind, make_plan, patch_disp
-from relocverify.replay import (
-    MachineState, Outcome, compare, effects_from_json, replay, run_effects, run_original, run_relocated,
-    state_from_counterexample, unmodelled_registers,
-)
-from relocverify.verdict import Counterexample
+from relocverify.x86.decode import decode
+from relocverify.plan.effects import (Address, AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp, effect_json)
+from relocverify.plan.plan import PlanKind, make_plan
+from relocverify.x86.encoding import patch_disp
+from relocverify.concrete.effect_machine import run_effects
+from relocverify.concrete.machine import run_original, run_relocated
+from relocverify.concrete.outcome import MachineState, Outcome, unmodelled_registers
+from relocverify.concrete.replay import compare, replay
+from relocverify.plan.effects import effects_from_json
+from relocverify.proof.verdict import Counterexample
 
 A = 0xFFFFFFFF81234560
 T = 0xFFFFFFFFC0001000
@@ -269,7 +271,7 @@ def test_counterexample_replay_line_runs():
     assert argv[:2] == ["relocverify", "replay"]
     code, out, _ = run_cli(*argv[2:])
     assert code == 1 and "difference" in out
-    assert replay(orig, A, T, state_from_counterexample(cx), effects=kprobes).differ
+    assert replay(orig, A, T, cx.state(), effects=kprobes).differ
 
 
 def test_cli_not_replayable_is_exit_3():

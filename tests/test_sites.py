@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relocverify.errors import InputError
-from relocverify.fetch import KERNELS, fetch, strip_elf
-from relocverify.image import load_image
-from relocverify.sites import (POLICY_BY_KIND, RANGES, SECTION_RANGES, SITE_POLICY, TABLES, Site,
+from relocverify.image.fetch import KERNELS, fetch, strip_elf
+from relocverify.image.loader import load_image
+from relocverify.kernel.sites import (POLICY_BY_KIND, RANGES, SECTION_RANGES, SITE_POLICY, TABLES, Site,
                                SiteIndex, find_sites)
 
 ASM = r"""
@@ -543,7 +543,7 @@ def test_debian_tables_hold_final_link_values(debian_kernels, name):
 @pytest.mark.slow
 def test_batch_summary_reports_sites_and_verifies_every_replacement(tmp_path):
     from relocverify import batch
-    from relocverify.store import Store
+    from relocverify.store.store import Store
 
     image = load_image(fetch("debian-6.1-cloud").vmlinux)
     store = Store(str(tmp_path / "s.sqlite"))

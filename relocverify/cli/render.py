@@ -1,0 +1,34 @@
+"""Text rendering shared by the commands: disassembly of trampolines, and names made safe for a terminal."""
+
+from __future__ import annotations
+
+import capstone
+
+from ..x86.encoding import iter_code
+
+_CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+_CS.syntax = capstone.CS_OPT_SYNTAX_ATT
+
+
+def disasm(code: bytes, at: int) -> list[str]:
+    """Trampoline code as text lines, through the one trampoline walker (the qword of an absolute jump as data)."""
+    out = []
+    for piece in iter_code(code, at):
+        addr = at + piece.offset
+        chunk = code[piece.offset:piece.offset + piece.length]
+        if piece.kind == "qword":
+            out.append(f"  {addr:#018x}  .quad {int.from_bytes(chunk, 'little'):#x}")
+            continue
+        ins = next(_CS.disasm(chunk, addr, 1), None) if piece.kind == "insn" else None
+        if ins is None:
+            out.append(f"  {addr:#018x}  .byte {', '.join(f'{b:#04x}' for b in chunk)}")
+        else:
+            out.append(f"  {addr:#018x}  {chunk.hex():<24} {ins.mnemonic} {ins.op_str}")
+    return out
+
+
+def escape(text: str) -> str:
+    """A name taken from the input, safe to print: control characters (escape
+    sequences, newlines, carriage returns, ...) shown as \\xNN."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                   for c in text)

@@ -1,0 +1,200 @@
+"""Where a run's tasks execute: a pool of forked local worker processes.
+
+``LocalPool(job, n)`` forks ``n`` processes that each build one ``Worker``
+from the job and keep it for the whole run, so what a worker learns in one
+phase (its survey's keys, the findings it was given or made) serves the
+next.  A task is a call of a ``Worker`` method, sent to a chosen worker;
+each worker runs its tasks one at a time, in the order given.
+
+Faults: a worker that dies (a crash in a native library, an OOM kill) is
+replaced by a fresh fork, told again what the run has learned so far, and
+the task it was on is handed to ``on_crash`` together with the index of the
+item in hand (which the worker publishes before each item), so the caller
+decides what to retry and what to mark as crashed.  ``jobs=1`` runs in
+process, without forking.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Callable
+
+from ..errors import RelocverifyError
+from .worker import Job, Worker
+
+
+@dataclass
+class Task:
+    method: str
+    args: tuple
+    tag: object = None  # the caller's own label, handed back with the result
+
+
+class WorkerError(RelocverifyError):
+    """A task raised an exception inside a worker (a bug): its traceback's last line."""
+
+
+def _serve(job: Job, conn, progress, current, index: int) -> None:
+    worker = Worker(job)
+
+    def tell(n: int) -> None:
+        progress[index] += n
+
+    def hand(i: int) -> None:
+        current[index] = i
+
+    worker.progress, worker.current = tell, hand
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            method, args = msg
+            try:
+                conn.send(("ok", getattr(worker, method)(*args)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except (EOFError, KeyboardInterrupt):
+        pass
+    finally:
+        worker.close()
+        conn.close()
+
+
+class LocalPool:
+    def __init__(self, job: Job, jobs: int):
+        self.job = job
+        self.n = max(1, jobs)
+        self.inline = jobs <= 1
+        self._replay: list[tuple[str, tuple]] = []  # calls every fresh worker gets before its next task
+        if self.inline:
+            self.worker = Worker(job)
+            self.done_items = 0
+            self.worker.progress = self._inline_progress
+            return
+        ctx = multiprocessing.get_context("fork")
+        self._ctx = ctx
+        self.progress = ctx.Array("q", self.n, lock=False)
+        self.current = ctx.Array("q", self.n, lock=False)
+        self.procs: list = [None] * self.n
+        self.conns: list = [None] * self.n
+        for i in range(self.n):
+            self._spawn(i)
+
+    def _inline_progress(self, n: int) -> None:
+        self.done_items += n
+
+    def _spawn(self, i: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(self.job, child, self.progress, self.current, i), daemon=True)
+        proc.start()
+        child.close()
+        self.procs[i], self.conns[i] = proc, parent
+        for method, args in self._replay:
+            parent.send((method, args))
+            status, value = parent.recv()
+            if status != "ok":
+                raise WorkerError(value.strip().splitlines()[-1])
+
+    def items_done(self) -> int:
+        return self.done_items if self.inline else sum(self.progress)
+
+    def remember(self, method: str, args: tuple) -> None:
+        """A call every worker started from now on gets first (what the run has learned)."""
+        self._replay.append((method, args))
+
+    def broadcast(self, method: str, args_for: Callable[[int], tuple]) -> None:
+        """Call ``method`` on every worker (``args_for(i)`` gives worker i's arguments), and wait."""
+        self.run([[Task(method, args_for(i))] for i in range(self.n)], lambda task, value: None)
+
+    def run(self, queues: list[list[Task]], on_result: Callable[[Task, object], None],
+            on_crash: Callable[[Task, int], list[Task]] | None = None, tick: Callable[[], None] | None = None,
+            tick_s: float = 0.5) -> None:
+        """Run ``queues[i]`` on worker i, each task after the previous one; ``on_result(task, value)``
+        for each result, in completion order; ``tick()`` every ``tick_s`` while waiting."""
+        if self.inline:
+            for queue in queues:
+                for task in queue:
+                    on_result(task, getattr(self.worker, task.method)(*task.args))
+                    if tick:
+                        tick()
+            return
+        queues = [list(q) for q in queues] + [[] for _ in range(self.n - len(queues))]
+        busy: list[Task | None] = [None] * self.n
+        while True:
+            for i in range(self.n):
+                if busy[i] is None and queues[i]:
+                    busy[i] = queues[i].pop(0)
+                    self.current[i] = 0
+                    self.conns[i].send((busy[i].method, busy[i].args))
+            if not any(busy):
+                return
+            waiting = {self.conns[i]: i for i in range(self.n) if busy[i] is not None}
+            waiting.update({self.procs[i].sentinel: i for i in range(self.n) if busy[i] is not None})
+            ready = wait(list(waiting), timeout=tick_s)
+            if tick:
+                tick()
+            for handle in ready:
+                i = waiting[handle]
+                task = busy[i]
+                if task is None:
+                    continue
+                conn = self.conns[i]
+                if conn.poll():
+                    try:
+                        status, value = conn.recv()
+                    except (EOFError, OSError):
+                        status, value = "died", None
+                else:
+                    status, value = ("died", None) if not self.procs[i].is_alive() else ("wait", None)
+                if status == "wait":
+                    continue
+                busy[i] = None
+                if status == "ok":
+                    if queues[i]:  # keep the worker busy while its result is taken in
+                        busy[i] = queues[i].pop(0)
+                        self.current[i] = 0
+                        self.conns[i].send((busy[i].method, busy[i].args))
+                    on_result(task, value)
+                elif status == "error":
+                    self.close()
+                    raise WorkerError(f"a worker failed in {task.method}: {value.strip().splitlines()[-1]}")
+                else:
+                    at = self.current[i]
+                    self.procs[i].join(timeout=1)
+                    self._spawn(i)
+                    if on_crash is None:
+                        self.close()
+                        raise WorkerError(f"a worker died in {task.method}")
+                    queues[i] = on_crash(task, at) + queues[i]
+
+    def close(self) -> None:
+        if self.inline:
+            self.worker.close()
+            return
+        for i, conn in enumerate(self.conns):
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for proc in self.procs:
+            if proc is not None:
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def default_jobs() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

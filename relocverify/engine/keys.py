@@ -1,0 +1,180 @@
+"""Instance keys: one cheap key per instruction instance, enough to look its finding up.
+
+Decoding, planning and computing the proof-cache key (``proof.cache_key``)
+cost about 100 µs per instruction in Python; a kernel has 2.7 M of them but
+only about 100 k distinct instance keys.  ``KeyMaker.keys`` walks a
+function's bytes with iced-x86 once and gives every instruction a key from
+facts iced gives directly (length, flow control, field offsets, the
+RIP-relative or branch target), in a few µs:
+
+  b  bytes        no displacement field, no relative branch and no operand
+                  immediate, or anything that is not a plain instruction: the
+                  bytes themselves
+  d  shape        a non-branching instruction with a (non-RIP-relative)
+                  displacement or an operand immediate (``cache_key.
+                  IMMEDIATE_OPERANDS``): the bytes with both zeroed, and the
+                  displacement's alignment mod 64 when it is an absolute address
+  r  rip          a RIP-relative operand: the bytes with the displacement
+                  zeroed, where the target lies from T (``_where``), whether
+                  it is A or A+len, its alignment mod 64, and T mod 64
+  j  branch       a relative branch, call, loop or xbegin: the bytes with
+                  the offset zeroed, where the target lies from T, and
+                  whether it is A or A+len
+
+Every key also says where A+len (the jump back) lies from T.  ``_where``
+tells a distance apart only as far as a plan or a cache key can: "near"
+(every rel32 from anywhere in a trampoline reaches), "far" (none does), or
+the exact distance when it is within ``EXACT`` of T or of the edge of rel32
+reach (where a trampoline-internal role or a reach decision depends on it).
+
+The claim the engine rests on: **an instance key determines the
+instruction's full proof-cache key, its plan kind, rule and class** (so a
+finding stored under one instance stands for every instance with the key).
+``tests/test_cache.py`` checks it on samples and on real kernel
+instructions; the argument is the case analysis above against
+``plan.plan`` (each decision is ``fits_s32(target - (T + k))`` with
+0 <= k < 64, or an equality with A, A+len or a trampoline address) and
+``proof.cache_key`` (roles are equalities with A, A+len and trampoline
+offsets, plus the alignment of data addresses).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from iced_x86 import Code, Decoder, EncodingKind, FlowControl, Instruction, Mnemonic, OpCodeInfo, OpKind
+
+from ..proof.cache_key import IMMEDIATE_OPERANDS
+from ..x86.registers import MASK64
+
+EXACT = 256
+_R = 1 << 31
+_NEXT = FlowControl.NEXT
+_REL_FLOWS = frozenset({FlowControl.UNCONDITIONAL_BRANCH, FlowControl.CONDITIONAL_BRANCH, FlowControl.CALL,
+                        FlowControl.XBEGIN_XABORT_XEND})
+_NEAR_BRANCH = frozenset({OpKind.NEAR_BRANCH16, OpKind.NEAR_BRANCH32, OpKind.NEAR_BRANCH64})
+_NO_REG = 0  # iced Register.NONE
+_NEAR, _FAR = b"n", b"f"
+
+
+def _operand_immediate_codes() -> frozenset[int]:
+    """The iced-x86 codes of ``IMMEDIATE_OPERANDS``: legacy encodings with an immediate,
+    the undocumented f6 /1 and f7 /1 test forms left out (as ``cache_key.operand_immediate`` does)."""
+    mnemonics = {getattr(Mnemonic, m.upper()) for m in IMMEDIATE_OPERANDS if hasattr(Mnemonic, m.upper())}
+    codes = set()
+    for name, code in vars(Code).items():
+        if not name.isupper() or "_IMM" not in name or name.endswith(("_F6R1", "_F7R1")):
+            continue
+        info = OpCodeInfo(code)
+        if info.encoding == EncodingKind.LEGACY and info.mnemonic in mnemonics:
+            codes.add(code)
+    return frozenset(codes)
+
+
+_IMM_CODES = _operand_immediate_codes()
+
+
+def _where(d: int) -> bytes:
+    """Where a signed distance from T lies, as finely as plans and cache keys can tell."""
+    d &= MASK64
+    if d >> 63:
+        d -= 1 << 64
+    if -EXACT <= d < EXACT:
+        return b"x" + struct.pack("<q", d)
+    if -_R + EXACT <= d < _R - EXACT:
+        return _NEAR
+    if d < -_R - EXACT or d >= _R + EXACT:
+        return _FAR
+    return b"x" + struct.pack("<q", d)
+
+
+def _eq(target: int, a: int, n: int) -> bytes:
+    return b"A" if target == a else b"N" if target == (a + n) & MASK64 else b"-"
+
+
+class KeyMaker:
+    """Instance keys for one trampoline address T."""
+
+    def __init__(self, tramp: int):
+        self.tramp = tramp & MASK64
+        self._t63 = bytes([self.tramp & 63])
+        self._memo: dict[tuple[bytes, bytes], bytes] = {}
+
+    def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
+        """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them."""
+        t = self.tramp
+        near = _where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR
+        back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
+        dec = Decoder(64, data, ip=start & MASK64)
+        ins = Instruction()
+        out = []
+        pos = 0
+        while dec.can_decode:
+            dec.decode_out(ins)
+            n = ins.len
+            raw = data[pos:pos + n]
+            if (ins.memory_displ_size == 0 and ins.flow_control == _NEXT and not ins.is_invalid
+                    and ins.code not in _IMM_CODES):
+                back = back_all or _where(start + pos + n - t)
+                out.append((pos, n, b"b" + back + raw))
+            else:
+                out.append((pos, n, self._key(dec, ins, raw, start + pos, back_all)))
+            pos += n
+        return out
+
+    def key(self, raw: bytes, address: int) -> bytes:
+        """The key of the instruction ``raw`` at ``address`` (memoised for keys that do not
+        depend on the address beyond where the jump back lies: kinds b and d)."""
+        back = _where(address + len(raw) - self.tramp)
+        hit = self._memo.get((raw, back))
+        if hit is not None:
+            return hit
+        dec = Decoder(64, raw, ip=address & MASK64)
+        ins = Instruction()
+        dec.decode_out(ins)
+        key = self._key(dec, ins, raw[:ins.len], address, None)
+        if key[:1] in (b"b", b"d") and len(self._memo) < 100_000:
+            self._memo[(raw, back)] = key
+        return key
+
+    def _key(self, dec: Decoder, ins: Instruction, raw: bytes, a: int, back: bytes | None) -> bytes:
+        n = len(raw)
+        t = self.tramp
+        back = back or _where(a + n - t)
+        if ins.is_invalid:
+            return b"b" + back + raw
+        co = dec.get_constant_offsets(ins)
+        fc = ins.flow_control
+        if co.has_displacement and ins.is_ip_rel_memory_operand:
+            target = ins.ip_rel_memory_address & MASK64
+            return (b"r" + back + _where(target - t) + _eq(target, a, n) + bytes([target & 63]) + self._t63
+                    + _zeroed(raw, co.displacement_offset, co.displacement_size))
+        if fc in _REL_FLOWS and co.has_immediate and ins.op0_kind in _NEAR_BRANCH:
+            target = ins.near_branch_target & MASK64
+            return (b"j" + back + _where(target - t) + _eq(target, a, n)
+                    + _zeroed(raw, co.immediate_offset, co.immediate_size))
+        imm = ins.code in _IMM_CODES and co.has_immediate and not co.has_immediate2
+        if fc == _NEXT and (co.has_displacement or imm):
+            align = 0xFF
+            if co.has_displacement:
+                if ins.memory_base == _NO_REG and ins.memory_index == _NO_REG:
+                    align = ins.memory_displacement & 63
+                raw = _zeroed(raw, co.displacement_offset, co.displacement_size)
+            if imm:
+                raw = _zeroed(raw, co.immediate_offset, co.immediate_size)
+            return b"d" + back + bytes([align]) + raw
+        return b"b" + back + raw
+
+
+def _zeroed(raw: bytes, offset: int, size: int) -> bytes:
+    return raw[:offset] + bytes(size) + raw[offset + size:]
+
+
+def per_instance(key: bytes) -> bool:
+    """A key whose target is A or A+len: its roles are ambiguous, so no cache key
+    exists and each instance is proved on its own."""
+    if key[:1] not in (b"r", b"j"):
+        return False
+    i = 1 + (1 if key[1:2] in (_NEAR, _FAR) else 9)
+    i += 1 if key[i:i + 1] in (_NEAR, _FAR) else 9
+    return key[i:i + 1] in (b"A", b"N")

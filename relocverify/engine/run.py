@@ -1,0 +1,342 @@
+"""Verify every instruction of a kernel image: one verdict each, totals that add up.
+
+image -> functions -> instructions -> plan -> proof -> store -> summary, in
+three phases on a pool of workers (``executors``) that keep what they learn
+for the whole run (``worker``):
+
+1. survey: every instruction gets an instance key (``keys``); the keys the
+   persistent proof cache does not know are collected, one representative each;
+2. proofs: each unknown key's representative is decoded, planned and
+   proved once, on whichever worker the key is dealt to;
+3. rows: every function is walked again on the worker that surveyed it; each
+   instruction takes its key's finding (instances whose key cannot stand for
+   them are proved one by one), kernel sites and their variants are applied,
+   and whole functions are written to the store.  Then every alternative's
+   replacement is verified at its live address.
+
+Functions already stored under the same configuration (trampoline, tool
+versions, sites) are skipped, so a rerun resumes where a run stopped.  A
+solver timeout, a hang or a crashing worker makes the instructions
+concerned ``unknown`` with the reason, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from ..image.functions import Function, find_functions, iter_instruction_spans
+from ..image.image import Image
+from ..kernel.sites import find_sites
+from ..proof.cache_key import cache_tag
+from ..proof.verdict import Finding, Verdict
+from ..store.cache import CachedFinding, ProofCache
+from ..store.store import Store
+from ..versions import tool_versions
+from .executors import LocalPool, Task
+from .progress import Progress
+from .summary import render_summary, replacement_summary, summarize
+from .worker import Job, Learned, Worker
+
+CHUNK_FUNCTIONS = 64
+PROVE_CHUNK = 256
+REPLACEMENT_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    tramp: int
+    jobs: int
+    timeout_s: float
+    limit: int | None = None
+    with_sites: bool = True
+    cache_dir: str | None = None  # None: no persistent proof cache
+
+
+def _chunks(items: list, n: int) -> list[list]:
+    return [items[i:i + n] for i in range(0, len(items), n)]
+
+
+def overlaps(image: Image, functions: list[tuple[int, Function]]) -> dict[int, frozenset[int]]:
+    """function id -> the addresses of its instructions that an earlier overlapping
+    function (by start) also decodes and owns, so that each gets one verdict."""
+    skip: dict[int, set[int]] = {}
+    prev: tuple[int, Function] | None = None
+    for fid, f in sorted(functions, key=lambda p: (p[1].start, p[1].end)):
+        if prev is not None and f.start < prev[1].end:
+            theirs = {a for a, _ in iter_instruction_spans(image, prev[1])} - skip.get(prev[0], set())
+            shared = {a for a, _ in iter_instruction_spans(image, f)} & theirs
+            if shared:
+                skip.setdefault(fid, set()).update(shared)
+        if prev is None or f.end > prev[1].end:
+            prev = (fid, f)
+    return {fid: frozenset(a) for fid, a in skip.items()}
+
+
+def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None) -> dict:
+    """Verify every instruction of ``image`` (its first ``limit`` functions) into the store at ``store_path``."""
+    progress = progress or Progress(enabled=False)
+    t0 = time.monotonic()
+    phases: dict[str, float] = {}
+    tag = cache_tag()
+    config = json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites}, sort_keys=True)
+    again = _again(image, store_path, config, options, t0)
+    if again is not None:
+        return again
+    functions = find_functions(image)
+    if options.limit is not None:
+        functions = functions[:options.limit]
+    sites = find_sites(image) if options.with_sites else None
+    versions = tool_versions()
+    store = Store(store_path)
+    try:
+        store.mark_abandoned_runs()
+        info = {"path": image.path, "format": image.format, "compression": image.compression,
+                "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
+                "notes": list(image.notes)}
+        image_id = store.image_id(image.identity, image.path, image.format, image.symbol_source, info)
+        ids = store.add_functions(image_id, ((f.start, f.size, f.name, f.section, _bytes_of(image, f))
+                                             for f in functions))
+        by_id = {ids[(f.start, f.name)]: f for f in functions}
+        config_id = store.config_id(config)
+        done = store.verified_functions(image_id, config) & set(by_id)
+        stale = frozenset(store.stale_functions(image_id, config))
+        todo = [fid for fid, f in sorted(by_id.items(), key=lambda p: (p[1].start, p[1].name)) if fid not in done]
+        previous = None if todo else store.last_summary(image_id, config, options.limit)
+        run_id = store.start_run(image_id, config, versions, options.limit)
+    except BaseException:
+        store.close()
+        raise
+    status, counts = "complete", {"keys": 0, "cached": 0, "proved": 0}
+    expected = 0
+    alternatives = None
+    try:
+        phases["setup_s"] = time.monotonic() - t0
+        cache = ProofCache(options.cache_dir)
+        cached = cache.findings(tag)
+        skip = overlaps(image, list(by_id.items()))
+        job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag, store_path,
+                  config_id, skip, stale)
+        with LocalPool(job, options.jobs) as pool:
+            expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
+            expected += _count_done(pool, job, sorted(done))
+            if sites is not None:
+                t1 = time.monotonic()
+                alternatives = _replacements(pool, job, store, image_id, progress)
+                phases["replacements_s"] = time.monotonic() - t1
+            _harvest(pool, cache, tag)
+        cache.close()
+    except KeyboardInterrupt:
+        status = "interrupted"
+        store.finish_run(run_id, status, None)
+        store.close()
+        raise
+    except BaseException:
+        store.finish_run(run_id, "failed", None)
+        store.close()
+        raise
+    try:
+        t1 = time.monotonic()
+        if previous is not None and previous.get("functions") == len(functions):
+            summary = previous  # nothing was verified: every stored row is as that run left it
+            alternatives = previous.get("alternative_replacements")
+        else:
+            summary = summarize(store, image_id, info | {"identity": image.identity}, len(functions), expected,
+                                sites)
+        phases["summary_s"] = time.monotonic() - t1
+        if alternatives is not None:
+            summary["alternative_replacements"] = alternatives
+        wall = time.monotonic() - t0
+        verified_now = counts.get("rows", 0)
+        summary["run"] = {"id": run_id, "status": status, "verified_now": verified_now, "resumed": len(done),
+                          "proof_cache": {k: counts[k] for k in ("keys", "cached", "proved")},
+                          "phases": {k: round(v, 3) for k, v in phases.items()}, "versions": versions}
+        summary["wall_s"] = round(wall, 3)
+        summary["instructions_per_s"] = round(verified_now / wall, 1) if wall > 0 else None
+        store.finish_run(run_id, status, summary)
+    finally:
+        store.close()
+    return summary
+
+
+def _again(image: Image, store_path: str, config: str, options: RunOptions, t0: float) -> dict | None:
+    """The same command again: when the store holds a complete run of this image under this
+    configuration and scope, and every function of the image is stored under it, that run's
+    summary is the answer (recorded as a new run), without finding functions or sites."""
+    import os
+
+    if not os.path.exists(store_path):
+        return None
+    store = Store(store_path)
+    try:
+        store.mark_abandoned_runs()
+        image_id = store.find_image(image.identity)
+        if image_id is None or not store.all_verified(image_id, config):
+            return None
+        previous = store.last_summary(image_id, config, options.limit)
+        if previous is None:
+            return None
+        run_id = store.start_run(image_id, config, tool_versions(), options.limit)
+        summary = dict(previous)
+        wall = time.monotonic() - t0
+        summary["run"] = {"id": run_id, "status": "complete", "verified_now": 0,
+                          "resumed": summary.get("functions_verified", 0), "again": previous["run"]["id"],
+                          "proof_cache": {"keys": 0, "cached": 0, "proved": 0},
+                          "phases": {"setup_s": round(wall, 3)}, "versions": tool_versions()}
+        summary["wall_s"] = round(wall, 3)
+        summary["instructions_per_s"] = 0.0
+        store.finish_run(run_id, "complete", summary)
+        return summary
+    finally:
+        store.close()
+
+
+def _bytes_of(image: Image, f: Function) -> bytes:
+    section = image.get_section(f.section)
+    if section is None or not section.contains(f.start, f.size) or not section.data:
+        return b""
+    return section.data[f.start - section.address:f.start - section.address + f.size]
+
+
+def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: bytes, progress: Progress,
+            phases: dict, store: Store, config: str) -> tuple[int, dict]:
+    """Survey, proofs and rows over the functions to do; returns (their instruction count, counts)."""
+    fallback: list[Worker] = []
+    total = [0]
+
+    def crashed_function(task, at):
+        """A worker died on function ``task.args[0][at]``: it is stored as crashed, and every function of
+        the task that is not stored yet (the dead worker's unwritten ones included) goes to a fresh worker."""
+        fids = task.args[0]
+        if not fallback:
+            fallback.append(Worker(job))
+        w = fallback[0]
+        crashed = w.crashed(fids[at], "worker crashed while verifying this function")
+        store.write_batch(job.config, crashed, job.stale)
+        if task.method == "survey":
+            total[0] += crashed.instructions
+        stored = store.verified_functions_among(fids, config)
+        rest = [f for f in fids if f not in stored]
+        return [Task(task.method, (rest,), task.tag)] if rest else []
+
+    counts = {"keys": 0, "cached": 0, "proved": 0, "rows": 0}
+    if not todo:
+        return 0, counts
+    chunks = _chunks(todo, CHUNK_FUNCTIONS)
+    queues = [[Task("survey", (c,), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
+    owned: list[dict] = [{} for _ in range(pool.n)]
+    hits: set[bytes] = set()
+    waiting: list[list[int]] = [[] for _ in range(pool.n)]
+    n_insns = sum(job.functions[f].size for f in todo)  # bytes: the survey's progress unit is instructions,
+    estimate = max(1, n_insns // 4)                      # so the total is an estimate until it is done
+
+    def surveyed(task, value):
+        misses, n, known, later, batch = value
+        store.write_batch(job.config, batch, job.stale)
+        owned[task.tag].update(misses)
+        hits.update(known)
+        waiting[task.tag].extend(later)
+        total[0] += n
+        counts["rows"] += batch.instructions
+
+    t1 = time.monotonic()
+    base = pool.items_done()
+    progress.phase("survey", estimate, "instructions")
+    pool.run(queues, surveyed, crashed_function,
+             tick=lambda: progress.update(min(estimate, pool.items_done() - base)))
+    progress.total = total[0]
+    progress.end()
+    phases["survey_s"] = time.monotonic() - t1
+
+    misses: dict[bytes, tuple[bytes, int]] = {}
+    for w in range(pool.n):
+        for key, rep in owned[w].items():
+            if key not in misses or rep[1] < misses[key][1]:
+                misses[key] = rep
+    counts["keys"] = len(misses) + len(hits)
+    counts["cached"] = len(hits)
+    counts["proved"] = len(misses)
+    t1 = time.monotonic()
+    learned: dict[bytes, Learned] = {}
+    items = [(k, raw, a) for k, (raw, a) in sorted(misses.items(), key=lambda kv: kv[1][1])]
+    prove_chunks = _chunks(items, PROVE_CHUNK)
+    queues = [[Task("prove", (c,)) for c in prove_chunks[w::pool.n]] for w in range(pool.n)]
+
+    def crashed_key(task, at):
+        key, raw, address = task.args[0][at]
+        why = "worker crashed while proving this instruction"
+        f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
+        learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
+        rest = task.args[0][at + 1:]
+        return [Task("prove", (rest,))] if rest else []
+
+    base = pool.items_done()
+    progress.phase("proofs", len(items), "distinct instance keys")
+    pool.run(queues, lambda task, value: learned.update(value), crashed_key,
+             tick=lambda: progress.update(pool.items_done() - base))
+    progress.end()
+    phases["proofs_s"] = time.monotonic() - t1
+
+    t1 = time.monotonic()
+    pool.broadcast("accept", lambda w: ({k: learned[k] for k in owned[w] if k in learned},))
+    pool.remember("accept", (learned,))
+    _harvest(pool, cache, tag)
+
+    queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
+
+    def rows_done(task, batch):
+        store.write_batch(job.config, batch, job.stale)
+        counts["rows"] += batch.instructions
+
+    base = pool.items_done()
+    progress.phase("rows", total[0] - counts["rows"], "instructions")
+    pool.run(queues, rows_done, crashed_function, tick=lambda: progress.update(pool.items_done() - base))
+    progress.end()
+    for w in fallback:
+        w.close()
+    phases["rows_s"] = time.monotonic() - t1
+    return total[0], counts
+
+
+def _count_done(pool: LocalPool, job: Job, done: list[int]) -> int:
+    """Instruction counts of functions stored by an earlier run (for the expected total)."""
+    if not done:
+        return 0
+    n = [0]
+    chunks = _chunks(done, CHUNK_FUNCTIONS * 4)
+    pool.run([[Task("count", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)],
+             lambda task, value: n.__setitem__(0, n[0] + value))
+    return n[0]
+
+
+def _replacements(pool: LocalPool, job: Job, store: Store, image_id: int, progress: Progress) -> dict:
+    """Every alternative's replacement, verified instruction by instruction at its live address."""
+    indexes = list(range(sum(1 for _ in job.sites.iter_sites("alternative"))))
+    rows: list[tuple] = []
+    chunks = _chunks(indexes, REPLACEMENT_CHUNK)
+    progress.phase("replacements", len(indexes), "alternatives")
+    pool.run([[Task("replacements", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)],
+             lambda task, value: (rows.extend(value), progress.update(len({r[0] for r in rows}))))
+    progress.end()
+    store.write_replacements(image_id, rows)
+    return replacement_summary(store.replacement_rows(image_id), len(indexes))
+
+
+def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes) -> None:
+    """Collect what the workers proved since the last harvest into the persistent cache."""
+    findings: dict = {}
+    proofs: dict = {}
+    derivations: dict = {}
+
+    def got(task, value):
+        f, p, d = value
+        findings.update(f)
+        proofs.update(p)
+        derivations.update(d)
+
+    pool.run([[Task("harvest", ())] for _ in range(pool.n)], got)
+    cache.add(tag, findings, proofs, derivations)
+
+
+__all__ = ["RunOptions", "run", "render_summary", "overlaps"]

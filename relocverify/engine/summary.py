@@ -1,0 +1,117 @@
+"""The summary of a run: counts over every stored instruction of an image, and its text form."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..proof.verdict import Verdict
+from ..store.store import Store, site_kinds
+
+
+def summarize(store: Store, image: int, image_info: dict, functions: int, expected: int, site_index=None) -> dict:
+    """Counts over every stored instruction of the image, in one grouped scan of the store."""
+    by_verdict = Counter({v.value: 0 for v in Verdict})
+    by_section: dict[str, Counter] = {}
+    by_class: dict[str, Counter] = {}
+    reasons, methods, plans, site_rows = Counter(), Counter(), Counter(), Counter()
+    for sec, verdict, method, kind, _rule, klass, rkey, n in store.counts(image):
+        by_verdict[verdict] += n
+        by_section.setdefault(sec, Counter())[verdict] += n
+        by_class.setdefault(klass, Counter())[verdict] += n
+        reasons[rkey] += n
+        methods[method] += n
+        plans[kind] += n
+    for mask, n in (store.site_counts(image) if site_index is not None else ()):
+        for k in site_kinds(mask):
+            site_rows[k] += n
+    by_function: dict[str, Counter] = {}
+    for f, counts in store.function_counts(image):
+        for verdict, n in counts.items():
+            if verdict != Verdict.PROVED.value:
+                by_function.setdefault(verdict, Counter())[f.name] += n
+    n = sum(by_verdict.values())
+    verified = store.db.execute("SELECT count(*) FROM functions WHERE image=? AND config IS NOT NULL",
+                                (image,)).fetchone()[0]
+    relocatable = n - by_verdict[Verdict.REJECTED.value]
+    summary = {
+        "image": image_info,
+        "instructions": n,
+        "instructions_expected": expected,
+        "functions": functions,
+        "functions_verified": verified,
+        "by_verdict": dict(by_verdict),
+        "proved_share_of_relocatable": round(by_verdict[Verdict.PROVED.value] / relocatable, 6) if relocatable else None,
+        "by_method": dict(methods),
+        "by_plan": dict(plans),
+        "by_reason": dict(reasons.most_common()),
+        "by_section": {k: dict(v) for k, v in sorted(by_section.items())},
+        "by_class": {k: dict(v) for k, v in sorted(by_class.items(), key=lambda kv: -sum(kv[1].values()))},
+        "top_functions": {v: [{"function": f, "instructions": c} for f, c in by_function.get(v, Counter()).most_common(10)]
+                          for v in ("rejected", "unknown", "opaque", "refuted")},
+        "totals_add_up": n == expected,
+    }
+    if site_index is not None:
+        counts = site_index.count_by_kind()
+        summary["by_site"] = {k: {"sites": counts.get(k, 0), "instructions": site_rows.get(k, 0)}
+                              for k in site_index.kinds()}
+        summary["sites_missing"] = list(site_index.missing)
+    return summary
+
+
+def replacement_summary(rows: list[tuple], alternatives: int) -> dict:
+    """Counts over the alternative replacements' instructions: (alternative, site, address, bytes,
+    verdict, reason) rows."""
+    by_verdict = {v.value: 0 for v in Verdict}
+    reasons: Counter = Counter()
+    n = 0
+    for _alt, _site, _address, raw, verdict, reason in rows:
+        if not raw:
+            by_verdict[verdict] += 1
+            reasons[reason] += 1
+            continue
+        n += 1
+        by_verdict[verdict] += 1
+        if verdict != Verdict.PROVED.value:
+            reasons[reason] += 1
+    return {"sites": alternatives, "instructions": n, "by_verdict": by_verdict, "by_reason": dict(reasons.most_common())}
+
+
+def render_summary(s: dict, escape=lambda text: text) -> str:
+    """The summary as text; ``escape`` makes names from the input safe for a terminal."""
+    img = s["image"]
+    lines = [f"image: {escape(str(img.get('path')))} ({img.get('format')}, symbols: {img.get('symbols')})",
+             f"instructions: {s['instructions']:,} in {s['functions']:,} functions "
+             f"({s['functions_verified']:,} verified); expected {s['instructions_expected']:,}; "
+             f"totals add up: {s['totals_add_up']}",
+             "by verdict: " + ", ".join(f"{k} {v:,}" for k, v in s["by_verdict"].items()),
+             "by method: " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["by_method"].items())),
+             "by section:"]
+    if s.get("proved_share_of_relocatable") is not None:
+        lines.insert(3, f"proved: {100 * s['proved_share_of_relocatable']:.2f}% of the instructions the policy relocates")
+    for sec, d in sorted(s["by_section"].items()):
+        lines.append(f"  {escape(sec):<24} " + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items())))
+    lines.append("top reasons:")
+    for r, c in list(s["by_reason"].items())[:15]:
+        lines.append(f"  {c:>9,}  {escape(r)}")
+    for verdict in ("rejected", "unknown"):
+        tops = s["top_functions"][verdict][:5]
+        if tops:
+            lines.append(f"top functions by {verdict}: "
+                         + ", ".join(f"{escape(t['function'])} ({t['instructions']})" for t in tops))
+    if "by_site" in s:
+        lines.append("sites (table entries / instructions covered):")
+        for k, v in s["by_site"].items():
+            lines.append(f"  {k:<18} {v['sites']:>8,} {v['instructions']:>10,}")
+    if "alternative_replacements" in s:
+        a = s["alternative_replacements"]
+        lines.append(f"alternative replacements: {a['sites']:,} sites, {a['instructions']:,} instructions: "
+                     + ", ".join(f"{k} {v:,}" for k, v in a["by_verdict"].items()))
+    run = s.get("run", {})
+    if run:
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in run.get("phases", {}).items())
+        lines.append(f"run {run.get('id')}: {run.get('status')}; {phases}")
+        pc = run.get("proof_cache")
+        if pc:
+            lines.append(f"proof cache: {pc['keys']:,} instance keys, {pc['cached']:,} known, {pc['proved']:,} proved now")
+    lines.append(f"wall: {s.get('wall_s', 0):.1f} s, {s.get('instructions_per_s') or 0:,.0f} insn/s verified in this run")
+    return "\n".join(lines) + "\n"

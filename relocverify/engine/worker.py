@@ -1,0 +1,451 @@
+"""What a worker does: the three phases of a run, over its share of the image.
+
+  survey   walk functions, give every instruction an instance key
+           (``keys``), and report the keys the proof cache does not know,
+           each with one representative (bytes, address);
+  prove    verify representatives (``pipeline``): each becomes the finding of
+           every instruction with its key;
+  rows     walk functions again (or reuse the survey's keys), look every
+           instruction's finding up, prove what must be proved per instance,
+           apply kernel sites and their variants, and write whole functions
+           to the store, one transaction per batch.
+
+A ``Worker`` keeps what it learns for the whole run: the survey's keys per
+function, the findings it was given and the ones it made.  It is built from
+a ``Job``, everything a run shares, which a local pool hands to forked
+processes and a distributed one rebuilds from the image's path.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field, replace
+
+from ..image.functions import Function
+from ..image.image import Image
+from ..kernel.site_verdicts import site_finding
+from ..kernel.sites import SiteIndex, kind_key
+from ..kernel.variants import NoVariants, VariantFinder
+from ..proof.verdict import Finding, Verdict
+from ..store.cache import CachedFinding, CachedProof, ProofCache
+from ..store.store import RowBatch, Store, site_mask
+from .keys import KeyMaker, per_instance
+from .pipeline import Prover
+
+NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
+
+
+@dataclass
+class Job:
+    """Everything the workers of one run share."""
+
+    image: Image
+    functions: dict[int, Function]  # function id -> bounds
+    tramp: int
+    timeout_s: float
+    sites: SiteIndex | None
+    cached: dict[bytes, CachedFinding]  # instance key -> finding, from the persistent cache
+    cache_dir: str | None  # the persistent cache (its full-key proofs are read when first wanted)
+    tag: bytes  # the cache tag (versions and policy)
+    store_path: str | None = None
+    config: int = 0
+    skip: dict[int, frozenset[int]] = field(default_factory=dict)  # function id -> addresses another one owns
+    stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
+
+
+class Learned:
+    """A finding an instance key stands for, with where it was first made (for ``fresh``).
+
+    ``shared`` is the finding every other instance of the key gets (one object
+    for all of them), or None when the key is per instance."""
+
+    __slots__ = ("cached", "address", "finding", "shared", "ids", "plain")
+
+    def __init__(self, cached: CachedFinding, address: int | None = None, finding: Finding | None = None):
+        self.cached = cached
+        self.address = address  # the representative's address if proved in this run
+        self.finding = finding  # the representative's own finding (its counterexample included)
+        self.shared = None if cached.per_instance else from_cached(cached)
+        self.ids = None  # (outcome id, outcome reason) of ``shared`` in the store, once asked
+        self.plain = None  # (outcome id, proof µs, fresh) when ``shared`` fits a plain store row, once asked
+
+    def __reduce__(self):
+        return Learned, (self.cached, self.address, self.finding)
+
+
+def to_cached(finding: Finding, shareable: bool) -> CachedFinding:
+    return CachedFinding(not shareable, finding.verdict.value, finding.reason, finding.method,
+                         finding.plan_kind, finding.rule, finding.klass, finding.proof_us, finding.answers)
+
+
+def from_cached(c: CachedFinding, fresh: bool = False) -> Finding:
+    return Finding(Verdict(c.verdict), c.reason, c.method, c.plan_kind, c.rule, c.klass, c.proof_us, fresh,
+                   answers=c.answers)
+
+
+class Worker:
+    def __init__(self, job: Job):
+        self.job = job
+        self.keys = KeyMaker(job.tramp)
+        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs)
+        self.learned: dict[bytes, Learned] = {}
+        self.new_findings: dict[bytes, CachedFinding] = {}
+        self.derivations: dict[bytes, bytes | None] = {}
+        self.surveyed: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.variants = VariantFinder(job.image) if job.sites is not None else None
+        self._store: Store | None = None
+        self.progress = None  # a callable(n) told of instructions done, if any
+        self.current = None  # a callable(i) told of the item in hand, if any
+
+    # -- helpers -------------------------------------------------------------------
+    def _load_proofs(self) -> dict[bytes, CachedProof]:
+        if self.job.cache_dir is None:
+            return {}
+        cache = ProofCache(self.job.cache_dir)
+        try:
+            return cache.proofs(self.job.tag)
+        finally:
+            cache.close()
+
+    def _function_bytes(self, fn: Function) -> bytes:
+        section = self.job.image.get_section(fn.section)
+        if section is None or not section.contains(fn.start, fn.size) or not section.data:
+            return b""
+        off = fn.start - section.address
+        return section.data[off:off + fn.size]
+
+    def _keys(self, fid: int) -> list[tuple[int, int, bytes]]:
+        got = self.surveyed.pop(fid, None)
+        if got is None:
+            fn = self.job.functions[fid]
+            got = self.keys.keys(self._function_bytes(fn), fn.start)
+        return got
+
+    def lookup(self, key: bytes) -> Learned | None:
+        hit = self.learned.get(key)
+        if hit is None:
+            c = self.job.cached.get(key)
+            if c is not None:
+                hit = self.learned[key] = Learned(c)
+        return hit
+
+    def _tell(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress(n)
+
+    # -- phase 1 -------------------------------------------------------------------
+    def survey(self, fids: list[int]) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], RowBatch]:
+        """Walk functions and key their instructions.  A function whose every key
+        is known is verified now; the others wait for the proofs.
+
+        Returns the keys nobody knows yet, each with a representative (bytes,
+        address); how many instructions the functions hold (overlaps owned
+        elsewhere left out); the keys that were known; the functions left
+        waiting; and the rows of the functions verified."""
+        misses: dict[bytes, tuple[bytes, int]] = {}
+        hits: set[bytes] = set()
+        waiting: list[int] = []
+        cached, learned = self.job.cached, self.learned
+        total = 0
+        batch = _Batch()
+        for i, fid in enumerate(fids):
+            if self.current is not None:
+                self.current(i)
+            fn = self.job.functions[fid]
+            data = self._function_bytes(fn)
+            ks = self.keys.keys(data, fn.start)
+            skip = self.job.skip.get(fid, ())
+            complete = True
+            for off, n, key in ks:
+                if skip and fn.start + off in skip:
+                    continue
+                total += 1
+                if key in cached or key in learned:
+                    hits.add(key)
+                else:
+                    complete = False
+                    if key not in misses:
+                        misses[key] = (data[off:off + n], fn.start + off)
+            if complete:
+                self.function_rows(fid, batch, ks)
+            else:
+                self.surveyed[fid] = ks
+                waiting.append(fid)
+            self._tell(len(ks))
+        return misses, total, hits, waiting, batch.done()
+
+    # -- phase 2 -------------------------------------------------------------------
+    def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
+        """Verify each (key, bytes, address) representative; its finding stands for its key."""
+        out = {}
+        for i, (key, raw, address) in enumerate(items):
+            if self.current is not None:
+                self.current(i)
+            out[key] = self._learn(key, raw, address)
+            self._tell(1)
+        return out
+
+    def _learn(self, key: bytes, raw: bytes, address: int, shareable: bool | None = None) -> Learned:
+        v = self.prover.verify(raw, address)
+        if shareable is None:
+            shareable = (v.full_key is not None or v.finding.method == "policy") and not per_instance(key)
+        c = to_cached(v.finding, shareable)
+        learned = Learned(c, address, v.finding)
+        self.learned[key] = learned
+        self.new_findings[key] = c
+        self.derivations[key] = v.full_key
+        if not shareable:  # the representative is also its own exact instance (see ``finding``)
+            exact = self._exact(key, address)
+            if exact not in self.learned:
+                self.learned[exact] = Learned(to_cached(v.finding, True), address, v.finding)
+                self.new_findings[exact] = self.learned[exact].cached
+        return learned
+
+    def accept(self, learned: dict[bytes, Learned]) -> None:
+        """Findings other workers made for keys of this worker's functions."""
+        self.learned.update(learned)
+
+    def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None]]:
+        """The findings, proofs and derivations made here since the last harvest, for the persistent cache."""
+        findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
+        self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
+        kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
+        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}
+
+    def count(self, fids: list[int]) -> int:
+        """How many instructions the functions hold, as the survey walks them (no key kept)."""
+        total = 0
+        for fid in fids:
+            fn = self.job.functions[fid]
+            skip = self.job.skip.get(fid, ())
+            for off, _, _ in self.keys.keys(self._function_bytes(fn), fn.start):
+                if fn.start + off not in skip:
+                    total += 1
+        return total
+
+    # -- phase 3 -------------------------------------------------------------------
+    def finding(self, raw: bytes, address: int, key: bytes) -> Finding:
+        """The finding of one instruction instance."""
+        hit = self.lookup(key)
+        if hit is None:
+            hit = self._learn(key, raw, address)
+        if hit.address == address and hit.finding is not None:
+            return hit.finding
+        if hit.cached.per_instance:
+            # No finding stands for the key: this instance is proved on its own, and its
+            # finding kept under the key plus the exact addresses (A and T).
+            exact = self._exact(key, address)
+            hit = self.lookup(exact)
+            if hit is None:
+                hit = self._learn(exact, raw, address, shareable=True)
+            return hit.finding if hit.address == address and hit.finding is not None else hit.shared
+        return hit.shared
+
+    def _exact(self, key: bytes, address: int) -> bytes:
+        """The key of one instance (its key plus the exact A and T), for keys no finding stands for."""
+        return key + b"@" + address.to_bytes(8, "little") + self.job.tramp.to_bytes(8, "little")
+
+    def rows(self, fids: list[int]) -> RowBatch:
+        """Every instruction of the functions, with its finding, sites and live variants."""
+        batch = _Batch()
+        for i, fid in enumerate(fids):
+            if self.current is not None:
+                self.current(i)
+            n = batch.n
+            self.function_rows(fid, batch)
+            self._tell(batch.n - n)
+        return batch.done()
+
+    def function_rows(self, fid: int, batch: "_Batch", keys: list[tuple[int, int, bytes]] | None = None) -> None:
+        """Every instruction of a function, with its finding, its kernel sites and their live variants,
+        added to ``batch``."""
+        fn = self.job.functions[fid]
+        start = fn.start
+        data = self._function_bytes(fn)
+        keys = self._keys(fid) if keys is None else keys
+        skip = self.job.skip.get(fid)
+        sweep = _SiteSweep(self.job.sites.sites_at(start, fn.size)) if self.job.sites is not None else None
+        next_site = sweep.next_start() if sweep else None
+        learned = self.learned
+        plain = batch.plain
+        per: dict[int, int] = {}
+        for off, n, key in keys:
+            address = start + off
+            if skip is not None and address in skip:
+                continue  # an overlapping function owns this instruction
+            site = next_site is not None and next_site < address + n
+            hit = learned.get(key) or self.lookup(key)
+            if not site and hit is not None and hit.plain is not None and hit.address != address:
+                oid = hit.plain[0]  # the common case: a shared finding, no site, a plain row
+                per[oid] = per.get(oid, 0) + 1
+                plain.extend((fid, off, n))
+                plain.extend(hit.plain)
+                continue
+            finding = None if hit is None else hit.shared
+            if finding is not None and hit.address != address:
+                ids = hit.ids
+                if ids is None:
+                    ids = hit.ids = self.ids.outcome(finding)
+                    if finding.answers is None and finding.reason == ids[1]:
+                        hit.plain = (ids[0], finding.proof_us, 0)
+            else:
+                finding = self.finding(data[off:off + n], address, key)
+                ids = self.ids.outcome(finding)
+            live = ()
+            mask = None
+            if site:
+                here = sweep.at(address, n)
+                next_site = sweep.next_start()
+                if here:
+                    raw = data[off:off + n]
+                    finding, live = site_finding(finding, here, address, raw, self.variants,
+                                                 lambda other: self.finding(other, address,
+                                                                            self.keys.key(other, address)))
+                    mask = site_mask(s.kind for s in here)
+                    ids = self.ids.outcome(finding)
+            oid = ids[0]
+            per[oid] = per.get(oid, 0) + 1
+            if mask is None and finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
+                plain.extend((fid, off, n, oid, finding.proof_us, 1 if finding.fresh else 0))
+            else:
+                batch.add_full(self.ids, fid, off, n, oid, ids[1], finding, mask)
+            for name, vf in live:
+                vid, vreason = self.ids.outcome(vf)
+                batch.variants.append((fid, off, self.ids.variant_name(name), vid,
+                                       None if vf.reason == vreason else vf.reason))
+        batch.end_function(fid, per, self.ids)
+
+    def crashed(self, fid: int, why: str) -> RowBatch:
+        """Every instruction of a function whose verification killed its worker: unknown, with why."""
+        fn = self.job.functions[fid]
+        batch = _Batch()
+        skip = self.job.skip.get(fid, ())
+        f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
+        oid, reason = self.ids.outcome(f)
+        per = {oid: 0}
+        for off, n, key in self.keys.keys(self._function_bytes(fn), fn.start):
+            if fn.start + off in skip:
+                continue
+            batch.add_full(self.ids, fid, off, n, oid, reason, f, None)
+            per[oid] += 1
+        batch.end_function(fid, per, self.ids)
+        return batch.done()
+
+    @property
+    def ids(self) -> Store:
+        """The store, for the ids of outcomes, variant names and counterexamples (rows go back to the run)."""
+        if self._store is None:
+            self._store = Store(self.job.store_path) if self.job.store_path else _NoStore()
+        return self._store
+
+    # -- alternative replacements ----------------------------------------------------
+    def replacements(self, indexes: list[int]) -> list[tuple]:
+        """(alternative index, site, address, bytes, finding) for every instruction of the replacements
+        of these alternatives (indexes into the image's alternatives, in table order)."""
+        out = []
+        alternatives = self._alternatives()
+        for k in indexes:
+            site = alternatives[k]
+            insns = self.variants.replacement_instructions(site)
+            if isinstance(insns, NoVariants):
+                out.append((k, site.address, site.address, b"",
+                            Finding(Verdict.UNKNOWN, insns.reason, "site", "", "site:alternative", "")))
+                continue
+            for address, raw in insns:
+                f = self.finding(raw, address, self.keys.key(raw, address))
+                out.append((k, site.address, address, raw, f))
+        return out
+
+    def _alternatives(self) -> list:
+        if not hasattr(self, "_alts"):
+            self._alts = list(self.job.sites.iter_sites("alternative"))
+        return self._alts
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def replace_reason(f: Finding, reason: str) -> Finding:
+    return replace(f, reason=reason)
+
+
+class _Batch:
+    """A ``RowBatch`` being filled."""
+
+    def __init__(self):
+        self.functions: list[int] = []
+        self.plain = array("q")
+        self.full: list[tuple] = []
+        self.counts: list[tuple] = []
+        self.variants: list[tuple] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.plain) // 6 + len(self.full)
+
+    def add_full(self, ids, fid: int, off: int, n: int, oid: int, outcome_reason: str, f: Finding,
+                 mask: int | None) -> None:
+        cex = None if f.counterexample is None else ids.counterexample_id(f.counterexample)
+        self.full.append((fid, off, n, oid, None if f.reason == outcome_reason else f.reason, f.proof_us,
+                          1 if f.fresh else 0, mask, f.answers, cex))
+
+    def end_function(self, fid: int, per: dict[int, int], ids) -> None:
+        self.functions.append(fid)
+        self.counts.extend((fid, o, c, ids.weak(o)) for o, c in per.items())
+
+    def done(self) -> RowBatch:
+        return RowBatch(self.functions, self.plain.tobytes(), self.full, self.counts, self.variants, self.n)
+
+
+class _NoStore:
+    """Ids for a worker without a store (a dry run in tests): outcomes numbered in memory."""
+
+    def __init__(self):
+        self._ids: dict = {}
+
+    def outcome(self, f: Finding) -> tuple[int, str]:
+        return self._ids.setdefault(f.outcome, (len(self._ids) + 1, f.reason))
+
+    def weak(self, oid: int) -> int:
+        return 0
+
+    def variant_name(self, name: str) -> int:
+        return self._ids.setdefault(("name", name), (len(self._ids) + 1,))[0]
+
+    def counterexample_id(self, c) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _SiteSweep:
+    """The sites overlapping each instruction of a function, for instructions
+    visited in address order: one pass over the function's sites."""
+
+    def __init__(self, found):
+        self.pending = sorted(found, key=lambda s: s.address)
+        self.next = 0
+        self.active: list = []
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def next_start(self) -> int | None:
+        """Where the next call of ``at`` may find a site (None: no site left at all)."""
+        if self.active:
+            return -1
+        return self.pending[self.next].address if self.next < len(self.pending) else None
+
+    def at(self, address: int, length: int) -> list:
+        end = address + length
+        pending = self.pending
+        while self.next < len(pending) and pending[self.next].address < end:
+            self.active.append(pending[self.next])
+            self.next += 1
+        if not self.active:
+            return []
+        self.active = [s for s in self.active if s.address + s.length > address]
+        return sorted(self.active, key=lambda s: kind_key(s.kind)) if len(self.active) > 1 else list(self.active)

@@ -1,0 +1,11 @@
+"""Where relocverify keeps its files: the cache directory for downloaded
+kernels and the persistent proof cache."""
+
+from __future__ import annotations
+
+import os
+
+
+def default_cache_dir() -> str:
+    """``$RELOCVERIFY_CACHE``, else ``~/.cache/relocverify``."""
+    return os.environ.get("RELOCVERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "relocverify")

@@ -1,0 +1,389 @@
+"""Named real kernels: download, record and extract (``relocverify corpus fetch``).
+
+``fetch(name, cache_dir)`` downloads the Debian packages of one row of
+:data:`KERNELS` with ``apt-get download`` (running ``apt-get update`` once if
+apt does not know the package yet), records each ``.deb``'s sha256 in
+``<cache_dir>/<name>/manifest.json``, and extracts only ``vmlinux`` and
+``System.map`` (from ``-dbg``) and ``vmlinuz`` and ``config`` (from
+``-unsigned``).  It is idempotent: a ``.deb`` or extracted file already in the
+cache whose size and mtime match the manifest is reused without hashing it
+again (``verify=True`` re-hashes everything); a ``.deb`` found in the cache
+but not yet in the manifest is hashed and adopted instead of downloaded.
+
+Extraction is pure Python (``ar`` members, then a streamed tar compressed
+with xz, gzip, bzip2 or zstd) and stops as soon as the wanted members are
+out, which skips the bulk of the ``-dbg`` package (module debug info).
+
+The cache directory is ``$RELOCVERIFY_CACHE`` or ``~/.cache/relocverify``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from ..environment import default_cache_dir
+from ..errors import FetchError
+
+
+class KernelSpec(NamedTuple):
+    """One named kernel: its Debian packages, approximate sizes and why it is here."""
+
+    name: str
+    release: str       # uname -r, as in boot/vmlinuz-<release>
+    unsigned: str      # package with boot/vmlinuz, boot/config (System.map is a placeholder)
+    dbg: str           # package with usr/lib/debug/boot/vmlinux and System.map
+    approx_mb: int     # both .debs together
+    reason: str
+
+
+KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
+    KernelSpec("debian-6.1-cloud", "6.1.0-53-cloud-amd64",
+               "linux-image-6.1.0-53-cloud-amd64-unsigned", "linux-image-6.1.0-53-cloud-amd64-dbg",
+               310,
+               "Debian 12 cloud flavour: the smallest 6.1 build (fewer drivers), lz4 bzImage; "
+               "the quick real-kernel run"),
+    KernelSpec("debian-6.1-amd64", "6.1.0-53-amd64",
+               "linux-image-6.1.0-53-amd64-unsigned", "linux-image-6.1.0-53-amd64-dbg",
+               925,
+               "Debian 12 generic kernel that most installs run, xz bzImage; the full-size corpus"),
+)}
+
+
+@dataclass(frozen=True)
+class FetchedKernel:
+    """Paths of the extracted files of one named kernel, and their sha256s."""
+
+    name: str
+    release: str
+    vmlinux: str       # unstripped, from -dbg
+    vmlinuz: str       # bzImage, from -unsigned
+    system_map: str    # the real one, from -dbg
+    config: str | None
+    sha256s: dict      # file name (.deb or extracted) -> sha256 hex
+
+
+def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = False) -> FetchedKernel:
+    """Download (if needed) and extract kernel ``name``; see the module doc."""
+    spec = KERNELS.get(name)
+    if spec is None:
+        raise FetchError(f"unknown kernel {name!r}: choose one of {', '.join(sorted(KERNELS))}")
+    cache = Path(cache_dir or default_cache_dir())
+    target = cache / name
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FetchError(f"cannot create cache directory {target}: {exc.strerror}") from None
+    manifest = _Manifest.load(target / "manifest.json")
+    wanted = _wanted_members(spec)
+    debs = {package: _obtain_deb(cache, package, manifest, verify) for package in (spec.unsigned, spec.dbg)}
+    files = {}
+    for package, members in wanted.items():
+        files.update(_extract_members(debs[package], members, target, manifest, verify))
+    manifest.data["name"] = name
+    manifest.data["release"] = spec.release
+    manifest.save()
+    records = [manifest.data["debs"][package] for package in debs] + \
+        [manifest.data["files"][role] for role in files]
+    sha256s = {record["file"]: record["sha256"] for record in records}
+    return FetchedKernel(name=name, release=spec.release, vmlinux=str(files["vmlinux"]),
+                         vmlinuz=str(files["vmlinuz"]), system_map=str(files["system_map"]),
+                         config=str(files["config"]) if "config" in files else None, sha256s=sha256s)
+
+
+def stripped_copy(vmlinux: str | os.PathLike, destination: str | os.PathLike | None = None) -> str:
+    """A copy of ``vmlinux`` without symbols, debug info or relocations.
+
+    Uses ``objcopy --strip-all`` when it is installed, else :func:`strip_elf`.
+    The copy is reused if it is newer than ``vmlinux``.
+    """
+    source = Path(vmlinux)
+    target = Path(destination) if destination else source.with_name(source.name + ".stripped")
+    if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        return str(target)
+    partial = target.with_name(target.name + ".part")
+    objcopy = shutil.which("objcopy")
+    if objcopy:
+        result = subprocess.run([objcopy, "--strip-all", str(source), str(partial)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise FetchError(f"objcopy --strip-all {source} failed: {_last_line(result.stderr)}")
+    else:
+        partial.write_bytes(strip_elf(source.read_bytes()))
+    os.replace(partial, target)
+    return str(target)
+
+
+def strip_elf(data: bytes) -> bytes:
+    """An ELF64 with its symbol, string, relocation and debug sections removed.
+
+    The kept sections stay at their file offsets (so program headers stay
+    valid); the file is cut after the last kept byte and a new section name
+    table and section header table are appended.  ``sh_link``/``sh_info`` of
+    kept sections are renumbered (to 0 when they pointed at a dropped one).
+    """
+    try:
+        return _strip_elf(data)
+    except (struct.error, IndexError, ValueError) as exc:
+        raise FetchError(f"cannot strip: not a well-formed ELF64 ({exc})") from None
+
+
+def _strip_elf(data: bytes) -> bytes:
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not an ELF64 file")
+    e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
+    e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
+    headers = [list(struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * 64)) for i in range(e_shnum)]
+    names_offset = headers[e_shstrndx][4]
+
+    def name_of(header) -> bytes:
+        start = names_offset + header[0]
+        return data[start:data.index(b"\0", start)]
+
+    keep = [0]
+    for index, header in enumerate(headers[1:], 1):
+        name, kind = name_of(header), header[1]
+        if kind in (2, 3, 4, 9, 11) or name.startswith((b".debug", b".zdebug", b".comment")):
+            continue
+        keep.append(index)
+    renumber = {old: new for new, old in enumerate(keep)}
+    # header fields: name, type, flags, addr, offset, size, link, info, addralign, entsize
+    end = max([64, e_phoff + e_phnum * e_phentsize] +
+              [headers[i][4] + headers[i][5] for i in keep[1:] if headers[i][1] != 8])
+    out = bytearray(data[:end])
+    names = bytearray(b"\0")
+    new_headers = []
+    for old in keep:
+        header = list(headers[old])
+        if old:
+            header[0] = len(names)
+            names += name_of(headers[old]) + b"\0"
+            header[6] = renumber.get(header[6], 0)
+            if header[2] & 0x40:  # SHF_INFO_LINK
+                header[7] = renumber.get(header[7], 0)
+        new_headers.append(header)
+    shstrtab_name = len(names)
+    names += b".shstrtab\0"
+    out += names
+    new_headers.append([shstrtab_name, 3, 0, 0, end, len(names), 0, 0, 1, 0])
+    while len(out) % 8:
+        out += b"\0"
+    shoff = len(out)
+    for header in new_headers:
+        out += struct.pack("<IIQQQQIIQQ", *header)
+    struct.pack_into("<Q", out, 0x28, shoff)
+    struct.pack_into("<HH", out, 0x3C, len(new_headers), len(new_headers) - 1)
+    return bytes(out)
+
+
+# --- manifest ---------------------------------------------------------------
+
+class _Manifest:
+    """``manifest.json``: per .deb and per extracted file, its sha256, size and mtime."""
+
+    def __init__(self, path: Path, data: dict) -> None:
+        self.path, self.data = path, data
+        data.setdefault("debs", {})
+        data.setdefault("files", {})
+
+    @classmethod
+    def load(cls, path: Path) -> "_Manifest":
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        return cls(path, data)
+
+    def save(self) -> None:
+        partial = self.path.with_name(self.path.name + ".part")
+        partial.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+        os.replace(partial, self.path)
+
+    def matches(self, section: str, key: str, path: Path, verify: bool) -> bool:
+        record = self.data[section].get(key)
+        if record is None or not path.exists() or record.get("file") != path.name:
+            return False
+        stat = path.stat()
+        if verify:
+            return _sha256(path) == record["sha256"]
+        return stat.st_size == record["size"] and stat.st_mtime_ns == record["mtime_ns"]
+
+    def record(self, section: str, key: str, path: Path, sha256: str | None = None) -> None:
+        stat = path.stat()
+        self.data[section][key] = {"file": path.name, "sha256": sha256 or _sha256(path),
+                                   "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        self.save()
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+# --- apt-get download --------------------------------------------------------------
+
+def _obtain_deb(cache: Path, package: str, manifest: _Manifest, verify: bool) -> Path:
+    record = manifest.data["debs"].get(package)
+    if record and manifest.matches("debs", package, cache / record["file"], verify):
+        return cache / record["file"]
+    existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
+    if not existing:
+        _apt_download(cache, package)
+        existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
+        if not existing:
+            raise FetchError(f"apt-get download {package} reported success but left no .deb in {cache}")
+    deb = existing[-1]
+    manifest.record("debs", package, deb)
+    return deb
+
+
+def _apt_download(cache: Path, package: str) -> None:
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise FetchError(f"apt-get not found: download {package} from a Debian mirror into {cache} "
+                         "and run the fetch again")
+    result = _run([apt, "download", package], cache)
+    if result.returncode != 0 and ("Unable to locate package" in result.stderr
+                                   or "Can't find a source" in result.stderr):
+        update = _run([apt, "update"], cache)
+        if update.returncode != 0:
+            raise FetchError(f"apt-get update failed: {_last_line(update.stderr)}")
+        result = _run([apt, "download", package], cache)
+    if result.returncode != 0:
+        raise FetchError(f"apt-get download {package} failed: {_last_line(result.stderr)}")
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise FetchError(f"cannot run {command[0]}: {exc.strerror}") from None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if not line.startswith("W:")]
+    return lines[-1] if lines else "(no message)"
+
+
+# --- extraction ------------------------------------------------------------------
+
+def _wanted_members(spec: KernelSpec) -> dict[str, dict[str, str]]:
+    """package -> {tar member: role}."""
+    release = spec.release
+    return {
+        spec.unsigned: {f"./boot/vmlinuz-{release}": "vmlinuz", f"./boot/config-{release}": "config"},
+        spec.dbg: {f"./usr/lib/debug/boot/vmlinux-{release}": "vmlinux",
+                   f"./usr/lib/debug/boot/System.map-{release}": "system_map"},
+    }
+
+
+def _extract_members(deb: Path, members: dict[str, str], target: Path,
+                     manifest: _Manifest, verify: bool) -> dict[str, Path]:
+    paths = {role: target / Path(member).name for member, role in members.items()}
+    if all(manifest.matches("files", role, paths[role], verify) for role in members.values()):
+        return paths
+    found: dict[str, Path] = {}
+    try:
+        with _open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:
+            for entry in archive:
+                role = members.get(entry.name) or members.get("./" + entry.name.lstrip("./"))
+                if role is None or not entry.isfile():
+                    continue
+                partial = paths[role].with_name(paths[role].name + ".part")
+                with archive.extractfile(entry) as source, open(partial, "wb") as sink:
+                    digest = _copy_hashing(source, sink)
+                os.replace(partial, paths[role])
+                manifest.record("files", role, paths[role], digest)
+                found[role] = paths[role]
+                if len(found) == len(members):
+                    break
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise FetchError(f"cannot extract {deb.name}: {exc}") from None
+    missing = sorted(set(members.values()) - set(found))
+    if missing and missing != ["config"]:
+        raise FetchError(f"{deb.name} has no {', '.join(missing)} "
+                         f"(looked for {', '.join(sorted(members))})")
+    return found
+
+
+def _copy_hashing(source, sink) -> str:
+    digest = hashlib.sha256()
+    while chunk := source.read(1 << 20):
+        digest.update(chunk)
+        sink.write(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _open_data_tar(deb: Path):
+    """The decompressed ``data.tar.*`` member of a .deb, as a stream."""
+    with open(deb, "rb") as handle:
+        stream = _find_data_tar(deb, handle)
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+
+def _find_data_tar(deb: Path, handle):
+    if handle.read(8) != b"!<arch>\n":
+        raise FetchError(f"{deb.name} is not a Debian package (no ar header)")
+    while True:
+        header = handle.read(60)
+        if len(header) < 60:
+            raise FetchError(f"{deb.name} has no data.tar member")
+        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
+        try:
+            size = int(header[48:58].decode("ascii").strip())
+        except ValueError:
+            raise FetchError(f"{deb.name}: corrupt ar member header") from None
+        if name.startswith("data.tar"):
+            return _member_stream(handle, size, name, deb)
+        handle.seek(size + (size & 1), io.SEEK_CUR)
+
+
+def _member_stream(handle, size: int, name: str, deb: Path):
+    member = _Bounded(handle, size)
+    if name == "data.tar":
+        return member
+    if name.endswith(".xz"):
+        import lzma
+        return lzma.LZMAFile(member)
+    if name.endswith(".gz"):
+        import gzip
+        return gzip.GzipFile(fileobj=member)
+    if name.endswith(".bz2"):
+        import bz2
+        return bz2.BZ2File(member)
+    if name.endswith(".zst"):
+        import zstandard
+        return zstandard.ZstdDecompressor().stream_reader(member)
+    raise FetchError(f"{deb.name}: unsupported {name}")
+
+
+class _Bounded(io.RawIOBase):
+    """``size`` bytes of ``handle`` from its current position."""
+
+    def __init__(self, handle, size: int) -> None:
+        self.handle, self.left = handle, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.handle.read(min(len(buffer), self.left))
+        buffer[:len(data)] = data
+        self.left -= len(data)
+        return len(data)

@@ -1,0 +1,284 @@
+"""Proof by IR identity: the relocation's canonical VEX IR is the original's,
+up to the A <-> T correspondence (``fast_path``), or the original's IR is
+an effect program's IR image (``fast_path_effects``).  Each function's
+docstring holds its soundness argument."""
+
+from __future__ import annotations
+
+import pyvex
+
+from ..plan.effects import Address, AddRsp, Const, Jump, Let, Load, Push, Reg, Temp
+from ..x86.registers import MASK64
+from . import semantics as S
+
+
+class NotApplicable(Exception):
+    pass
+
+
+def _canon_expr(e, temps: dict):
+    t = type(e)
+    if t is pyvex.expr.RdTmp:
+        return ("t", temps[e.tmp])
+    if t is pyvex.expr.Const:
+        return ("c", e.con.type, e.con.value)
+    if t is pyvex.expr.Get:
+        if e.offset == S.REG_BY_NAME["rip"][0]:
+            raise NotApplicable("reads rip")
+        return ("get", e.offset, e.ty)
+    if t in (pyvex.expr.Unop, pyvex.expr.Binop, pyvex.expr.Triop, pyvex.expr.Qop):
+        return (e.op,) + tuple(_canon_expr(a, temps) for a in e.args)
+    if t is pyvex.expr.Load:
+        return ("ld", e.end, e.ty, _canon_expr(e.addr, temps))
+    if t is pyvex.expr.ITE:
+        return ("ite", _canon_expr(e.cond, temps), _canon_expr(e.iftrue, temps), _canon_expr(e.iffalse, temps))
+    if t is pyvex.expr.CCall:
+        return ("ccall", e.cee.name, e.retty) + tuple(_canon_expr(a, temps) for a in e.args)
+    raise NotApplicable(f"expression {t.__name__}")
+
+
+def _define(temps: dict, tmp: int) -> int:
+    temps[tmp] = len(temps)
+    return temps[tmp]
+
+
+def _canon_block(irsb, resolve) -> tuple:
+    """A canonical form of an IRSB: temps renamed by definition order, IMarks
+    and writes of rip dropped (every exit and the block's end overwrite rip,
+    and no statement reads it: checked), exit targets passed through ``resolve``."""
+    temps: dict = {}
+    out = []
+    rip = S.REG_BY_NAME["rip"][0]
+    for st in irsb.statements:
+        t = type(st)
+        if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
+            continue
+        if t is pyvex.stmt.WrTmp:
+            data = _canon_expr(st.data, temps)
+            out.append(("wr", _define(temps, st.tmp), data))
+        elif t is pyvex.stmt.Put:
+            if st.offset == rip:
+                _canon_expr(st.data, temps)  # still must not read rip
+                continue
+            out.append(("put", st.offset, _canon_expr(st.data, temps)))
+        elif t is pyvex.stmt.Store:
+            out.append(("st", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps)))
+        elif t is pyvex.stmt.StoreG:
+            out.append(("stg", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps),
+                        _canon_expr(st.guard, temps)))
+        elif t is pyvex.stmt.LoadG:
+            args = (_canon_expr(st.addr, temps), _canon_expr(st.alt, temps), _canon_expr(st.guard, temps))
+            out.append(("ldg", st.end, st.cvt, _define(temps, st.dst)) + args)
+        elif t is pyvex.stmt.CAS:
+            if st.dataHi is not None:
+                raise NotApplicable("double CAS")
+            args = (_canon_expr(st.addr, temps), _canon_expr(st.expdLo, temps), _canon_expr(st.dataLo, temps))
+            out.append(("cas", st.end, _define(temps, st.oldLo)) + args)
+        elif t is pyvex.stmt.MBE:
+            out.append(("mbe", st.event))
+        elif t is pyvex.stmt.Exit:
+            out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), _jk(st.jumpkind)))
+        elif t is pyvex.stmt.Dirty:
+            raise S.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
+        else:
+            raise NotApplicable(f"statement {t.__name__}")
+    nxt = irsb.next
+    if type(nxt) is pyvex.expr.Const:
+        end = ("exit", resolve(nxt.con.value), _jk(irsb.jumpkind))
+    else:
+        end = ("next", _canon_expr(nxt, temps), _jk(irsb.jumpkind))
+    return _drop_dead(tuple(out) + (end,))
+
+
+def _jk(jumpkind: str) -> str:
+    """Call and Ret are hints to VEX's clients; as state transitions they are Boring."""
+    return "Ijk_Boring" if jumpkind in S.NORMAL_JUMPKINDS else jumpkind
+
+
+def _uses(node, acc: set) -> set:
+    if isinstance(node, tuple):
+        if len(node) == 2 and node[0] == "t" and isinstance(node[1], int):
+            acc.add(node[1])
+        else:
+            for n in node:
+                _uses(n, acc)
+    return acc
+
+
+def _pure(node) -> bool:
+    """No load inside: evaluating it has no effect (VEX operations and clean helpers are pure)."""
+    if isinstance(node, tuple):
+        if node and node[0] == "ld":
+            return False
+        return all(_pure(n) for n in node)
+    return True
+
+
+def _drop_dead(stmts: tuple) -> tuple:
+    """Drop writes of temps nobody reads whose expression is pure (AbiHint's red-zone arithmetic)."""
+    used = set()
+    for st in stmts:
+        if st[0] == "wr":
+            _uses(st[2], used)
+        else:
+            _uses(st[1:], used)
+    return tuple(st for st in stmts if not (st[0] == "wr" and st[1] not in used and _pure(st[2])))
+
+
+def pure_jump_target(code: bytes, tramp: int, pc: int, depth: int = 0) -> int:
+    """Where a trampoline-internal block that only jumps goes (through chains of such blocks)."""
+    if depth > 8:
+        raise NotApplicable("jump chain too long")
+    irsb = S.lift(code[pc - tramp:], pc)
+    for st in irsb.statements:
+        if type(st) in (pyvex.stmt.IMark, pyvex.stmt.NoOp):
+            continue
+        if type(st) is pyvex.stmt.Put and st.offset == S.REG_BY_NAME["rip"][0] and type(st.data) is pyvex.expr.Const:
+            continue
+        if type(st) is pyvex.stmt.WrTmp and type(st.data) is pyvex.expr.Load and type(st.data.addr) is pyvex.expr.Const:
+            continue  # the qword load of jmp *0(%rip), resolved below
+        raise NotApplicable("internal block does more than jump")
+    if irsb.jumpkind != "Ijk_Boring":
+        raise NotApplicable("internal block is not a plain jump")
+    nxt = irsb.next
+    if type(nxt) is pyvex.expr.Const:
+        target = nxt.con.value
+    else:
+        load = next((st.data for st in irsb.statements if type(st) is pyvex.stmt.WrTmp
+                     and type(nxt) is pyvex.expr.RdTmp and st.tmp == nxt.tmp), None)
+        if load is None or type(load) is not pyvex.expr.Load or load.ty != "Ity_I64":
+            raise NotApplicable("internal block jumps indirectly")
+        off = load.addr.con.value - tramp
+        if not 0 <= off <= len(code) - 8:
+            raise NotApplicable("absolute jump through memory outside the trampoline")
+        target = int.from_bytes(code[off:off + 8], "little")
+    if tramp < target < tramp + len(code):
+        return pure_jump_target(code, tramp, target, depth + 1)
+    return target
+
+
+def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
+    """Prove equivalence by IR identity, or return False (no conclusion).
+
+    Argument.  The original is one IRSB lifted at A; the relocation's first
+    IRSB is lifted at T.  After canonicalisation (``_canon_block``) the two
+    statement lists are required to be identical, and no statement reads
+    rip.  Both run from the same initial state, and the only state they may
+    see differently is rip (A vs T), which neither reads: by induction over
+    the statements every temp, register write, load, store, CAS and exit
+    guard has the same value on both sides, so each exit is taken under the
+    same inputs with the same state.  Writes of rip are dead (each exit and
+    the block's end set rip).  Exit targets are compared after mapping:
+    the relocation's T is A (the instruction starting over), and a target
+    inside the trampoline is replaced by where the block there jumps,
+    which is sound only because such a block is checked to do nothing but
+    jump (no state change except rip).  Equal mapped targets and equal
+    states at every exit are exactly obligations 1-4.
+    """
+    end = tramp + len(code)
+
+    def resolve_reloc(v: int) -> int:
+        if v == tramp:
+            return at
+        if tramp < v < end:
+            return pure_jump_target(code, tramp, v)
+        return v
+
+    try:
+        orig = S.lift(raw, at, max_inst=1)
+        if orig.size != len(raw):
+            return False
+        reloc = S.lift(code, tramp)
+        return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc)
+    except NotApplicable:
+        return False
+
+
+def _effects_image(effects) -> tuple | None:
+    """The IR image of an effect program, in ``_canon_block``'s canonical form,
+    or None when the program uses a form this translation does not cover
+    (memory operands: those go to the SMT path).
+
+    Each effect becomes the IR statements that mean exactly what effects.py
+    says it means: Push(v) is ``t=GET(rsp); t'=Sub64(t,8); PUT(rsp)=t';
+    STle(t')=v``; AddRsp(d) is ``PUT(rsp)=Add64(rsp,d)``; Let(n, Load(rsp))
+    is ``LDle:I64(rsp)``; Jump(v) ends the block at v.  A register's value
+    is re-used from the last statement that produced it, as VEX's lifter
+    does, so that an identical image means an identical computation.
+    """
+    rsp = S.REG_BY_NAME["rsp"][0]
+    out: list = []
+    known: dict[int, tuple] = {}
+    names: dict[str, tuple] = {}
+    counter = [0]
+
+    def wr(expr) -> tuple:
+        out.append(("wr", counter[0], expr))
+        counter[0] += 1
+        return ("t", counter[0] - 1)
+
+    def reg(name: str) -> tuple:
+        off = S.REG_BY_NAME[name][0]
+        if off not in known:
+            known[off] = wr(("get", off, "Ity_I64"))
+        return known[off]
+
+    def value(v):
+        if isinstance(v, Const):
+            return ("c", "Ity_I64", v.value & MASK64)
+        if isinstance(v, Reg):
+            return reg(v.name)
+        if isinstance(v, Temp):
+            return names.get(v.name)
+        if isinstance(v, Load) and v.size == 8 and v.address == Address(base="rsp"):
+            return wr(("ld", "Iend_LE", "Ity_I64", reg("rsp")))
+        if (isinstance(v, Load) and v.size == 8 and v.address.base is None and v.address.index is None
+                and v.address.segment is None and v.address.address_size == 64):
+            return wr(("ld", "Iend_LE", "Ity_I64", ("c", "Ity_I64", v.address.disp & MASK64)))
+        return None
+
+    for k, e in enumerate(effects):
+        last = k == len(effects) - 1
+        if isinstance(e, Let):
+            val = value(e.value)
+            if val is None:
+                return None
+            names[e.name] = val
+        elif isinstance(e, Push):
+            val = value(e.value)
+            if val is None:
+                return None
+            new = wr(("Iop_Sub64", reg("rsp"), ("c", "Ity_I64", 8)))
+            out.append(("put", rsp, new))
+            known[rsp] = new
+            out.append(("st", "Iend_LE", new, val))
+        elif isinstance(e, AddRsp):
+            new = wr(("Iop_Add64", reg("rsp"), ("c", "Ity_I64", e.delta & MASK64)))
+            out.append(("put", rsp, new))
+            known[rsp] = new
+        elif isinstance(e, Jump) and last:
+            val = value(e.to)
+            if val is None:
+                return None
+            end = ("exit", val[2], "Ijk_Boring") if val[0] == "c" else ("next", val, "Ijk_Boring")
+            return _drop_dead(tuple(out) + (end,))
+        else:
+            return None
+    return None
+
+
+def fast_path_effects(raw: bytes, at: int, effects) -> bool:
+    """Prove an emulation by IR identity: the original's canonical IR equals
+    the effect program's IR image (``_effects_image``), so the two compute
+    the same state and the same next rip by the argument of ``fast_path``."""
+    image = _effects_image(effects)
+    if image is None:
+        return False
+    try:
+        orig = S.lift(raw, at, max_inst=1)
+        if orig.size != len(raw):
+            return False
+        return _canon_block(orig, lambda v: v) == image
+    except NotApplicable:
+        return False
+

@@ -1,0 +1,189 @@
+"""Prove a relocation equivalent to the original instruction, or refute it.
+
+The obligation (one instruction at A, its relocation at T):
+
+  From one arbitrary machine state (every general-purpose register, RFLAGS
+  (OF SF ZF AF PF CF, and DF, AC, ID), the fs/gs bases, every SIMD/x87
+  register the code touches, and all of memory), run the original
+  instruction at A and the relocation at T (its bytes, or an emulate plan's
+  effects).  For every input the two must end with
+
+    1. the same value in every register either side wrote (RFLAGS compared
+       as flags, computed from VEX's lazy thunk, not the thunk itself);
+    2. the same byte at every memory address outside tracer memory;
+    3. the same sequence of memory reads (address and size, on the path taken),
+       tracer memory excepted;
+    4. the same next RIP, under the A <-> T correspondence: a jump back to T
+       is the relocated instruction starting over, the image of the
+       original jumping to A (rep string loops, CAS retries); every other
+       exit must be the original's successor itself (A+len, the branch
+       target, the call target with A+len pushed).
+
+  Left out, and why: tracer memory, i.e. the trampoline bytes (and the
+  absolute-jump qwords inside them) and a scratch plan's save slot.  The
+  tracer allocates and writes them, no kernel code addresses them, and the
+  original instruction cannot see them: they exist only for the relocation.
+  A plan never writes below rsp except by an emulated push, which is the
+  original's own push, compared like any other store.
+
+  5. Atomicity, a separate obligation a sequential semantics cannot see:
+     the relocated code performs the original's memory operation under
+     LOCK exactly when the original does (a LOCK prefix, or xchg with
+     memory, which is implicitly locked).
+
+Semantics: ``semantics.py`` (VEX IR via pyvex, angr's claripy operations,
+memory for all addresses).  A proof is an UNSAT answer from z3 for the
+negated obligation, or the IR-identity fast path (``fast_path``), whose
+soundness argument is in its docstring.  A SAT answer is a counterexample;
+it is reported as ``refuted`` only after unicorn, an independent concrete
+executor, replays both sides on it and sees a difference too; otherwise the
+verdict is ``unknown``.
+"""
+
+
+from __future__ import annotations
+
+import time
+
+import claripy
+
+from ..concrete.outcome import Difference
+from ..plan.effects import Effect
+from ..plan.plan import Plan, PlanKind
+from ..plan.policy import classify
+from ..x86.instruction import Decoded, Instruction
+from . import semantics as S
+from . import smt
+from .atomicity import atomic, check_atomicity
+from .fast_path import NotApplicable, fast_path, fast_path_effects, pure_jump_target
+from .lift_gaps import opaque_lift_reason
+from .verdict import Counterexample, ProofResult, Verdict
+
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+def _byte_identical_copy(decoded: Instruction, code: bytes | None) -> bool:
+    if code is None or code[:decoded.length] != decoded.raw:
+        return False
+    return classify(decoded).strategy == "copy"
+
+
+def _jumps_back(decoded: Instruction, code: bytes, tramp: int) -> bool:
+    n = decoded.length
+    if len(code) <= n:
+        return False
+    try:
+        return pure_jump_target(code, tramp, tramp + n) == decoded.end
+    except (NotApplicable, S.Gap):
+        return False
+
+
+def _gap_result(decoded: Instruction, code: bytes | None, tramp: int, reason: str, t0: float) -> ProofResult:
+    if _byte_identical_copy(decoded, code) and _jumps_back(decoded, code, tramp):
+        return ProofResult(Verdict.OPAQUE, f"byte-identical copy, not proved: {reason}", "copy-check",
+                           seconds=time.perf_counter() - t0)
+    return ProofResult(Verdict.UNKNOWN, reason, "smt", seconds=time.perf_counter() - t0)
+
+
+def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
+           tracer_ranges, timeout_ms: int) -> ProofResult:
+    t0 = time.perf_counter()
+    lock = check_atomicity(decoded, code, tramp, tracer_ranges)
+    if lock is not None:
+        cex = Counterexample((), (), (Difference("lock", "locked" if atomic(decoded) else "unlocked",
+                                                 "unlocked" if atomic(decoded) else "locked"),),
+                             decoded.raw.hex(), decoded.address, tramp, code.hex() if code else "",
+                             replayed=None, replay_note="atomicity is not observable in a sequential replay")
+        return ProofResult(Verdict.REFUTED, lock, "atomicity", cex, time.perf_counter() - t0)
+    opaque = opaque_lift_reason(decoded)
+    if opaque is not None:
+        return _gap_result(decoded, code, tramp, opaque, t0)
+    try:
+        if code is None and fast_path_effects(decoded.raw, decoded.address, effects):
+            return ProofResult(Verdict.PROVED, "the original's IR is the effect program's IR image",
+                               "fast-path", seconds=time.perf_counter() - t0)
+    except S.Gap as gap:
+        return _gap_result(decoded, code, tramp, gap.reason, t0)
+    if code is not None:
+        try:
+            if fast_path(decoded.raw, decoded.address, code, tramp):
+                return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",
+                                   "fast-path", seconds=time.perf_counter() - t0)
+        except S.Gap as gap:
+            return _gap_result(decoded, code, tramp, gap.reason, t0)
+    tracer_bytes = {}
+    if code is not None:
+        tracer_bytes = {tramp + k: b for k, b in enumerate(code)}
+    world = S.World(tracer_bytes, tracer_ranges)
+    try:
+        orig = S.execute_original(world, decoded.raw, decoded.address)
+        if code is not None:
+            reloc = S.execute_relocated(world, code, tramp, decoded.address)
+        else:
+            reloc = S.execute_effects(world, effects, decoded.address, tramp)
+        x = claripy.BVS("x", 64, explicit_name=True)
+        items = smt.items(world, orig, reloc, decoded.address, tramp, x)
+        read_conds = smt.read_conditions(world, orig, reloc)
+        solver = smt.solve(world, items, read_conds, x, timeout_ms)
+    except S.Gap as gap:
+        return _gap_result(decoded, code, tramp, gap.reason, t0)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
+                           seconds=time.perf_counter() - t0)
+    if solver is None:
+        return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
+                           seconds=time.perf_counter() - t0)
+    try:
+        cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "", effects)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__} while extracting a model", "smt",
+                           seconds=time.perf_counter() - t0)
+    confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    if not confirmed and note.startswith("not replayable") and "rcx" in world.reg_syms:
+        # A counter the solver chose too large to replay (rep, loop): ask for a small one.
+        small = smt.solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),))
+        if small is not None:
+            solver = small
+            cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "",
+                                  effects)
+            confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
+                         cex.reloc_hex, cex.effects_json, confirmed, note)
+    if world.uf_results and not confirmed:
+        return ProofResult(Verdict.UNKNOWN, "counterexample depends on an uninterpreted helper and did not replay",
+                           "smt", cex, time.perf_counter() - t0)
+    if not confirmed:
+        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})",
+                           "smt", cex, time.perf_counter() - t0)
+    what = ", ".join(d.what for d in cex.differences) or "reads"
+    return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
+
+
+def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The verdict for one of our own plans."""
+    if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.REJECTED, plan.reason, "policy")
+    if plan.kind is PlanKind.EMULATE:
+        return _check(decoded, None, plan.effects, plan.tramp, (), int(timeout_ms))
+    return _check(decoded, plan.trampoline, (), plan.tramp, plan.tracer_memory, int(timeout_ms))
+
+
+def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                     tracer_memory: tuple[tuple[int, int], ...] = ()) -> ProofResult:
+    """The verdict for relocated bytes made by any tool, run from ``tramp``.
+
+    Tracer memory is the relocated bytes themselves, plus ``tracer_memory``:
+    (address, size) ranges the tool keeps its own data in (save slots)."""
+    if not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
+    ranges = ((tramp, len(reloc)),) + tuple(tracer_memory)
+    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms))
+
+
+def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
+                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The verdict for an emulation program made by any tool."""
+    if not isinstance(decoded, Instruction):
+        return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
+    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms))
+

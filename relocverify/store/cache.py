@@ -1,0 +1,197 @@
+"""The persistent proof cache: verdicts reused across runs, stores and images.
+
+One SQLite file, ``proofs.sqlite`` in the cache directory (``--cache-dir``,
+else ``$RELOCVERIFY_CACHE`` or ``~/.cache/relocverify``).  Every row is
+filed under a tag, the versions of every tool and the policy table's digest
+(``proof.cache_key.cache_tag``), so a verdict is only ever reused under the
+same tools and the same policy:
+
+  proofs       full key (``proof.cache_key.cache_key``) -> a reusable verdict
+  derivations  instance key (``engine.keys``) -> the full key it determines
+               (what ``tests/test_cache.py`` checks; kept for audit)
+  segments     instance key -> the finding of every instruction with that key,
+               appended in segments, one per run, each a ``marshal`` blob:
+               a warm run loads 100 k findings in a few tens of milliseconds,
+               where one row each took a second
+
+Why an instance key may stand for its finding: it determines the full key
+(tested), and a full key determines a reusable verdict (the argument is in
+``proof.cache_key``).  A key marked ``per_instance`` has no shareable
+finding: its instructions are proved one by one.
+
+The file is written by one process at a time (a run's parent).  A segment
+that does not load is ignored with the others kept: deleting the file, or
+any part of it, loses nothing but time.  The blobs are only ever read from
+the user's own cache directory; ``marshal`` is not meant for data from
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sqlite3
+from dataclasses import dataclass
+
+from ..environment import default_cache_dir
+from ..errors import StoreError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS proofs (
+    tag BLOB NOT NULL, key BLOB NOT NULL, verdict TEXT NOT NULL, reason TEXT NOT NULL, method TEXT NOT NULL,
+    proof_us INTEGER NOT NULL, PRIMARY KEY (tag, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS derivations (
+    tag BLOB NOT NULL, key BLOB NOT NULL, full_key BLOB, PRIMARY KEY (tag, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, entries INTEGER NOT NULL,
+    data BLOB NOT NULL);
+"""
+CACHE_SCHEMA = "2"
+FILE_NAME = "proofs.sqlite"
+COMPACT_AFTER = 16  # segments under one tag before they are merged into one
+
+__all__ = ["CachedFinding", "CachedProof", "ProofCache", "default_cache_dir"]
+
+
+@dataclass(frozen=True)
+class CachedFinding:
+    """What the cache holds for an instance key."""
+
+    per_instance: bool
+    verdict: str = ""
+    reason: str = ""
+    method: str = ""
+    plan_kind: str = ""
+    rule: str = ""
+    klass: str = ""
+    proof_us: int = 0
+    answers: str | None = None
+
+    def template(self) -> tuple:
+        return (self.per_instance, self.verdict, self.reason, self.method, self.plan_kind, self.rule, self.klass,
+                self.answers)
+
+
+@dataclass(frozen=True)
+class CachedProof:
+    verdict: str
+    reason: str
+    method: str
+    proof_us: int
+
+
+class ProofCache:
+    """The cache file, or nothing (``directory=None``: ``--no-cache``)."""
+
+    def __init__(self, directory: str | None):
+        self.path = None if directory is None else os.path.join(directory, FILE_NAME)
+        self.db = None
+        if self.path is None:
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the cache directory {directory}: {exc.strerror}; "
+                             f"pass --cache-dir DIR or --no-cache") from None
+        try:
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            row = None
+            try:
+                row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            except sqlite3.OperationalError:
+                pass
+            if row is not None and row[0] != CACHE_SCHEMA:
+                raise StoreError(f"{self.path}: a proof cache of schema {row[0]}, this version uses "
+                                 f"{CACHE_SCHEMA}: delete the file or pass --cache-dir elsewhere")
+            self.db.executescript(_SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (CACHE_SCHEMA,))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: unusable proof cache ({exc}): delete it or pass --no-cache") from None
+
+    @property
+    def enabled(self) -> bool:
+        return self.db is not None
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    # -- findings --------------------------------------------------------------------
+    def findings(self, tag: bytes) -> dict[bytes, CachedFinding]:
+        """Every instance key's finding under ``tag`` (later segments win)."""
+        if self.db is None:
+            return {}
+        out: dict[bytes, CachedFinding] = {}
+        for (data,) in self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id", (tag,)):
+            try:
+                templates, entries = marshal.loads(data)
+                made: dict[tuple[int, int], CachedFinding] = {}
+                for key, index, us in entries:
+                    f = made.get((index, us))
+                    if f is None:
+                        t = templates[index]
+                        f = made[(index, us)] = CachedFinding(*t[:7], us, t[7])
+                    out[key] = f
+            except (ValueError, TypeError, EOFError, IndexError):
+                continue  # a damaged segment: its keys are proved again
+        return out
+
+    def add_findings(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
+        if self.db is None or not findings:
+            return
+        templates: dict[tuple, int] = {}
+        entries = []
+        for key, f in findings.items():
+            t = f.template()
+            i = templates.setdefault(t, len(templates))
+            entries.append((key, i, f.proof_us))
+        blob = marshal.dumps((list(templates), entries))
+        self.db.execute("INSERT INTO segments (tag, entries, data) VALUES (?,?,?)", (tag, len(entries), blob))
+        n = self.db.execute("SELECT count(*) FROM segments WHERE tag=?", (tag,)).fetchone()[0]
+        if n > COMPACT_AFTER:
+            self._compact(tag)
+
+    def _compact(self, tag: bytes) -> None:
+        merged = self.findings(tag)
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("DELETE FROM segments WHERE tag=?", (tag,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.add_findings(tag, merged)
+
+    # -- full keys -----------------------------------------------------------------------
+    def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
+        if self.db is None:
+            return {}
+        return {r[0]: CachedProof(*r[1:]) for r in self.db.execute(
+            "SELECT key, verdict, reason, method, proof_us FROM proofs WHERE tag=?", (tag,))}
+
+    def derivations(self, tag: bytes) -> dict[bytes, bytes | None]:
+        if self.db is None:
+            return {}
+        return dict(self.db.execute("SELECT key, full_key FROM derivations WHERE tag=?", (tag,)))
+
+    def add(self, tag: bytes, findings: dict[bytes, CachedFinding], proofs: dict[bytes, CachedProof],
+            derivations: dict[bytes, bytes | None] | None = None) -> None:
+        """Record new findings, proofs and derivations, each in one transaction."""
+        if self.db is None:
+            return
+        if proofs or derivations:
+            db = self.db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT OR REPLACE INTO proofs VALUES (?,?,?,?,?,?)",
+                               [(tag, k, p.verdict, p.reason, p.method, p.proof_us) for k, p in proofs.items()])
+                db.executemany("INSERT OR REPLACE INTO derivations VALUES (?,?,?)",
+                               [(tag, k, v) for k, v in (derivations or {}).items()])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        self.add_findings(tag, findings)

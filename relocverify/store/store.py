@@ -1,0 +1,540 @@
+"""The result store: one SQLite file, schema 2.
+
+Tables (integer keys throughout; ``schema.sql`` is the exact text):
+
+  meta             ``application = relocverify`` and ``schema = 2``: what makes a file a store
+  images           one row per image: sha256, path, format, symbol source
+  runs             one row per run: configuration, versions, status, summary, pid and host
+  functions        one row per function: start, size, name, section, its bytes, and the
+                   configuration its rows were verified under (NULL: not yet verified)
+  outcomes         (verdict, method, plan kind, rule, class, reason key) shared by all rows,
+                   with the reason text of the first instruction that had it
+  instructions     one row per instruction, keyed by (function, offset): length, outcome,
+                   the instance reason only where it differs from its outcome's, the proof
+                   time in µs, fresh (proved for it in its run) or cached, the kernel site
+                   kinds (a bitmask over ``SITE_KINDS``), the decoders' answers where they
+                   disagree (JSON), and a counterexample id
+  function_outcomes per function and outcome, how many instructions: the function table's
+                   counts, and (indexed for the outcomes that are not proofs) the way from a
+                   verdict and reason to the functions, then the instructions, that have it
+  variants         for an instruction at a boot-patched site, each live variant's finding
+                   (names in ``variant_names``)
+  replacements     every instruction of every alternative's replacement, at its live address
+  counterexamples  concrete inputs, the differences, and the replay command line
+
+An instruction's address is its function's start plus its offset; its
+bytes are the function's bytes at that offset.
+
+Nothing is half-written: a function's instruction rows, its counts and its
+verified marker are written in one transaction, so after any interruption
+(Ctrl-C, kill -9, power loss) a function is either wholly stored or not at
+all, and a rerun verifies exactly the functions missing.  SQLite's WAL
+journal makes each commit durable and atomic.  Several processes may write
+at once (each worker commits its own functions); SQLite serialises them.
+
+A file that is not a store, or a store of another schema, is refused
+untouched: ``Store`` reads ``meta`` before it writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import struct
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Iterable, Iterator
+
+from ..errors import StoreError
+
+SCHEMA_VERSION = 2
+APPLICATION = "relocverify"
+MASK64 = (1 << 64) - 1
+
+#: The kernel site kinds, in bit order of ``instructions.sites``.  Append only.
+SITE_KINDS = ("extable", "bug", "kcfi", "kprobe_blacklist", "noinstr", "entry", "kprobes_text",
+              "alt_replacement", "static_call_tramp", "alternative", "paravirt", "retpoline", "return_thunk",
+              "fentry", "static_call", "jump_label", "smp_lock", "irqentry", "softirqentry", "cpuidle",
+              "indirect_thunk", "init_text", "call_site", "cfi", "endbr_seal", "call_depth")
+SITE_BIT = {kind: 1 << i for i, kind in enumerate(SITE_KINDS)}
+
+
+def site_mask(kinds: Iterable[str]) -> int | None:
+    mask = 0
+    for k in kinds:
+        mask |= SITE_BIT.get(k, 0)
+    return mask or None
+
+
+def site_kinds(mask: int | None) -> tuple[str, ...]:
+    if not mask:
+        return ()
+    return tuple(k for k, bit in SITE_BIT.items() if mask & bit)
+
+
+def signed(v: int) -> int:
+    """SQLite integers are signed 64-bit: kernel addresses are stored two's-complement."""
+    v &= MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def unsigned(v: int) -> int:
+    return v + (1 << 64) if v < 0 else v
+
+
+def _schema_sql() -> str:
+    return resources.files(__package__).joinpath("schema.sql").read_text()
+
+
+@dataclass(frozen=True)
+class FunctionRecord:
+    id: int
+    start: int
+    size: int
+    name: str
+    section: str
+
+
+@dataclass(frozen=True)
+class InstructionRow:
+    """One stored instruction, joined with its function and outcome."""
+
+    address: int
+    length: int
+    raw: bytes
+    function: str
+    function_start: int
+    section: str
+    verdict: str
+    method: str
+    plan_kind: str
+    rule: str
+    klass: str
+    reason_key: str
+    reason: str
+    proof_us: int
+    fresh: bool
+    sites: tuple[str, ...]
+    answers: str | None
+    counterexample: int | None
+
+
+class Store:
+    """A relocverify store.  ``Store(path)`` creates a new one or opens an
+    existing one; any other file is refused with ``StoreError``, untouched."""
+
+    def __init__(self, path: str, readonly: bool = False):
+        self.path = path
+        self.readonly = readonly
+        self._memo: dict = {}
+        exists = os.path.exists(path) and os.path.getsize(path) > 0
+        if readonly and not exists:
+            raise StoreError(f"{path}: no such store")
+        if exists:
+            self._check_foreign(path)
+        try:
+            uri = f"file:{path}?mode=ro" if readonly else path
+            self.db = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=readonly)
+            if not readonly:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            if not exists:
+                self._create()
+            self._check_schema()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
+
+    # -- identity --------------------------------------------------------------
+    @staticmethod
+    def _check_foreign(path: str) -> None:
+        """Refuse, without writing, a file that is not a relocverify store."""
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+        if head != b"SQLite format 3\x00":
+            raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                rows = dict(con.execute("SELECT key, value FROM meta"))
+            finally:
+                con.close()
+        except sqlite3.DatabaseError:
+            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                             f"choose another --db") from None
+        if rows.get("application") != APPLICATION:
+            if rows.get("schema") == "1":
+                raise StoreError(f"{path}: a relocverify schema-1 store; this version writes schema "
+                                 f"{SCHEMA_VERSION}: rerun with a new --db (the old file is left as it is)")
+            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                             f"choose another --db")
+        if rows.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{path}: a relocverify schema-{rows.get('schema')} store; this version reads "
+                             f"schema {SCHEMA_VERSION}: rerun with a new --db")
+
+    def _create(self) -> None:
+        self.db.executescript("BEGIN;" + _schema_sql() + "COMMIT;")
+        self.db.executemany("INSERT INTO meta VALUES (?, ?)",
+                            [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
+
+    def _check_schema(self) -> None:
+        meta = dict(self.db.execute("SELECT key, value FROM meta"))
+        if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- transactions ------------------------------------------------------------
+    def _transaction(self):
+        return _Transaction(self.db)
+
+    # -- images and runs ---------------------------------------------------------
+    def image_id(self, sha256: str, path: str, fmt: str, symbol_source: str, info: dict) -> int:
+        """The id of the image with this sha256, adding it if new."""
+        with self._transaction():
+            row = self.db.execute("SELECT id FROM images WHERE sha256=?", (sha256,)).fetchone()
+            if row is not None:
+                self.db.execute("UPDATE images SET path=?, info=? WHERE id=?", (path, json.dumps(info), row[0]))
+                return row[0]
+            return self.db.execute("INSERT INTO images (sha256, path, format, symbol_source, info) VALUES (?,?,?,?,?)",
+                                   (sha256, path, fmt, symbol_source, json.dumps(info))).lastrowid
+
+    def find_image(self, sha256: str | None = None) -> int | None:
+        """The id of the image with ``sha256``, or of the newest image when None."""
+        if sha256 is None:
+            row = self.db.execute("SELECT id FROM images ORDER BY id DESC LIMIT 1").fetchone()
+        else:
+            row = self.db.execute("SELECT id FROM images WHERE sha256=?", (sha256,)).fetchone()
+        return None if row is None else row[0]
+
+    def image_info(self, image: int) -> dict:
+        row = self.db.execute("SELECT sha256, path, format, symbol_source, info FROM images WHERE id=?",
+                              (image,)).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no image {image}")
+        return {"sha256": row[0], "path": row[1], "format": row[2], "symbols": row[3], **json.loads(row[4] or "{}")}
+
+    def mark_abandoned_runs(self) -> int:
+        """Runs left 'running' by a process that no longer exists (killed or crashed)
+        become 'killed'.  Returns how many."""
+        host = socket.gethostname()
+        n = 0
+        for run, pid, run_host in self.db.execute("SELECT id, pid, host FROM runs WHERE status='running'").fetchall():
+            if run_host == host and pid is not None and _alive(pid):
+                continue
+            if run_host != host:
+                continue  # another machine's run: it may still be going
+            self.db.execute("UPDATE runs SET status='killed', finished=? WHERE id=?", (time.time(), run))
+            n += 1
+        return n
+
+    def start_run(self, image: int, config: str, versions: dict, limit: int | None = None) -> int:
+        """A new run, 'running' until ``finish_run``; ``limit`` is its scope (first N functions, or all)."""
+        return self.db.execute(
+            "INSERT INTO runs (image, started, status, config, versions, pid, host, scope) VALUES (?,?,?,?,?,?,?,?)",
+            (image, time.time(), "running", config, json.dumps(versions, sort_keys=True), os.getpid(),
+             socket.gethostname(), limit)).lastrowid
+
+    def finish_run(self, run: int, status: str, summary: dict | None) -> None:
+        self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
+                        (time.time(), status, None if summary is None else json.dumps(summary), run))
+
+    def last_summary(self, image: int, config: str, limit: int | None = None) -> dict | None:
+        """The summary of the newest complete run of this image under this configuration and scope."""
+        row = self.db.execute("SELECT summary FROM runs WHERE image=? AND config=? AND status='complete' "
+                              "AND summary IS NOT NULL AND scope IS ? ORDER BY id DESC LIMIT 1",
+                              (image, config, limit)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def all_verified(self, image: int, config: str) -> bool:
+        """True if the image has functions and every one is stored under ``config``."""
+        row = self.db.execute("SELECT count(*), sum(c.text IS ?) FROM functions f LEFT JOIN configs c "
+                              "ON c.id = f.config WHERE f.image=?", (config, image)).fetchone()
+        return bool(row[0]) and row[0] == row[1]
+
+    def runs(self, image: int | None = None) -> list[dict]:
+        sql = "SELECT id, image, started, finished, status, config, versions FROM runs"
+        args: tuple = ()
+        if image is not None:
+            sql += " WHERE image=?"
+            args = (image,)
+        return [{"id": r[0], "image": r[1], "started": r[2], "finished": r[3], "status": r[4],
+                 "config": r[5], "versions": json.loads(r[6] or "{}")}
+                for r in self.db.execute(sql + " ORDER BY id", args)]
+
+    # -- functions -----------------------------------------------------------------
+    def add_functions(self, image: int, functions: Iterable[tuple[int, int, str, str, bytes]]) -> dict:
+        """Record (start, size, name, section, bytes) of every function; returns
+        {(start, name): id}, keeping the ids of functions already stored."""
+        with self._transaction():
+            known = {(unsigned(s), n): i for i, s, n in
+                     self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
+            new = [(image, signed(s), z, n, sec, b) for s, z, n, sec, b in functions if (s, n) not in known]
+            self.db.executemany("INSERT INTO functions (image, start, size, name, section, bytes) "
+                                "VALUES (?,?,?,?,?,?)", new)
+            if new:
+                known = {(unsigned(s), n): i for i, s, n in
+                         self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
+        return known
+
+    def stale_functions(self, image: int, config: str) -> set[int]:
+        """Ids of the functions stored under another configuration than ``config``."""
+        return {r[0] for r in self.db.execute("SELECT f.id FROM functions f JOIN configs c ON c.id = f.config "
+                                              "WHERE f.image=? AND c.text!=?", (image, config))}
+
+    def verified_functions(self, image: int, config: str) -> set[int]:
+        """Ids of the functions whose rows are stored under ``config``."""
+        return {r[0] for r in self.db.execute("SELECT f.id FROM functions f JOIN configs c ON c.id = f.config "
+                                              "WHERE f.image=? AND c.text=?", (image, config))}
+
+    def verified_functions_among(self, fids: list[int], config: str) -> set[int]:
+        """Which of ``fids`` are stored under ``config``."""
+        out: set[int] = set()
+        for i in range(0, len(fids), 500):
+            part = fids[i:i + 500]
+            out |= {r[0] for r in self.db.execute(
+                f"SELECT f.id FROM functions f JOIN configs c ON c.id = f.config WHERE c.text=? AND f.id IN "
+                f"({','.join('?' * len(part))})", (config, *part))}
+        return out
+
+    def config_id(self, config: str) -> int:
+        with self._transaction():
+            row = self.db.execute("SELECT id FROM configs WHERE text=?", (config,)).fetchone()
+            if row is not None:
+                return row[0]
+            return self.db.execute("INSERT INTO configs (text) VALUES (?)", (config,)).lastrowid
+
+    def iter_functions(self, image: int) -> Iterator[FunctionRecord]:
+        for i, s, z, n, sec in self.db.execute("SELECT id, start, size, name, section FROM functions "
+                                               "WHERE image=? ORDER BY start, name", (image,)):
+            yield FunctionRecord(i, unsigned(s), z, n, sec)
+
+    def function_counts(self, image: int) -> Iterator[tuple[FunctionRecord, dict[str, int]]]:
+        """Every function with its instruction counts by verdict (an index-backed join)."""
+        counts: dict[int, dict[str, int]] = {}
+        for fid, verdict, n in self.db.execute(
+                "SELECT fo.function, o.verdict, sum(fo.n) FROM function_outcomes fo "
+                "JOIN functions f ON f.id = fo.function JOIN outcomes o ON o.id = fo.outcome "
+                "WHERE f.image=? GROUP BY 1, 2", (image,)):
+            counts.setdefault(fid, {})[verdict] = n
+        for f in self.iter_functions(image):
+            yield f, counts.get(f.id, {})
+
+    # -- outcomes --------------------------------------------------------------------
+    def outcome_ids(self) -> dict[tuple, int]:
+        return {tuple(r[1:]): r[0] for r in self.db.execute(
+            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key FROM outcomes")}
+
+    def outcome_reasons(self) -> dict[int, str]:
+        return dict(self.db.execute("SELECT id, reason FROM outcomes"))
+
+    # -- writing results ---------------------------------------------------------------
+    def outcome(self, f) -> tuple[int, str]:
+        """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
+        return self._outcome(self._memo, f)
+
+    def variant_name(self, name: str) -> int:
+        return self._variant_name(self._memo, name)
+
+    def weak(self, oid: int) -> int:
+        """1 if the outcome is not a proof (the function_outcomes index holds those)."""
+        weak = self._memo.setdefault("weak", {})
+        hit = weak.get(oid)
+        if hit is None:
+            hit = weak[oid] = int(self.db.execute("SELECT verdict FROM outcomes WHERE id=?", (oid,)).fetchone()[0]
+                                  != "proved")
+        return hit
+
+    def counterexample_id(self, c) -> int:
+        return self._counterexample(c)
+
+    def _outcome(self, memo: dict, f) -> tuple[int, str]:
+        """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
+        ids = memo.setdefault("outcomes", {})
+        hit = ids.get(f.outcome)
+        if hit is None:
+            db = self.db  # several writers may add the same outcome at once: insert-or-ignore, then read
+            db.execute("INSERT OR IGNORE INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
+                       "VALUES (?,?,?,?,?,?,?)", f.outcome + (f.reason,))
+            row = db.execute("SELECT id, reason FROM outcomes WHERE verdict=? AND method=? AND plan_kind=? AND rule=? "
+                             "AND klass=? AND reason_key=?", f.outcome).fetchone()
+            hit = ids[f.outcome] = row
+            memo.setdefault("weak", {})[row[0]] = 0 if f.outcome[0] == "proved" else 1
+        return hit
+
+    def _variant_name(self, memo: dict, name: str) -> int:
+        names = memo.setdefault("names", {})
+        hit = names.get(name)
+        if hit is None:
+            self.db.execute("INSERT OR IGNORE INTO variant_names (name) VALUES (?)", (name,))
+            hit = names[name] = self.db.execute("SELECT id FROM variant_names WHERE name=?", (name,)).fetchone()[0]
+        return hit
+
+    def _counterexample(self, c) -> int:
+        return self.db.execute("INSERT INTO counterexamples (state, differences, replay) VALUES (?,?,?)",
+                               (c.state_json(), json.dumps([[d.what, d.original, d.relocated] for d in c.differences]),
+                                c.replay_command)).lastrowid
+
+    def write_replacements(self, image: int, rows: list[tuple]) -> None:
+        """(alternative index, site address, address, bytes, finding) of every alternative replacement
+        instruction; an alternative whose replacement cannot be known has one row with empty bytes."""
+        memo: dict = {}
+        with self._transaction():
+            self.db.execute("DELETE FROM replacements WHERE image=?", (image,))
+            self.db.executemany(
+                "INSERT INTO replacements VALUES (?,?,?,?,?,?,?,?,?)",
+                [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
+                  f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
+
+    def write_batch(self, config: int, batch: "RowBatch", stale: frozenset[int] = frozenset()) -> None:
+        """Store whole functions (rows, counts, variants, verified markers) in one transaction.
+
+        ``stale`` names functions stored earlier under another configuration: their old rows go first."""
+        db = self.db
+        with self._transaction():
+            for fid in batch.functions:
+                if fid in stale:
+                    for table in ("instructions", "function_outcomes", "variants"):
+                        db.execute(f"DELETE FROM {table} WHERE function=?", (fid,))
+            # Most rows have no instance reason, sites, answers or counterexample: they come packed
+            # (struct.iter_unpack feeds them to SQLite without a Python object per row) and bind six
+            # values instead of ten; the other columns default to NULL.
+            db.executemany("INSERT INTO instructions (function, offset, length, outcome, proof_us, fresh) "
+                           "VALUES (?,?,?,?,?,?)", struct.iter_unpack("<6q", batch.plain))
+            db.executemany("INSERT INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?)", batch.full)
+            db.executemany("INSERT INTO function_outcomes VALUES (?,?,?,?)", batch.counts)
+            db.executemany("INSERT INTO variants VALUES (?,?,?,?,?)", batch.variants)
+            db.executemany("UPDATE functions SET config=? WHERE id=?", [(config, f) for f in batch.functions])
+
+    # -- queries ---------------------------------------------------------------------------
+    _ROW_SQL = ("SELECT f.start, i.offset, i.length, substr(f.bytes, i.offset + 1, i.length), f.name, f.start, "
+                "f.section, o.verdict, o.method, o.plan_kind, o.rule, o.klass, o.reason_key, "
+                "coalesce(i.reason, o.reason), i.proof_us, i.fresh, i.sites, i.answers, i.cex "
+                "FROM instructions i JOIN functions f ON f.id = i.function JOIN outcomes o ON o.id = i.outcome ")
+
+    @staticmethod
+    def _row(r) -> InstructionRow:
+        start = unsigned(r[0])
+        return InstructionRow(start + r[1], r[2], bytes(r[3]), r[4], unsigned(r[5]), r[6], r[7], r[8], r[9], r[10],
+                              r[11], r[12], r[13], r[14], bool(r[15]), site_kinds(r[16]), r[17], r[18])
+
+    def instruction_at(self, image: int, address: int) -> InstructionRow | None:
+        """The instruction starting at ``address`` (functions table index, then the row's primary key)."""
+        maxsize = self.db.execute("SELECT max(size) FROM functions WHERE image=?", (image,)).fetchone()[0] or 0
+        lo, a = signed(address - maxsize), signed(address)
+        if lo > a:  # wrapped below the signed range: the lower bound is meaningless
+            lo = -(1 << 63)
+        r = self.db.execute(self._ROW_SQL + "WHERE f.image=? AND f.start BETWEEN ? AND ? "
+                            "AND i.offset = ? - f.start ORDER BY f.start LIMIT 1",
+                            (image, lo, a, a)).fetchone()
+        return None if r is None else self._row(r)
+
+    def iter_rows(self, image: int) -> Iterator[InstructionRow]:
+        """Every instruction of the image, in address order."""
+        for r in self.db.execute(self._ROW_SQL + "WHERE f.image=? ORDER BY f.start, i.offset", (image,)):
+            yield self._row(r)
+
+    def function_rows(self, function: int) -> list[InstructionRow]:
+        return [self._row(r) for r in self.db.execute(self._ROW_SQL + "WHERE i.function=? ORDER BY i.offset",
+                                                      (function,))]
+
+    def rows_with(self, image: int, verdict: str, reason_key: str | None = None) -> Iterator[InstructionRow]:
+        """The instructions with a verdict (and reason key): outcome ids, then the
+        functions that have them (function_outcomes' outcome index), then their rows."""
+        sql = "SELECT id FROM outcomes WHERE verdict=?"
+        args: tuple = (verdict,)
+        if reason_key is not None:
+            sql += " AND reason_key=?"
+            args += (reason_key,)
+        ids = [r[0] for r in self.db.execute(sql, args)]
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        weak = "AND fo.weak" if verdict != "proved" else ""  # the partial index holds only the weak outcomes
+        yield from (self._row(r) for r in self.db.execute(
+            self._ROW_SQL + f"WHERE i.function IN (SELECT fo.function FROM function_outcomes fo WHERE "
+            f"fo.outcome IN ({marks}) {weak}) AND i.outcome IN ({marks}) AND f.image=? ORDER BY f.start, i.offset",
+            (*ids, *ids, image)))
+
+    def variants_at(self, function: int, offset: int) -> list[tuple[str, str, str]]:
+        """(variant name, verdict, reason) of each live variant of an instruction at a boot-patched site."""
+        return list(self.db.execute("SELECT n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
+                                    "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
+                                    "WHERE v.function=? AND v.offset=?", (function, offset)))
+
+    def counterexample(self, cex: int) -> dict | None:
+        r = self.db.execute("SELECT state, differences, replay FROM counterexamples WHERE id=?", (cex,)).fetchone()
+        if r is None:
+            return None
+        return {"state": json.loads(r[0]), "differences": json.loads(r[1]), "replay": r[2]}
+
+    def counts(self, image: int) -> Iterator[tuple]:
+        """(section, verdict, method, plan kind, rule, class, reason key, n), from the per-function counts
+        (grouped by integer ids in SQL, named in Python: a tenth of the time of grouping by the names)."""
+        outcomes = {r[0]: r[1:] for r in self.db.execute(
+            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key FROM outcomes")}
+        sections = dict(self.db.execute("SELECT DISTINCT section, section FROM functions WHERE image=?", (image,)))
+        for section, oid, n in self.db.execute(
+                "SELECT f.section, fo.outcome, sum(fo.n) FROM function_outcomes fo JOIN functions f "
+                "ON f.id = fo.function WHERE f.image=? GROUP BY 1, 2", (image,)):
+            yield (sections.get(section, section),) + outcomes[oid] + (n,)
+
+    def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
+        """(site kinds mask, instructions) over the instructions at kernel sites (a partial index)."""
+        yield from self.db.execute(
+            "SELECT i.sites, count(*) FROM instructions i INDEXED BY instructions_at_sites "
+            "JOIN functions f ON f.id = i.function WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))
+
+    def replacement_rows(self, image: int) -> list[tuple]:
+        """(alternative index, site, address, bytes, verdict, reason), in table order."""
+        return [(k, unsigned(s), unsigned(a), bytes(b), v, reason) for k, s, a, b, v, reason in self.db.execute(
+            "SELECT r.alt, r.site, r.address, r.bytes, o.verdict, r.reason FROM replacements r JOIN outcomes o "
+            "ON o.id = r.outcome WHERE r.image=? ORDER BY r.alt, r.address", (image,))]
+
+
+@dataclass
+class RowBatch:
+    """Whole functions' results as the engine hands them to the store (``write_batch``).
+
+    ``plain`` packs the rows without an instance reason, sites, answers or counterexample as
+    little-endian int64 sextuples (function, offset, length, outcome, proof µs, fresh); ``full``
+    holds the other rows with every column; ``counts`` is (function, outcome, n, weak)."""
+
+    functions: list[int] = field(default_factory=list)
+    plain: bytes = b""
+    full: list[tuple] = field(default_factory=list)
+    counts: list[tuple] = field(default_factory=list)
+    variants: list[tuple] = field(default_factory=list)
+    instructions: int = 0
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None:
+            self.db.execute("COMMIT")
+        else:
+            self.db.execute("ROLLBACK")
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,40 @@
+"""The versions of every tool a verdict depends on, and one tag over them.
+
+``tool_versions()`` is what a run records and ``--version`` prints;
+``versions_tag()`` is its digest, part of every proof-cache key and of a
+run's configuration, so that a verdict is reused only under the same tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import metadata
+
+from . import __version__
+from .x86.decoders import capstone as cs_adapter
+from .x86.decoders import iced as iced_adapter
+
+
+#: The distributions whose versions a verdict depends on, by the name ``tool_versions`` gives them.
+DISTRIBUTIONS = {"pyvex": "pyvex", "angr": "angr", "claripy": "claripy", "z3": "z3-solver", "unicorn": "unicorn",
+                 "archinfo": "archinfo"}
+
+
+@lru_cache(maxsize=1)
+def tool_versions() -> dict[str, str]:
+    """Read from the installed distributions' metadata, so that asking does not import angr."""
+    versions = {"relocverify": __version__, "capstone": cs_adapter.version(), "iced": iced_adapter.version()}
+    for name, dist in DISTRIBUTIONS.items():
+        try:
+            versions[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+@lru_cache(maxsize=1)
+def versions_tag() -> bytes:
+    """8 bytes identifying ``tool_versions()``."""
+    return hashlib.sha256(json.dumps(tool_versions(), sort_keys=True).encode()).digest()[:8]

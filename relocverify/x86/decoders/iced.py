@@ -1,0 +1,117 @@
+"""iced-x86: lengths, field offsets, operands, flow control and the registers
+an instruction reads and writes (its ``InstructionInfoFactory`` lists the
+implicit operands completely)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import iced_x86
+
+from ..instruction import DecoderAnswer, MemoryOperand
+from ..layout import layout
+from ..registers import MASK64, reg_family
+
+_ICED_REG = {v: k.lower() for k, v in vars(iced_x86.Register).items() if k.isupper() and isinstance(v, int)}
+_ICED_MNEMONIC = {v: k.lower() for k, v in vars(iced_x86.Mnemonic).items() if k.isupper() and isinstance(v, int)}
+_ICED_CC = {v: k.lower() for k, v in vars(iced_x86.ConditionCode).items() if k.isupper() and isinstance(v, int)}
+_ICED_FLOW = {v: k.lower() for k, v in vars(iced_x86.FlowControl).items() if k.isupper() and isinstance(v, int)}
+_READS = {1, 2, 5, 6}  # READ, COND_READ, READ_WRITE, READ_COND_WRITE
+_WRITES = {3, 4, 5, 6}  # WRITE, COND_WRITE, READ_WRITE, READ_COND_WRITE
+
+FORMATTER = iced_x86.Formatter(iced_x86.FormatterSyntax.GAS)
+_INFO = iced_x86.InstructionInfoFactory()
+
+
+@dataclass(frozen=True)
+class _IcedFacts:
+    answer: DecoderAnswer
+    flow: str
+    branch_target: int | None
+    memory: MemoryOperand | None
+    reads: frozenset[str]
+    writes: frozenset[str]
+    privileged: bool
+    imm2: tuple[int, int]
+    mnemonic: str
+    op_str: str
+    opname: str
+    condition: str | None
+    far: bool
+
+
+def facts(raw: bytes, address: int) -> _IcedFacts | None:
+    dec = iced_x86.Decoder(64, raw, ip=address)
+    ins = dec.decode()
+    if ins.is_invalid or dec.last_error != 0:
+        return None
+    co = dec.get_constant_offsets(ins)
+    info = _INFO.info(ins)
+    reads, writes = set(), set()
+    for r in info.used_registers():
+        name = reg_family(_ICED_REG.get(r.register, str(r.register)))
+        if r.access in _READS:
+            reads.add(name)
+        if r.access in _WRITES:
+            writes.add(name)
+    if ins.rflags_read:
+        reads.add("rflags")
+    if ins.rflags_modified:
+        writes.add("rflags")
+    text = FORMATTER.format(ins)
+    mnemonic, _, op_str = text.partition(" ")
+    flow = _ICED_FLOW.get(ins.flow_control, "next")
+    target = None
+    if flow in ("unconditional_branch", "conditional_branch", "call", "xbegin_xabort_xend") and ins.near_branch_target:
+        target = ins.near_branch_target & MASK64
+    if flow == "xbegin_xabort_xend" and not ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
+        target = None
+    memory = _iced_memory(ins, raw, co, info)
+    answer = DecoderAnswer(
+        "iced",
+        ins.len,
+        co.displacement_offset if co.has_displacement else 0,
+        co.displacement_size if co.has_displacement else 0,
+        co.immediate_offset if co.has_immediate else 0,
+        co.immediate_size if co.has_immediate else 0,
+        text,
+    )
+    imm2 = (co.immediate_offset2, co.immediate_size2) if co.has_immediate2 else (0, 0)
+    return _IcedFacts(answer, flow, target, memory, frozenset(reads), frozenset(writes),
+                      bool(ins.is_privileged), imm2, mnemonic, op_str.strip(),
+                      _ICED_MNEMONIC.get(ins.mnemonic, mnemonic),
+                      None if ins.condition_code == 0 else _ICED_CC[ins.condition_code],
+                      bool(ins.is_call_far or ins.is_call_far_indirect or ins.is_jmp_far or ins.is_jmp_far_indirect
+                           or _ICED_MNEMONIC.get(ins.mnemonic) == "retf"))
+
+
+def _iced_memory(ins, raw: bytes, co, info) -> MemoryOperand | None:
+    kinds = [ins.op_kind(k) for k in range(ins.op_count)]
+    if iced_x86.OpKind.MEMORY not in kinds:
+        return None
+    base = _ICED_REG.get(ins.memory_base) if ins.memory_base else None
+    index = _ICED_REG.get(ins.memory_index) if ins.memory_index else None
+    if co.has_displacement:
+        disp = int.from_bytes(raw[co.displacement_offset:co.displacement_offset + co.displacement_size], "little", signed=True)
+    else:
+        disp = 0
+    lay = layout(raw[:ins.len])
+    seg = None
+    for p in lay.prefixes if lay else b"":
+        seg = {0x64: "fs", 0x65: "gs"}.get(p, seg)
+    size = _MEMSIZE.get(ins.memory_size, 0)
+    addr_size = 32 if lay is not None and 0x67 in lay.prefixes else 64
+    base_name = "rip" if base in ("rip", "eip") else base
+    return MemoryOperand(base_name, index, ins.memory_index_scale if index else 1, disp, seg, size, addr_size)
+
+
+_MEMSIZE = {
+    getattr(iced_x86.MemorySize, k): v
+    for k, v in {"UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "UINT32": 4, "INT32": 4, "UINT64": 8, "INT64": 8,
+                 "QWORD_OFFSET": 8, "DWORD_OFFSET": 4, "WORD_OFFSET": 2}.items()
+    if hasattr(iced_x86.MemorySize, k)
+}
+
+
+def version() -> str:
+    return getattr(iced_x86, "__version__", "1.21.0")

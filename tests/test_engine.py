@@ -1,0 +1,285 @@
+"""The engine over real kernels: totals add up, kill -9 resumes to the same
+results, a warm proof cache proves nothing again, faults stay contained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relocverify.cli import main
+from relocverify.engine import pipeline
+from relocverify.engine.progress import Progress
+from relocverify.engine.run import RunOptions, run
+from relocverify.image.fetch import fetch, stripped_copy
+from relocverify.image.functions import count_instructions, find_functions
+from relocverify.image.loader import load_image
+from relocverify.store.store import Store
+
+TRAMP = 0xFFFFFFFFC0001000
+EXPECTED = Path(__file__).resolve().parent.parent / "corpora" / "expected"
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    return fetch("debian-6.1-cloud")
+
+
+def _run(image, db, jobs=2, timeout_s=10.0, limit=None, cache=None, progress=None):
+    return run(image, str(db), RunOptions(TRAMP, jobs, timeout_s, limit, True, None if cache is None else str(cache)),
+               progress)
+
+
+def _rows(db) -> list[tuple]:
+    store = Store(str(db), readonly=True)
+    try:
+        image = store.find_image()
+        return [(r.address, r.length, r.verdict, r.reason_key, r.plan_kind, r.rule, r.raw) for r in store.iter_rows(image)]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["elf", "bzimage+map", "stripped"])
+def test_totals_add_up_in_every_input_mode(cloud, tmp_path, mode):
+    if mode == "elf":
+        image = load_image(cloud.vmlinux)
+    elif mode == "bzimage+map":
+        image = load_image(cloud.vmlinuz, cloud.system_map)
+    else:
+        image = load_image(stripped_copy(cloud.vmlinux, tmp_path / "vmlinux.stripped"))
+    functions = find_functions(image)[:40 if mode == "stripped" else 400]
+    expected = sum(count_instructions(image, f) for f in functions)
+    summary = _run(image, tmp_path / "s.sqlite", limit=len(functions))
+    assert summary["instructions"] == expected == sum(summary["by_verdict"].values())
+    assert summary["totals_add_up"]
+    assert set(summary["by_verdict"]) == {"proved", "opaque", "unknown", "rejected", "refuted"}
+    assert summary["by_verdict"]["refuted"] == 0
+    assert sum(n for d in summary["by_section"].values() for n in d.values()) == expected
+    assert summary["by_verdict"]["proved"] > 0.9 * expected
+
+
+@pytest.mark.slow
+def test_whole_cloud_kernel_matches_the_recorded_counts(cloud, tmp_path):
+    """Every instruction of the Debian 6.1 cloud vmlinux gets one verdict, the
+    totals add up, and the counts are the recorded ones (corpora/expected);
+    the store stays within 40 bytes per instruction."""
+    expected = json.loads((EXPECTED / "debian-6.1-cloud.json").read_text())
+    db = tmp_path / "s.sqlite"
+    summary = _run(load_image(cloud.vmlinux), db, cache=tmp_path / "cache")
+    assert summary["totals_add_up"] and summary["instructions"] == expected["instructions"]
+    assert summary["by_verdict"] == expected["by_verdict"]
+    assert summary["alternative_replacements"]["by_verdict"] == expected["alternative_replacements"]
+    for f in Path(str(db) + "-wal"), Path(str(db) + "-shm"):
+        assert not f.exists() or f.stat().st_size < 1 << 20
+    assert db.stat().st_size / summary["instructions"] <= 40
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(cloud, tmp_path):
+    limit = "8000"
+    base = [sys.executable, "-m", "relocverify", "vmlinux", cloud.vmlinux, "--limit", limit, "--jobs", "2",
+            "--no-progress", "--no-cache"]
+    killed_db, clean_db = tmp_path / "killed.sqlite", tmp_path / "clean.sqlite"
+    proc = subprocess.Popen(base + ["--db", str(killed_db)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        time.sleep(0.1)
+        if killed_db.exists():
+            try:
+                con = sqlite3.connect(killed_db)
+                n = con.execute("SELECT count(*) FROM functions WHERE config IS NOT NULL").fetchone()[0]
+                con.close()
+            except sqlite3.OperationalError:
+                n = 0
+            if n > 0:
+                break  # the first functions are stored: kill now
+    assert proc.poll() is None, "the run finished before it could be killed: raise the limit"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = len(_rows(killed_db))
+    assert 0 < partial
+    assert subprocess.run(base + ["--db", str(killed_db)], capture_output=True).returncode == 0
+    assert subprocess.run(base + ["--db", str(clean_db)], capture_output=True).returncode == 0
+    killed, clean = _rows(killed_db), _rows(clean_db)
+    assert len(killed) > partial
+    assert killed == clean
+    con = sqlite3.connect(killed_db)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    statuses = [r[0] for r in con.execute("SELECT status FROM runs ORDER BY id")]
+    con.close()
+    assert statuses == ["killed", "complete"], "the killed run is marked so by the next run"
+
+
+def test_bad_image_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "garbage"
+    bad.write_bytes(b"\x7fELF" + b"\xff" * 100)
+    assert main(["vmlinux", str(bad), "--db", str(tmp_path / "s.sqlite"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("relocverify: error:")
+
+
+def test_missing_file(tmp_path, capsys):
+    assert main(["vmlinux", str(tmp_path / "nope"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+# --- a small real ELF built here ---------------------------------------------------
+
+SMALL_ASM = r"""
+    .section .text, "ax"
+    .globl f_plain
+    .type f_plain, @function
+f_plain:
+    push %rbp
+    mov %rsp, %rbp
+    mov 0x10(%rip), %rax
+    add %rbx, %rax
+    pop %rbp
+    ret
+    .size f_plain, .-f_plain
+
+    .globl f_cpuid
+    .type f_cpuid, @function
+f_cpuid:
+    xor %eax, %eax
+    cpuid
+    jle 1f
+    nop
+1:  ret
+    .size f_cpuid, .-f_cpuid
+
+    .globl f_loop
+    .type f_loop, @function
+f_loop:
+    loop f_loop
+    call f_plain
+    ret
+    .size f_loop, .-f_loop
+
+    .globl f_twice
+    .type f_twice, @function
+f_twice:
+    add $0x10, %rsp
+    add $0x20, %rsp
+    mov 0x18(%rdi), %rax
+    mov 0x28(%rdi), %rax
+    ret
+    .size f_twice, .-f_twice
+"""
+SMALL_LDS = """
+SECTIONS {
+  . = 0xffffffff81000000;
+  .text : { *(.text) }
+  /DISCARD/ : { *(.note.gnu.property) *(.comment) }
+}
+"""
+
+
+@pytest.fixture()
+def small(tmp_path):
+    import elfbuild
+
+    return load_image(elfbuild.build_elf(tmp_path, SMALL_ASM, SMALL_LDS))
+
+
+def _run_small(image, tmp_path, jobs=2, timeout_s=10.0, cache=None, db="s.sqlite"):
+    summary = _run(image, tmp_path / db, jobs=jobs, timeout_s=timeout_s, cache=cache)
+    store = Store(str(tmp_path / db), readonly=True)
+    rows = {r.address: r for r in store.iter_rows(store.find_image(image.identity))}
+    store.close()
+    return summary, rows
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_small_image_all_verdicts_add_up(small, tmp_path, jobs):
+    summary, rows = _run_small(small, tmp_path, jobs=jobs)
+    assert summary["totals_add_up"] and summary["instructions"] == len(rows) == 19
+    assert {r.verdict for r in rows.values()} <= {"proved", "opaque"}
+    assert next(r for r in rows.values() if r.klass == "cpuid").verdict == "opaque"
+    # one proof per instance key: 19 instructions, 14 keys (the three rets share one; the two adds of
+    # f_twice share one, their immediates zeroed; so do its two loads, their displacements zeroed)
+    assert summary["run"]["proof_cache"]["proved"] == summary["run"]["proof_cache"]["keys"] == 14
+
+
+def test_a_warm_cache_proves_nothing_again(small, tmp_path):
+    cache = tmp_path / "cache"
+    first, rows1 = _run_small(small, tmp_path, cache=cache, db="a.sqlite")
+    second, rows2 = _run_small(small, tmp_path, cache=cache, db="b.sqlite")
+    assert first["run"]["proof_cache"]["proved"] > 0
+    assert second["run"]["proof_cache"]["proved"] == 0
+    assert second["run"]["proof_cache"]["cached"] == first["run"]["proof_cache"]["keys"]
+    assert [(r.verdict, r.reason) for r in rows1.values()] == [(r.verdict, r.reason) for r in rows2.values()]
+    assert any(r.fresh for r in rows1.values()) and not any(r.fresh for r in rows2.values())
+
+
+def test_the_same_command_again_answers_from_the_store(small, tmp_path):
+    first, _ = _run_small(small, tmp_path)
+    again, _ = _run_small(small, tmp_path)
+    assert again["run"]["again"] == first["run"]["id"] and again["by_verdict"] == first["by_verdict"]
+
+
+def test_a_crashing_worker_leaves_the_instruction_unknown_and_the_run_goes_on(small, tmp_path, monkeypatch):
+    """Fault injection: verifying cpuid kills the worker process (os._exit)."""
+    real = pipeline.Prover.verify
+
+    def crash_on_cpuid(self, raw, address):
+        if raw == b"\x0f\xa2":
+            os._exit(1)
+        return real(self, raw, address)
+
+    monkeypatch.setattr(pipeline.Prover, "verify", crash_on_cpuid)
+    summary, rows = _run_small(small, tmp_path)
+    assert summary["totals_add_up"] and len(rows) == 19
+    cpuid = next(r for r in rows.values() if r.raw == b"\x0f\xa2")
+    assert cpuid.verdict == "unknown" and "crashed" in cpuid.reason
+    assert all(r.verdict == "proved" for r in rows.values() if r.raw != b"\x0f\xa2")
+
+
+def test_a_hanging_proof_is_unknown_after_the_timeout(small, tmp_path, monkeypatch):
+    """Fault injection: proving the loop hangs; the watchdog ends it and the run goes on."""
+    real = pipeline.prove_plan
+
+    def hang_on_loop(decoded, plan, timeout_ms):
+        if decoded.opname == "loop":
+            time.sleep(60)
+        return real(decoded, plan, timeout_ms)
+
+    monkeypatch.setattr(pipeline, "prove_plan", hang_on_loop)
+    t0 = time.time()
+    summary, rows = _run_small(small, tmp_path, timeout_s=0.5)
+    assert time.time() - t0 < 30
+    loop = next(r for r in rows.values() if r.klass == "loop")
+    assert loop.verdict == "unknown" and loop.reason.startswith("timeout")
+    assert summary["totals_add_up"]
+
+
+def test_progress_off_a_terminal_is_plain_lines(small, tmp_path):
+    import io
+
+    stream = io.StringIO()
+    _run(small, tmp_path / "s.sqlite", progress=Progress(True, stream, tty=False))
+    text = stream.getvalue()
+    assert "\r" not in text
+    assert {line.split(":")[0] for line in text.splitlines()} >= {"survey", "proofs", "rows"}
+    assert all(len(line) < 200 for line in text.splitlines())
+
+
+def test_progress_on_a_terminal_redraws_one_line():
+    import io
+
+    stream = io.StringIO()
+    p = Progress(True, stream, tty=True)
+    p.phase("survey", 10, "instructions")
+    p.last -= 1
+    p.update(5)
+    p.end()
+    assert "\r" in stream.getvalue() and stream.getvalue().count("\n") == 1
