@@ -16,9 +16,9 @@ import sys
 import time
 from collections import Counter, defaultdict
 
-from relocverify.decoders import decode
-from relocverify.plan import PlanKind, make_plan
-from relocverify.proof import prove_plan
+from relocverify.plan.plan import PlanKind, make_plan
+from relocverify.proof.prove import prove_plan
+from relocverify.x86.decode import decode
 
 TRAMP = 0xFFFFFFFFC0001000
 
@@ -75,13 +75,13 @@ def main() -> int:
     results = [run_one(raw, at, t) for raw, at, t in corpus_entries()]
     report("bundled corpus (corpora/instructions.toml)", results)
 
-    from relocverify.functions import find_functions, iter_instruction_spans
-    from relocverify.image import load_image
+    from relocverify.image.functions import find_functions, iter_instruction_spans
+    from relocverify.image.loader import load_image
 
     path = args.vmlinux
     if path is None:
         from relocverify.batch import DEFAULT_KERNEL
-        from relocverify.fetch import fetch
+        from relocverify.image.fetch import fetch
 
         path = fetch(DEFAULT_KERNEL).vmlinux
     image = load_image(path)

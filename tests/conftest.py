@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from relocverify.image.fetch import fetch, stripped_copy
+from relocverify.image.fetch import KERNELS, fetch, stripped_copy
+
+#: The real kernels the tests download and read.  Only the Debian 6.1 cloud kernel (about 310 MB
+#: of packages) by default; name more with RELOCVERIFY_TEST_KERNELS=debian-6.1-cloud,debian-6.1-amd64
+#: (the amd64 packages are 925 MB, the 6.12 cloud ones 345 MB).
+TEST_KERNELS = [k for k in os.environ.get("RELOCVERIFY_TEST_KERNELS", "debian-6.1-cloud").split(",") if k]
+for _name in TEST_KERNELS:
+    if _name not in KERNELS:
+        raise pytest.UsageError(f"RELOCVERIFY_TEST_KERNELS names {_name!r}; choose from {', '.join(sorted(KERNELS))}")
+
+
+@pytest.fixture(autouse=True)
+def _private_proof_cache(tmp_path_factory, monkeypatch):
+    """Commands that use the persistent proof cache by default get a private one per test session,
+    so that no test depends on what another (or an earlier session) proved."""
+    monkeypatch.setenv("RELOCVERIFY_PROOF_CACHE", str(tmp_path_factory.getbasetemp() / "proof-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -93,30 +93,42 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(cloud, tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline:
         time.sleep(0.1)
-        if killed_db.exists():
-            try:
-                con = sqlite3.connect(killed_db)
-                n = con.execute("SELECT count(*) FROM functions WHERE config IS NOT NULL").fetchone()[0]
-                con.close()
-            except sqlite3.OperationalError:
-                n = 0
-            if n > 0:
-                break  # the first functions are stored: kill now
+        if _finished_functions(killed_db) > 0:
+            break  # the first functions are written (in the store or a worker's shard): kill now
     assert proc.poll() is None, "the run finished before it could be killed: raise the limit"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    partial = len(_rows(killed_db))
+    from relocverify.store.shard import leftover_shards
+
+    assert leftover_shards(str(killed_db)), "the killed run left its workers' shards"
+    partial = _finished_functions(killed_db)
     assert 0 < partial
     assert subprocess.run(base + ["--db", str(killed_db)], capture_output=True).returncode == 0
     assert subprocess.run(base + ["--db", str(clean_db)], capture_output=True).returncode == 0
     killed, clean = _rows(killed_db), _rows(clean_db)
-    assert len(killed) > partial
+    assert not leftover_shards(str(killed_db)), "the rerun merged them"
     assert killed == clean
     con = sqlite3.connect(killed_db)
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     statuses = [r[0] for r in con.execute("SELECT status FROM runs ORDER BY id")]
     con.close()
     assert statuses == ["killed", "complete"], "the killed run is marked so by the next run"
+
+
+def _finished_functions(db) -> int:
+    """Functions written so far: in the store, and in the workers' shards next to it."""
+    from relocverify.store.shard import leftover_shards
+
+    n = 0
+    for path, sql in [(db, "SELECT count(*) FROM functions WHERE config IS NOT NULL")] + \
+            [(p, "SELECT count(*) FROM done") for p in leftover_shards(str(db))]:
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            n += con.execute(sql).fetchone()[0]
+            con.close()
+        except sqlite3.Error:
+            pass
+    return n
 
 
 def test_bad_image_is_a_one_line_error(tmp_path, capsys):

@@ -12,7 +12,8 @@ import elfbuild
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relocverify.image.fetch import KERNELS, fetch, stripped_copy, strip_elf
+from conftest import TEST_KERNELS
+from relocverify.image.fetch import fetch, stripped_copy, strip_elf
 from relocverify.image.functions import (Function, find_functions, iter_instruction_spans,
                                    trim_int3_padding)
 from relocverify.image.image import Image, Section, Symbol
@@ -207,7 +208,7 @@ def test_spans_cover_every_byte_exactly_once(code):
 # --- slow: the real Debian kernels -------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize("name", TEST_KERNELS)
 def test_debian_functions_cover_text(name):
     kernel = fetch(name)
     modes = {

@@ -17,7 +17,7 @@ def command(args, out: TextIO) -> int:
     from ..engine.progress import Progress
     from ..engine.run import RunOptions, render_summary, run
     from ..image.loader import load_image
-    from ..environment import default_cache_dir
+    from ..environment import default_proof_cache_dir
 
     path, system_map = args.path, args.system_map
     if path is None:
@@ -29,7 +29,7 @@ def command(args, out: TextIO) -> int:
     jobs = args.jobs or default_jobs()
     if jobs < 1:
         raise InputError("--jobs must be at least 1")
-    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
+    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     options = RunOptions(args.trampoline_base, jobs, args.timeout, args.limit, True, cache_dir)
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
     out.write(render_summary(summary, escape))

@@ -9,13 +9,15 @@ each worker runs its tasks one at a time, in the order given.
 Faults: a worker that dies (a crash in a native library, an OOM kill) is
 replaced by a fresh fork, told again what the run has learned so far, and
 the task it was on is handed to ``on_crash`` together with the index of the
-item in hand (which the worker publishes before each item), so the caller
-decides what to retry and what to mark as crashed.  ``jobs=1`` runs in
+item in hand (which the worker publishes before each item) and the dead
+process's id, so the caller decides what to retry and what to mark as
+crashed.  ``jobs=1`` runs in
 process, without forking.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import traceback
@@ -54,6 +56,9 @@ def _serve(job: Job, conn, progress, current, index: int) -> None:
             if msg is None:
                 break
             method, args = msg
+            # What a worker keeps for the run (keys, findings) only grows: freezing it takes it out of
+            # the collector's way, which otherwise walks millions of long-lived tuples in every full pass.
+            gc.freeze()
             try:
                 conn.send(("ok", getattr(worker, method)(*args)))
             except Exception:
@@ -112,7 +117,7 @@ class LocalPool:
         self.run([[Task(method, args_for(i))] for i in range(self.n)], lambda task, value: None)
 
     def run(self, queues: list[list[Task]], on_result: Callable[[Task, object], None],
-            on_crash: Callable[[Task, int], list[Task]] | None = None, tick: Callable[[], None] | None = None,
+            on_crash: Callable[[Task, int, int], list[Task]] | None = None, tick: Callable[[], None] | None = None,
             tick_s: float = 0.5) -> None:
         """Run ``queues[i]`` on worker i, each task after the previous one; ``on_result(task, value)``
         for each result, in completion order; ``tick()`` every ``tick_s`` while waiting."""
@@ -164,13 +169,13 @@ class LocalPool:
                     self.close()
                     raise WorkerError(f"a worker failed in {task.method}: {value.strip().splitlines()[-1]}")
                 else:
-                    at = self.current[i]
+                    at, pid = self.current[i], self.procs[i].pid
                     self.procs[i].join(timeout=1)
                     self._spawn(i)
                     if on_crash is None:
                         self.close()
                         raise WorkerError(f"a worker died in {task.method}")
-                    queues[i] = on_crash(task, at) + queues[i]
+                    queues[i] = on_crash(task, at, pid) + queues[i]
 
     def close(self) -> None:
         if self.inline:

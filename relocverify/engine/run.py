@@ -32,6 +32,7 @@ from ..kernel.sites import find_sites
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, ProofCache
+from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
 from .executors import LocalPool, Task
@@ -92,6 +93,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     store = Store(store_path)
     try:
         store.mark_abandoned_runs()
+        store.merge_shards(leftover_shards(store_path))  # functions a killed run finished are kept
         info = {"path": image.path, "format": image.format, "compression": image.compression,
                 "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
                 "notes": list(image.notes)}
@@ -117,7 +119,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         cached = cache.findings(tag)
         skip = overlaps(image, list(by_id.items()))
         job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag, store_path,
-                  config_id, skip, stale)
+                  config_id, store.outcome_ids_now(), skip, stale)
         with LocalPool(job, options.jobs) as pool:
             expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
             expected += _count_done(pool, job, sorted(done))
@@ -205,17 +207,31 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     fallback: list[Worker] = []
     total = [0]
 
-    def crashed_function(task, at):
-        """A worker died on function ``task.args[0][at]``: it is stored as crashed, and every function of
-        the task that is not stored yet (the dead worker's unwritten ones included) goes to a fresh worker."""
+    def merge() -> None:
+        """At the end of a phase: every worker's shard into the store, and the store's ids of the
+        provisional outcome ids to every worker."""
+        paths: list[str] = []
+        pool.run([[Task("close_shard", ())] for _ in range(pool.n)], lambda task, path: paths.append(path))
+        paths += [w.close_shard() for w in fallback]
+        final = store.merge_shards([p for p in paths if p] + leftover_shards(job.store_path))
+        if final:
+            pool.broadcast("learn_ids", lambda w: (final,))
+            pool.remember("learn_ids", (final,))
+            for w in fallback:
+                w.learn_ids(final)
+
+    def crashed_function(task, at, pid):
+        """A worker died on function ``task.args[0][at]``: it is stored as crashed, the dead worker's
+        shard (whole functions it finished) is merged, and every function of the task not stored
+        yet goes to a fresh worker."""
         fids = task.args[0]
         if not fallback:
             fallback.append(Worker(job))
         w = fallback[0]
-        crashed = w.crashed(fids[at], "worker crashed while verifying this function")
-        store.write_batch(job.config, crashed, job.stale)
+        n = w.crashed(fids[at], "worker crashed while verifying this function")
         if task.method == "survey":
-            total[0] += crashed.instructions
+            total[0] += n
+        store.merge_shards(leftover_shards(job.store_path, pid) + [w.close_shard()])
         stored = store.verified_functions_among(fids, config)
         rest = [f for f in fids if f not in stored]
         return [Task(task.method, (rest,), task.tag)] if rest else []
@@ -232,13 +248,12 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     estimate = max(1, n_insns // 4)                      # so the total is an estimate until it is done
 
     def surveyed(task, value):
-        misses, n, known, later, batch = value
-        store.write_batch(job.config, batch, job.stale)
+        misses, n, known, later, written = value
         owned[task.tag].update(misses)
         hits.update(known)
         waiting[task.tag].extend(later)
         total[0] += n
-        counts["rows"] += batch.instructions
+        counts["rows"] += written
 
     t1 = time.monotonic()
     base = pool.items_done()
@@ -247,6 +262,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
              tick=lambda: progress.update(min(estimate, pool.items_done() - base)))
     progress.total = total[0]
     progress.end()
+    merge()
     phases["survey_s"] = time.monotonic() - t1
 
     misses: dict[bytes, tuple[bytes, int]] = {}
@@ -263,7 +279,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     prove_chunks = _chunks(items, PROVE_CHUNK)
     queues = [[Task("prove", (c,)) for c in prove_chunks[w::pool.n]] for w in range(pool.n)]
 
-    def crashed_key(task, at):
+    def crashed_key(task, at, pid):
         key, raw, address = task.args[0][at]
         why = "worker crashed while proving this instruction"
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
@@ -285,14 +301,14 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
 
     queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
 
-    def rows_done(task, batch):
-        store.write_batch(job.config, batch, job.stale)
-        counts["rows"] += batch.instructions
+    def rows_done(task, written):
+        counts["rows"] += written
 
     base = pool.items_done()
     progress.phase("rows", total[0] - counts["rows"], "instructions")
     pool.run(queues, rows_done, crashed_function, tick=lambda: progress.update(pool.items_done() - base))
     progress.end()
+    merge()
     for w in fallback:
         w.close()
     phases["rows_s"] = time.monotonic() - t1

@@ -18,6 +18,7 @@ processes and a distributed one rebuilds from the image's path.
 
 from __future__ import annotations
 
+import os
 from array import array
 from dataclasses import dataclass, field, replace
 
@@ -28,7 +29,8 @@ from ..kernel.sites import SiteIndex, kind_key
 from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache
-from ..store.store import RowBatch, Store, site_mask
+from ..store.shard import ShardWriter, shard_path
+from ..store.store import RowBatch, site_mask
 from .keys import KeyMaker, per_instance
 from .pipeline import Prover
 
@@ -47,8 +49,9 @@ class Job:
     cached: dict[bytes, CachedFinding]  # instance key -> finding, from the persistent cache
     cache_dir: str | None  # the persistent cache (its full-key proofs are read when first wanted)
     tag: bytes  # the cache tag (versions and policy)
-    store_path: str | None = None
-    config: int = 0
+    store_path: str = ""  # workers write shards next to it (store.shard)
+    config: int = 0  # the store's id of the run's configuration
+    outcomes: dict[tuple, tuple[int, str]] = field(default_factory=dict)  # the store's outcomes at the start
     skip: dict[int, frozenset[int]] = field(default_factory=dict)  # function id -> addresses another one owns
     stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
 
@@ -93,7 +96,9 @@ class Worker:
         self.derivations: dict[bytes, bytes | None] = {}
         self.surveyed: dict[int, list[tuple[int, int, bytes]]] = {}
         self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self._store: Store | None = None
+        self.ids = OutcomeIds(job.outcomes)
+        self.shard: ShardWriter | None = None
+        self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
         self.current = None  # a callable(i) told of the item in hand, if any
 
@@ -172,7 +177,9 @@ class Worker:
                 self.surveyed[fid] = ks
                 waiting.append(fid)
             self._tell(len(ks))
-        return misses, total, hits, waiting, batch.done()
+        written = batch.n
+        self.write(batch.done(self.ids))
+        return misses, total, hits, waiting, written
 
     # -- phase 2 -------------------------------------------------------------------
     def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
@@ -245,8 +252,9 @@ class Worker:
         """The key of one instance (its key plus the exact A and T), for keys no finding stands for."""
         return key + b"@" + address.to_bytes(8, "little") + self.job.tramp.to_bytes(8, "little")
 
-    def rows(self, fids: list[int]) -> RowBatch:
-        """Every instruction of the functions, with its finding, sites and live variants."""
+    def rows(self, fids: list[int]) -> int:
+        """Every instruction of the functions, with its finding, sites and live variants, written to
+        this worker's shard; returns how many."""
         batch = _Batch()
         for i, fid in enumerate(fids):
             if self.current is not None:
@@ -254,7 +262,22 @@ class Worker:
             n = batch.n
             self.function_rows(fid, batch)
             self._tell(batch.n - n)
-        return batch.done()
+        written = batch.n
+        self.write(batch.done(self.ids))
+        return written
+
+    def write(self, batch: RowBatch) -> None:
+        """Whole functions, one transaction, into this worker's shard."""
+        if self.shard is None:
+            self._shards += 1
+            self.shard = ShardWriter(shard_path(self.job.store_path, os.getpid(), self._shards))
+        self.shard.write(self.job.config, batch)
+
+    def close_shard(self) -> str | None:
+        """Close the shard (the run merges it); the next write opens a new one."""
+        path = None if self.shard is None else self.shard.close()
+        self.shard = None
+        return path
 
     def function_rows(self, fid: int, batch: "_Batch", keys: list[tuple[int, int, bytes]] | None = None) -> None:
         """Every instruction of a function, with its finding, its kernel sites and their live variants,
@@ -311,12 +334,12 @@ class Worker:
                 batch.add_full(self.ids, fid, off, n, oid, ids[1], finding, mask)
             for name, vf in live:
                 vid, vreason = self.ids.outcome(vf)
-                batch.variants.append((fid, off, self.ids.variant_name(name), vid,
-                                       None if vf.reason == vreason else vf.reason))
+                batch.variants.append((fid, off, name, vid, None if vf.reason == vreason else vf.reason))
         batch.end_function(fid, per, self.ids)
 
-    def crashed(self, fid: int, why: str) -> RowBatch:
-        """Every instruction of a function whose verification killed its worker: unknown, with why."""
+    def crashed(self, fid: int, why: str) -> int:
+        """Every instruction of a function whose verification killed its worker: unknown, with why,
+        written to this worker's shard; returns how many."""
         fn = self.job.functions[fid]
         batch = _Batch()
         skip = self.job.skip.get(fid, ())
@@ -329,14 +352,9 @@ class Worker:
             batch.add_full(self.ids, fid, off, n, oid, reason, f, None)
             per[oid] += 1
         batch.end_function(fid, per, self.ids)
-        return batch.done()
-
-    @property
-    def ids(self) -> Store:
-        """The store, for the ids of outcomes, variant names and counterexamples (rows go back to the run)."""
-        if self._store is None:
-            self._store = Store(self.job.store_path) if self.job.store_path else _NoStore()
-        return self._store
+        written = batch.n
+        self.write(batch.done(self.ids))
+        return written
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:
@@ -361,14 +379,61 @@ class Worker:
             self._alts = list(self.job.sites.iter_sites("alternative"))
         return self._alts
 
+    def learn_ids(self, final: dict[int, int]) -> None:
+        """The store's ids for this worker's provisional outcome ids (see ``OutcomeIds``)."""
+        self.ids.learn(final)
+        for learned in self.learned.values():
+            if learned.ids is not None and learned.ids[0] in final:
+                learned.ids = None
+                learned.plain = None
+
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self.close_shard()
 
 
 def replace_reason(f: Finding, reason: str) -> Finding:
     return replace(f, reason=reason)
+
+
+class OutcomeIds:
+    """Outcome ids as a worker knows them, without ever writing to the store.
+
+    An outcome the store already had when the run began (``Job.outcomes``), or one
+    the run's parent has since numbered (``learn``), has its store id.  A new one gets
+    a provisional negative id, unique across processes; every shard the worker writes
+    defines all its provisional ids still in use, the merge numbers them in the store
+    and maps the rows (``store.shard``), and the worker learns the store ids between
+    phases.  So workers take no lock on the store, and never wait for one another."""
+
+    def __init__(self, known: dict[tuple, tuple[int, str]]):
+        self.known = dict(known)  # outcome tuple -> (id, reason of the outcome)
+        self.weak_of: dict[int, int] = {oid: int(t[0] != "proved") for t, (oid, _) in known.items()}
+        self.provisional: dict[int, tuple[tuple, str]] = {}  # provisional id -> (outcome tuple, reason)
+        self.counter = 0
+
+    def outcome(self, f: Finding) -> tuple[int, str]:
+        hit = self.known.get(f.outcome)
+        if hit is None:
+            self.counter += 1
+            pid = -((os.getpid() << 24) | self.counter)
+            hit = self.known[f.outcome] = (pid, f.reason)
+            self.weak_of[pid] = int(f.verdict is not Verdict.PROVED)
+            self.provisional[pid] = (f.outcome, f.reason)
+        return hit
+
+    def weak(self, oid: int) -> int:
+        return self.weak_of[oid]
+
+    def definitions(self) -> list[tuple[int, tuple, str]]:
+        """(provisional id, outcome tuple, reason) of every provisional id not yet learned."""
+        return [(pid, outcome, reason) for pid, (outcome, reason) in self.provisional.items()]
+
+    def learn(self, final: dict[int, int]) -> None:
+        for outcome, (oid, reason) in list(self.known.items()):
+            if oid in final:
+                self.known[outcome] = (final[oid], reason)
+                self.weak_of[final[oid]] = self.weak_of[oid]
+                self.provisional.pop(oid, None)
 
 
 class _Batch:
@@ -387,38 +452,16 @@ class _Batch:
 
     def add_full(self, ids, fid: int, off: int, n: int, oid: int, outcome_reason: str, f: Finding,
                  mask: int | None) -> None:
-        cex = None if f.counterexample is None else ids.counterexample_id(f.counterexample)
         self.full.append((fid, off, n, oid, None if f.reason == outcome_reason else f.reason, f.proof_us,
-                          1 if f.fresh else 0, mask, f.answers, cex))
+                          1 if f.fresh else 0, mask, f.answers, f.counterexample))
 
-    def end_function(self, fid: int, per: dict[int, int], ids) -> None:
+    def end_function(self, fid: int, per: dict[int, int], ids: OutcomeIds) -> None:
         self.functions.append(fid)
         self.counts.extend((fid, o, c, ids.weak(o)) for o, c in per.items())
 
-    def done(self) -> RowBatch:
-        return RowBatch(self.functions, self.plain.tobytes(), self.full, self.counts, self.variants, self.n)
-
-
-class _NoStore:
-    """Ids for a worker without a store (a dry run in tests): outcomes numbered in memory."""
-
-    def __init__(self):
-        self._ids: dict = {}
-
-    def outcome(self, f: Finding) -> tuple[int, str]:
-        return self._ids.setdefault(f.outcome, (len(self._ids) + 1, f.reason))
-
-    def weak(self, oid: int) -> int:
-        return 0
-
-    def variant_name(self, name: str) -> int:
-        return self._ids.setdefault(("name", name), (len(self._ids) + 1,))[0]
-
-    def counterexample_id(self, c) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
+    def done(self, ids: OutcomeIds) -> RowBatch:
+        return RowBatch(self.functions, self.plain.tobytes(), self.full, self.counts, self.variants, self.n,
+                        ids.definitions())
 
 
 class _SiteSweep:

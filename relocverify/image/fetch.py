@@ -57,6 +57,11 @@ KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "linux-image-6.1.0-53-amd64-unsigned", "linux-image-6.1.0-53-amd64-dbg",
                925,
                "Debian 12 generic kernel that most installs run, xz bzImage; the full-size corpus"),
+    KernelSpec("debian-6.12-cloud", "6.12.117+deb12-cloud-amd64",
+               "linux-image-6.12.117+deb12-cloud-amd64-unsigned", "linux-image-6.12.117+deb12-cloud-amd64-dbg",
+               345,
+               "Debian 12 backports 6.12 cloud kernel: 3.9 M instructions and new site kinds (call-depth "
+               "thunks, endbr sealing); the scale benchmark and the cross-version cache measurement"),
 )}
 
 

@@ -21,7 +21,6 @@ CREATE TABLE instructions (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL, outcome INTEGER NOT NULL,
     reason TEXT, proof_us INTEGER NOT NULL, fresh INTEGER NOT NULL, sites INTEGER, answers TEXT, cex INTEGER,
     PRIMARY KEY (function, offset)) WITHOUT ROWID;
-CREATE INDEX instructions_at_sites ON instructions (sites) WHERE sites IS NOT NULL;
 CREATE TABLE function_outcomes (
     function INTEGER NOT NULL, outcome INTEGER NOT NULL, n INTEGER NOT NULL, weak INTEGER NOT NULL,
     PRIMARY KEY (function, outcome)) WITHOUT ROWID;

@@ -42,15 +42,16 @@ import json
 import os
 import socket
 import sqlite3
-import struct
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable, Iterator
 
 from ..errors import StoreError
+from . import shard
 
 SCHEMA_VERSION = 2
+CACHE_KIB = 256 * 1024
 APPLICATION = "relocverify"
 MASK64 = (1 << 64) - 1
 
@@ -141,6 +142,9 @@ class Store:
             if not readonly:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
+            # A run inserts millions of rows into B-trees of ~100 MB: keep their pages in memory
+            # (SQLite's default is 2 MB), or every insert that is not an append reads pages back.
+            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if not exists:
                 self._create()
             self._check_schema()
@@ -335,37 +339,20 @@ class Store:
         return dict(self.db.execute("SELECT id, reason FROM outcomes"))
 
     # -- writing results ---------------------------------------------------------------
-    def outcome(self, f) -> tuple[int, str]:
-        """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
-        return self._outcome(self._memo, f)
-
-    def variant_name(self, name: str) -> int:
-        return self._variant_name(self._memo, name)
-
-    def weak(self, oid: int) -> int:
-        """1 if the outcome is not a proof (the function_outcomes index holds those)."""
-        weak = self._memo.setdefault("weak", {})
-        hit = weak.get(oid)
-        if hit is None:
-            hit = weak[oid] = int(self.db.execute("SELECT verdict FROM outcomes WHERE id=?", (oid,)).fetchone()[0]
-                                  != "proved")
-        return hit
-
-    def counterexample_id(self, c) -> int:
-        return self._counterexample(c)
-
     def _outcome(self, memo: dict, f) -> tuple[int, str]:
         """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
+        return self._outcome_row(memo, f.outcome, f.reason)
+
+    def _outcome_row(self, memo: dict, outcome: tuple, reason: str) -> tuple[int, str]:
         ids = memo.setdefault("outcomes", {})
-        hit = ids.get(f.outcome)
+        hit = ids.get(outcome)
         if hit is None:
-            db = self.db  # several writers may add the same outcome at once: insert-or-ignore, then read
+            db = self.db
             db.execute("INSERT OR IGNORE INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
-                       "VALUES (?,?,?,?,?,?,?)", f.outcome + (f.reason,))
-            row = db.execute("SELECT id, reason FROM outcomes WHERE verdict=? AND method=? AND plan_kind=? AND rule=? "
-                             "AND klass=? AND reason_key=?", f.outcome).fetchone()
-            hit = ids[f.outcome] = row
-            memo.setdefault("weak", {})[row[0]] = 0 if f.outcome[0] == "proved" else 1
+                       "VALUES (?,?,?,?,?,?,?)", outcome + (reason,))
+            hit = ids[outcome] = db.execute(
+                "SELECT id, reason FROM outcomes WHERE verdict=? AND method=? AND plan_kind=? AND rule=? "
+                "AND klass=? AND reason_key=?", outcome).fetchone()
         return hit
 
     def _variant_name(self, memo: dict, name: str) -> int:
@@ -392,25 +379,15 @@ class Store:
                 [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
                   f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
 
-    def write_batch(self, config: int, batch: "RowBatch", stale: frozenset[int] = frozenset()) -> None:
-        """Store whole functions (rows, counts, variants, verified markers) in one transaction.
+    def merge_shards(self, paths: list[str]) -> dict[int, int]:
+        """Move each shard (``store.shard``) into the store, one transaction each, and delete it.
+        Returns the store ids of the provisional outcome ids the shards used."""
+        return shard.merge(self.db, paths)[1]
 
-        ``stale`` names functions stored earlier under another configuration: their old rows go first."""
-        db = self.db
-        with self._transaction():
-            for fid in batch.functions:
-                if fid in stale:
-                    for table in ("instructions", "function_outcomes", "variants"):
-                        db.execute(f"DELETE FROM {table} WHERE function=?", (fid,))
-            # Most rows have no instance reason, sites, answers or counterexample: they come packed
-            # (struct.iter_unpack feeds them to SQLite without a Python object per row) and bind six
-            # values instead of ten; the other columns default to NULL.
-            db.executemany("INSERT INTO instructions (function, offset, length, outcome, proof_us, fresh) "
-                           "VALUES (?,?,?,?,?,?)", struct.iter_unpack("<6q", batch.plain))
-            db.executemany("INSERT INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?)", batch.full)
-            db.executemany("INSERT INTO function_outcomes VALUES (?,?,?,?)", batch.counts)
-            db.executemany("INSERT INTO variants VALUES (?,?,?,?,?)", batch.variants)
-            db.executemany("UPDATE functions SET config=? WHERE id=?", [(config, f) for f in batch.functions])
+    def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
+        """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
+        return {tuple(r[1:7]): (r[0], r[7]) for r in self.db.execute(
+            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
 
     # -- queries ---------------------------------------------------------------------------
     _ROW_SQL = ("SELECT f.start, i.offset, i.length, substr(f.bytes, i.offset + 1, i.length), f.name, f.start, "
@@ -486,10 +463,10 @@ class Store:
             yield (sections.get(section, section),) + outcomes[oid] + (n,)
 
     def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
-        """(site kinds mask, instructions) over the instructions at kernel sites (a partial index)."""
+        """(site kinds mask, instructions) over the instructions at kernel sites (one scan)."""
         yield from self.db.execute(
-            "SELECT i.sites, count(*) FROM instructions i INDEXED BY instructions_at_sites "
-            "JOIN functions f ON f.id = i.function WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))
+            "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
+            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))
 
     def replacement_rows(self, image: int) -> list[tuple]:
         """(alternative index, site, address, bytes, verdict, reason), in table order."""
@@ -500,7 +477,7 @@ class Store:
 
 @dataclass
 class RowBatch:
-    """Whole functions' results as the engine hands them to the store (``write_batch``).
+    """Whole functions' results as a worker writes them (``shard.ShardWriter.write``).
 
     ``plain`` packs the rows without an instance reason, sites, answers or counterexample as
     little-endian int64 sextuples (function, offset, length, outcome, proof µs, fresh); ``full``
@@ -508,10 +485,11 @@ class RowBatch:
 
     functions: list[int] = field(default_factory=list)
     plain: bytes = b""
-    full: list[tuple] = field(default_factory=list)
+    full: list[tuple] = field(default_factory=list)  # ... the last column a Counterexample (or None)
     counts: list[tuple] = field(default_factory=list)
-    variants: list[tuple] = field(default_factory=list)
+    variants: list[tuple] = field(default_factory=list)  # (function, offset, variant name, outcome, reason)
     instructions: int = 0
+    outcomes: list[tuple] = field(default_factory=list)  # (provisional id, outcome tuple, reason) new here
 
 
 class _Transaction:
