@@ -68,3 +68,5 @@ def load_json(text: str, what: str) -> object:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply to be a state or an effect program") from None

@@ -30,12 +30,13 @@ def one_instruction(raw: bytes, at: int):
 
 
 def command(args, out: TextIO) -> int:
+    raw = parse_hex_bytes(args.hex)
+    decoded = one_instruction(raw, args.at)  # bad input is refused before the checker (angr, z3) is imported
+
     from ..plan.plan import make_plan
     from ..proof.prove import prove_plan
     from ..proof.verdict import verdict_exit_code
 
-    raw = parse_hex_bytes(args.hex)
-    decoded = one_instruction(raw, args.at)
     plan = make_plan(decoded, args.tramp)
     result = prove_plan(decoded, plan, timeout_ms=int(args.timeout * 1000))
     site_doc = None

@@ -36,7 +36,14 @@ FETCHED_PATHS = ("vmlinux", "vmlinuz", "system_map", "config")
 
 def _fetch(args, out: TextIO) -> int:
     """Delegate to ``fetch.fetch`` and print where the kernel's files are."""
-    kernel = fetch_module.fetch(args.name, args.cache)
+    import sys
+
+    kernel = fetch_module.fetch(args.name, args.cache, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        json.dump({"name": kernel.name, "release": kernel.release,
+                   **{what: getattr(kernel, what) for what in FETCHED_PATHS}, "sha256": kernel.sha256s}, out, indent=2)
+        out.write("\n")
+        return 0
     out.write(f"{kernel.name} ({kernel.release})\n")
     for what in FETCHED_PATHS:
         path = getattr(kernel, what)

@@ -3,21 +3,28 @@
   0  clean: a relocatable plan that is proved (``check``), a proof (``prove``), no findings
   1  findings: a rejected plan, a refuted relocation, corpus entries that missed their expectation
   2  usage or input error (bad hex, bad address, unreadable image): a one-line message on stderr
-  3  unknown: no proof and no refutation (``unknown`` or ``opaque`` verdicts)
+  3  unknown: no proof and no refutation (``unknown`` or ``opaque`` verdicts); for ``vmlinux``,
+     a run that did not complete
+  4  internal error: a bug in relocverify or a library; one line, and ``--debug`` shows the traceback
 
-``RelocverifyError`` and argparse errors are converted here and nowhere else.
+``vmlinux`` exits 1 when any instruction has a verdict named by ``--fail-on``
+(default ``refuted``).  ``RelocverifyError``, argparse errors and unexpected
+exceptions are converted here and nowhere else: no traceback reaches a user
+unless ``--debug`` asks for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence, TextIO
 
 from ..errors import InputError, RelocverifyError
-from ..inputs import parse_address, parse_range
+from ..inputs import parse_address
+from . import arguments as A
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNKNOWN, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 DEFAULT_AT = 0xFFFFFFFF81234560  # an address in kernel text
 DEFAULT_TRAMP = 0xFFFFFFFFC0001000  # module space, within rel32 reach of kernel text (as kinst places them)
@@ -25,7 +32,23 @@ DEFAULT_TRAMP = 0xFFFFFFFFC0001000  # module space, within rel32 reach of kernel
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2
-        raise InputError(f"{self.prog}: {message}")
+        raise InputError(f"{message} (see: {self.prog} --help)")
+
+
+def _typed(fn):
+    """An argument type from a checker that raises InputError: argparse names the option."""
+    def check(text: str):
+        try:
+            return fn(text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    check.__name__ = fn.__name__
+    return check
+
+
+SECONDS, COUNT = _typed(A.seconds), _typed(A.count)
+CODE, TRAMP, RANGE = _typed(A.code_address), _typed(A.trampoline_address), _typed(A.memory_range)
+ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_file), _typed(A.output_file), _typed(A.verdicts)
 
 
 def cmd_check(args, out: TextIO) -> int:
@@ -49,6 +72,10 @@ def cmd_replay(args, out: TextIO) -> int:
 def cmd_policy(args, out: TextIO) -> int:
     from ..plan.policy import RULES
 
+    if args.json:
+        json.dump([{"rule": r.name, "strategy": r.strategy, "reason": r.reason} for r in RULES], out, indent=2)
+        out.write("\n")
+        return EXIT_CLEAN
     for r in RULES:
         out.write(f"{r.name:<22} {r.strategy:<15} {r.reason}\n")
     return EXIT_CLEAN
@@ -66,67 +93,107 @@ def cmd_vmlinux(args, out: TextIO) -> int:
     return vmlinux.command(args, out)
 
 
+def _versions() -> str:
+    from ..versions import tool_versions
+
+    v = tool_versions()
+    return (f"relocverify {v['relocverify']} (capstone {v['capstone']}, iced-x86 {v['iced']}, pyvex {v['pyvex']}, "
+            f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']})")
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help="print the versions of relocverify, its decoders, "
+                         "VEX, z3 and unicorn, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise _VersionAsked()
+
+
+class _VersionAsked(Exception):
+    """--version: ``main`` prints the versions on its own output stream."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="relocverify", description="relocverify: a formally checked x86-64 instruction relocation verifier")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="relocverify",
+                description="relocverify: a formally checked x86-64 instruction relocation verifier. Exit codes: "
+                            "0 clean, 1 findings, 2 usage or input error, 3 unknown or incomplete, 4 internal error.")
+    p.add_argument("--version", action=_Version)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     c = sub.add_parser("check", help="decode, plan and prove one instruction")
-    c.add_argument("hex", metavar="HEX", help="one instruction in hex (spaces allowed)")
-    c.add_argument("--at", type=parse_address, default=DEFAULT_AT, metavar="ADDR")
-    c.add_argument("--tramp", type=parse_address, default=DEFAULT_TRAMP, metavar="ADDR")
-    c.add_argument("--json", action="store_true")
-    c.add_argument("--timeout", type=float, default=10.0, help="solver timeout in seconds")
-    c.add_argument("--image", default=None, metavar="VMLINUX",
+    c.add_argument("hex", metavar="HEX", help="one instruction in hex (spaces allowed), e.g. 'f0 ff 05 10 00 00 00'")
+    c.add_argument("--at", type=CODE, default=DEFAULT_AT, metavar="ADDR",
+                   help=f"the instruction's address A (default {DEFAULT_AT:#x})")
+    c.add_argument("--tramp", type=TRAMP, default=DEFAULT_TRAMP, metavar="ADDR",
+                   help=f"the trampoline's address T (default {DEFAULT_TRAMP:#x}, module space)")
+    c.add_argument("--json", action="store_true", help="print the decode, plan and verdict as JSON")
+    c.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="solver timeout in seconds (default 10)")
+    c.add_argument("--image", default=None, metavar="VMLINUX", type=IN_FILE,
                    help="the kernel the bytes come from: also check the kernel sites at --at")
-    c.add_argument("--system-map", default=None)
+    c.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE,
+                   help="System.map or kallsyms for --image")
     c.set_defaults(func=cmd_check)
 
     pr = sub.add_parser("prove", help="check a relocation made by another tool")
-    pr.add_argument("--orig", required=True, metavar="HEX")
-    pr.add_argument("--at", type=parse_address, required=True, metavar="A")
-    pr.add_argument("--reloc", required=True, metavar="HEX")
-    pr.add_argument("--tramp", type=parse_address, required=True, metavar="T")
-    pr.add_argument("--json", action="store_true")
-    pr.add_argument("--timeout", type=float, default=10.0)
-    pr.add_argument("--tracer-memory", type=parse_range, action="append", metavar="ADDR:SIZE",
-                    help="memory the relocating tool owns (save slots): left out of the comparison")
+    pr.add_argument("--orig", required=True, metavar="HEX", help="the original instruction's bytes")
+    pr.add_argument("--at", type=CODE, required=True, metavar="A", help="the original's address")
+    pr.add_argument("--reloc", required=True, metavar="HEX", help="the relocated code, as placed at T")
+    pr.add_argument("--tramp", type=TRAMP, required=True, metavar="T", help="where the relocated code runs")
+    pr.add_argument("--json", action="store_true", help="print the verdict and counterexample as JSON")
+    pr.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="solver timeout in seconds (default 10)")
+    pr.add_argument("--tracer-memory", type=RANGE, action="append", metavar="ADDR:SIZE",
+                    help="memory the relocating tool owns (save slots): left out of the comparison; repeatable")
     pr.set_defaults(func=cmd_prove)
 
     rp = sub.add_parser("replay", help="replay a counterexample concretely on unicorn")
-    rp.add_argument("--orig", required=True, metavar="HEX")
-    rp.add_argument("--at", type=parse_address, required=True)
+    rp.add_argument("--orig", required=True, metavar="HEX", help="the original instruction's bytes")
+    rp.add_argument("--at", type=CODE, required=True, metavar="A", help="the original's address")
     rp.add_argument("--reloc", metavar="HEX", default=None, help="relocated bytes at T (or give --effects)")
     rp.add_argument("--effects", metavar="JSON", default=None, help="an emulate plan's effects as JSON")
-    rp.add_argument("--tramp", type=parse_address, required=True)
-    rp.add_argument("--state", required=True, metavar="JSON", help="the counterexample's input state")
+    rp.add_argument("--tramp", type=TRAMP, required=True, metavar="T", help="the trampoline's address")
+    rp.add_argument("--state", required=True, metavar="JSON",
+                    help='the input state: {"registers": {"rax": "0x1"}, "memory": {"0x1000": "ab"}}')
+    rp.add_argument("--json", action="store_true", help="print both outcomes and their differences as JSON")
     rp.set_defaults(func=cmd_replay)
 
     po = sub.add_parser("policy", help="print the relocation policy table")
+    po.add_argument("--json", action="store_true", help="print the table as JSON")
     po.set_defaults(func=cmd_policy)
 
     co = sub.add_parser("corpus", help="run the bundled corpora, or fetch a real kernel")
-    co_sub = co.add_subparsers(dest="corpus_command", required=True, parser_class=_Parser)
+    co_sub = co.add_subparsers(dest="corpus_command", required=True, parser_class=_Parser, metavar="run|fetch")
     cr = co_sub.add_parser("run", help="check every entry of the corpora against its expected outcome")
-    cr.add_argument("paths", nargs="*", help="corpus files (default: the bundled corpora)")
-    cr.add_argument("--json", action="store_true")
-    cf = co_sub.add_parser("fetch", help="download a named Debian kernel")
-    cf.add_argument("name")
-    cf.add_argument("--cache", default=None)
+    cr.add_argument("paths", nargs="*", type=IN_FILE, help="corpus TOML files (default: the bundled corpora)")
+    cr.add_argument("--json", action="store_true", help="print every entry's checks as JSON")
+    cf = co_sub.add_parser("fetch", help="download a named Debian kernel (apt-get download) and extract it")
+    cf.add_argument("name", help="debian-6.1-cloud, debian-6.1-amd64 or debian-6.12-cloud")
+    cf.add_argument("--cache", default=None, metavar="DIR",
+                    help="where to keep the packages (default: $RELOCVERIFY_CACHE or ~/.cache/relocverify)")
+    cf.add_argument("--json", action="store_true", help="print the extracted files' paths and sha256s as JSON")
     co.set_defaults(func=cmd_corpus)
 
     v = sub.add_parser("vmlinux", help="verify every instruction of a kernel image")
-    v.add_argument("path", nargs="?", default=None,
-                   help="vmlinux ELF or bzImage (default: the fetched Debian 6.1 cloud kernel)")
-    v.add_argument("--system-map", default=None)
-    v.add_argument("--db", default=None)
-    v.add_argument("--jobs", type=int, default=None)
-    v.add_argument("--trampoline-base", type=parse_address, default=DEFAULT_TRAMP)
-    v.add_argument("--summary-json", default=None)
-    v.add_argument("--timeout", type=float, default=10.0)
-    v.add_argument("--limit", type=int, default=None, help="verify only the first N functions")
-    v.add_argument("--no-progress", action="store_true")
+    v.add_argument("path", nargs="?", default=None, type=IN_FILE,
+                   help="vmlinux ELF or bzImage (default: the Debian 6.1 cloud kernel, downloaded on first use)")
+    v.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE,
+                   help="System.map or kallsyms (needed for a stripped vmlinux or a bzImage)")
+    v.add_argument("--db", default=None, metavar="FILE", type=OUT_FILE,
+                   help="the result store (default: relocverify-<sha>.sqlite next to the image)")
+    v.add_argument("--jobs", type=COUNT, default=None, metavar="N", help="worker processes (default: one per CPU)")
+    v.add_argument("--trampoline-base", type=TRAMP, default=DEFAULT_TRAMP, metavar="ADDR",
+                   help=f"the trampoline address every plan uses (default {DEFAULT_TRAMP:#x})")
+    v.add_argument("--summary-json", default=None, metavar="FILE", type=OUT_FILE,
+                   help="also write the summary as JSON to FILE")
+    v.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="solver timeout per proof (default 10)")
+    v.add_argument("--limit", type=COUNT, default=None, metavar="N", help="verify only the first N functions")
+    v.add_argument("--fail-on", type=VERDICTS, default=frozenset({"refuted"}), metavar="VERDICT[,VERDICT...]",
+                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
+    v.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
     v.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="the persistent proof cache's directory (default: $RELOCVERIFY_CACHE or ~/.cache/relocverify)")
+                   help="the persistent proof cache's directory (default: $RELOCVERIFY_PROOF_CACHE, else "
+                        "$RELOCVERIFY_CACHE or ~/.cache/relocverify)")
     v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
     v.set_defaults(func=cmd_vmlinux)
     return p
@@ -135,17 +202,44 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if not argv:
+            parser.print_help(err)
+            return EXIT_USAGE
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help(err)
+            return EXIT_USAGE
         return args.func(args, out)
+    except _VersionAsked:
+        out.write(_versions() + "\n")
+        return EXIT_CLEAN
     except RelocverifyError as e:
-        err.write(f"relocverify: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n")
+        err.write(f"relocverify: error: {_one_line(e)}\n")
         return EXIT_USAGE
+    except SystemExit as e:  # --help and --version
+        return e.code if isinstance(e.code, int) else EXIT_CLEAN
     except KeyboardInterrupt:
         err.write("relocverify: interrupted\n")
         return 130
     except BrokenPipeError:
         return EXIT_CLEAN
+    except Exception as e:  # a bug: one line, unless --debug asks for the traceback
+        if debug:
+            raise
+        err.write(f"relocverify: internal error: {type(e).__name__}: {_one_line(e)} "
+                  f"(rerun with --debug for the traceback, and report it)\n")
+        return EXIT_INTERNAL
+
+
+def _one_line(e: BaseException) -> str:
+    from .render import escape
+
+    text = " ".join(str(e).split()) or type(e).__name__
+    return escape(text)[:400]
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ from .check import one_instruction
 
 
 def command(args, out: TextIO) -> int:
-    from ..proof.prove import prove_relocation
-    from ..proof.verdict import verdict_exit_code
-
     orig = parse_hex_bytes(args.orig, "--orig")
     reloc = parse_hex_bytes(args.reloc, "--reloc")
     decoded = one_instruction(orig, args.at)
+
+    from ..proof.prove import prove_relocation
+    from ..proof.verdict import verdict_exit_code
+
     result = prove_relocation(decoded, reloc, args.tramp, timeout_ms=int(args.timeout * 1000),
                               tracer_memory=tuple(args.tracer_memory or ()))
     if args.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TextIO
 
 from ..concrete.outcome import Outcome, state_from_json, unmodelled_registers
@@ -16,6 +17,12 @@ from ..x86.decode import decode
 def _describe(label: str, o: Outcome) -> str:
     return f"{label:<10} " + (f"fault: {o.fault}" if o.fault else f"next rip {o.next_rip:#x}, "
                                                               f"{len(o.writes)} byte(s) written")
+
+
+def _outcome_json(o: Outcome) -> dict:
+    return {"fault": o.fault, "next_rip": hex(o.next_rip),
+            "registers": {k: hex(v) for k, v in sorted(o.registers.items())},
+            "writes": {hex(a): f"{b:02x}" for a, b in sorted(o.writes.items())}}
 
 
 def _planned_tracer_memory(orig: bytes, at: int, tramp: int, reloc: bytes) -> tuple[tuple[int, int], ...]:
@@ -39,6 +46,14 @@ def command(args, out: TextIO) -> int:
     else:
         effects = effects_from_json(load_json(args.effects, "--effects"))
         result = replay(orig, args.at, args.tramp, state, effects=effects)
+    if args.json:
+        json.dump({"original": _outcome_json(result.original), "relocated": _outcome_json(result.relocated),
+                   "differences": [{"what": d.what, "original": d.original, "relocated": d.relocated}
+                                   for d in result.differences],
+                   "replayable": result.replayable, "limit": result.limit or None, "differ": result.differ,
+                   "not_modelled": list(unmodelled_registers(state))}, out, indent=2)
+        out.write("\n")
+        return 3 if not result.replayable else 1 if result.differ else 0
     if unmodelled_registers(state):
         out.write(f"note: not modelled by the replay, ignored: {', '.join(unmodelled_registers(state))}\n")
     out.write(_describe("original:", result.original) + "\n")

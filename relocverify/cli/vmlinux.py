@@ -10,6 +10,14 @@ from ..errors import InputError
 from .render import escape
 
 DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
+KERNEL_HALF = 0xFFFF800000000000  # x86-64 kernels are linked in the upper canonical half
+
+
+def _say(line: str) -> None:
+    import sys
+
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def command(args, out: TextIO) -> int:
@@ -23,12 +31,18 @@ def command(args, out: TextIO) -> int:
     if path is None:
         from ..image.fetch import fetch
 
-        path = str(fetch(DEFAULT_KERNEL, None).vmlinux)
+        path = str(fetch(DEFAULT_KERNEL, None, progress=None if args.no_progress else _say).vmlinux)
     image = load_image(path, system_map)
+    if not any(s.address >= KERNEL_HALF for s in image.iter_executable_sections()):
+        lowest = min((s.address for s in image.iter_executable_sections()), default=0)
+        raise InputError(f"{path}: not a kernel: its code is linked at {lowest:#x}, below the kernel half "
+                         f"({KERNEL_HALF:#x}); relocverify vmlinux verifies kernel images")
     db = args.db or os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
+    if args.db is None:
+        from . import arguments
+
+        arguments.output_file(db)
     jobs = args.jobs or default_jobs()
-    if jobs < 1:
-        raise InputError("--jobs must be at least 1")
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     options = RunOptions(args.trampoline_base, jobs, args.timeout, args.limit, True, cache_dir)
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
@@ -37,4 +51,11 @@ def command(args, out: TextIO) -> int:
     if args.summary_json:
         with open(args.summary_json, "w") as fh:
             json.dump(summary, fh, indent=2)
-    return 1 if summary["by_verdict"].get("refuted", 0) else 0
+    failing = {v: n for v, n in summary["by_verdict"].items() if v in args.fail_on and n}
+    if failing:
+        out.write("fails on: " + ", ".join(f"{n:,} {v}" for v, n in failing.items()) + "\n")
+        return 1
+    if not summary["totals_add_up"] or summary["run"]["status"] != "complete":
+        out.write("incomplete: the totals do not add up\n")
+        return 3
+    return 0

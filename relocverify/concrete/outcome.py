@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -85,7 +84,22 @@ def with_code(state: MachineState, at: int, code: bytes) -> MachineState:
 
 
 
-_REGISTER_NAME = re.compile(r"[a-z][a-z0-9_]*")
+def register_bits(name: str) -> int | None:
+    """The width of a register a state may name: the ones the replay models, their aliases, and the
+    VEX guest registers a checker's counterexample names (kept, and reported as not modelled);
+    None for a name that is none of these."""
+    if name in REGISTER_BITS:
+        return REGISTER_BITS[name]
+    if name in REGISTER_ALIASES:
+        return 256 if name.startswith("ymm") else 64
+    from archinfo import ArchAMD64  # the VEX guest state's register names (no angr import)
+
+    for reg in ArchAMD64().register_list:
+        if reg.name == name:
+            return reg.size * 8
+    if name.startswith("guest_") and name[6:].isdigit():
+        return 8
+    return None
 
 
 def state_from_json(doc: object) -> MachineState:
@@ -100,10 +114,14 @@ def state_from_json(doc: object) -> MachineState:
         raise InputError('the state must be a JSON object {"registers": {...}, "memory": {...}}')
     registers = {}
     for name, value in (doc.get("registers") or {}).items():
-        if not _REGISTER_NAME.fullmatch(name):
+        bits = register_bits(name)
+        if bits is None:
             raise InputError(f"{name!r} is not a register name; the replay models rax..r15, rflags, fs_base, "
                              f"gs_base, xmm0..xmm15 (ymmN: its low half)")
-        registers[name] = parse_int(value, f"register {name}")
+        v = parse_int(value, f"register {name}")
+        if not 0 <= v < 1 << bits:
+            raise InputError(f"register {name} is {bits} bits wide; {value!r} does not fit")
+        registers[name] = v
     memory = {}
     for addr, data in (doc.get("memory") or {}).items():
         base = parse_int(addr, "a memory address")

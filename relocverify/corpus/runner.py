@@ -267,6 +267,8 @@ def load_file(path: str | Path) -> list[Entry]:
         raise InputError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: not valid TOML: {e}") from None
+    except (ValueError, RecursionError):  # bytes that are not UTF-8 text, or nesting past the parser's depth
+        raise InputError(f"{path}: not a corpus: a corpus is a UTF-8 TOML text file") from None
     unknown = sorted(set(doc) - set(FILE_KEYS))
     if unknown:
         raise InputError(f"{path}: unknown top-level key(s) {', '.join(unknown)}; entries go in [[entry]] tables")
@@ -473,4 +475,9 @@ def render_result(r: EntryResult) -> str:
     shown = [c for c in r.checks if not c.ok] or [c for c in r.checks if "verdict" in c.what or c.what == "plan"]
     details = "; ".join(f"{c.what}: expected {c.expected}, got {c.got}" if not c.ok else f"{c.what} {c.got}"
                         for c in shown)
-    return f"{'ok  ' if r.ok else 'MISS'} {r.entry.id}  {details}\n"
+    return f"{'ok  ' if r.ok else 'MISS'} {_printable(r.entry.id)}  {_printable(details)}\n"
+
+
+def _printable(text: str) -> str:
+    """Text from a corpus file, safe for a terminal: control characters as \\xNN."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)

@@ -26,6 +26,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from ..errors import ImageError
 from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image
 from ..kernel.sites import find_sites
@@ -86,6 +87,9 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     if again is not None:
         return again
     functions = find_functions(image)
+    if not functions:
+        raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
+                         f"pass the build's System.map (--system-map) or an unstripped vmlinux")
     if options.limit is not None:
         functions = functions[:options.limit]
     sites = find_sites(image) if options.with_sites else None

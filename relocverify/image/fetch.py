@@ -78,8 +78,10 @@ class FetchedKernel:
     sha256s: dict      # file name (.deb or extracted) -> sha256 hex
 
 
-def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = False) -> FetchedKernel:
-    """Download (if needed) and extract kernel ``name``; see the module doc."""
+def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = False,
+          progress=None) -> FetchedKernel:
+    """Download (if needed) and extract kernel ``name``; see the module doc.  ``progress``, if
+    given, is told a line before each download and each extraction (they take minutes)."""
     spec = KERNELS.get(name)
     if spec is None:
         raise FetchError(f"unknown kernel {name!r}: choose one of {', '.join(sorted(KERNELS))}")
@@ -91,10 +93,11 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = 
         raise FetchError(f"cannot create cache directory {target}: {exc.strerror}") from None
     manifest = _Manifest.load(target / "manifest.json")
     wanted = _wanted_members(spec)
-    debs = {package: _obtain_deb(cache, package, manifest, verify) for package in (spec.unsigned, spec.dbg)}
+    say = progress or (lambda line: None)
+    debs = {package: _obtain_deb(cache, package, manifest, verify, say) for package in (spec.unsigned, spec.dbg)}
     files = {}
     for package, members in wanted.items():
-        files.update(_extract_members(debs[package], members, target, manifest, verify))
+        files.update(_extract_members(debs[package], members, target, manifest, verify, say))
     manifest.data["name"] = name
     manifest.data["release"] = spec.release
     manifest.save()
@@ -239,12 +242,13 @@ def _sha256(path: Path) -> str:
 
 # --- apt-get download --------------------------------------------------------------
 
-def _obtain_deb(cache: Path, package: str, manifest: _Manifest, verify: bool) -> Path:
+def _obtain_deb(cache: Path, package: str, manifest: _Manifest, verify: bool, say=lambda line: None) -> Path:
     record = manifest.data["debs"].get(package)
     if record and manifest.matches("debs", package, cache / record["file"], verify):
         return cache / record["file"]
     existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
     if not existing:
+        say(f"downloading {package} into {cache} with apt-get download ...")
         _apt_download(cache, package)
         existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
         if not existing:
@@ -295,10 +299,11 @@ def _wanted_members(spec: KernelSpec) -> dict[str, dict[str, str]]:
 
 
 def _extract_members(deb: Path, members: dict[str, str], target: Path,
-                     manifest: _Manifest, verify: bool) -> dict[str, Path]:
+                     manifest: _Manifest, verify: bool, say=lambda line: None) -> dict[str, Path]:
     paths = {role: target / Path(member).name for member, role in members.items()}
     if all(manifest.matches("files", role, paths[role], verify) for role in members.values()):
         return paths
+    say(f"extracting {', '.join(sorted(members.values()))} from {deb.name} ...")
     found: dict[str, Path] = {}
     try:
         with _open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
 
 from ..errors import ImageError
 from . import bzimage
@@ -41,17 +42,22 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     """Load a vmlinux ELF or a bzImage, with symbols from ``system_map`` if given."""
     path = os.fspath(path)
     with OpenInput(path, "kernel image") as handle:
-        head = handle.read(0x400)
-        if head[:4] == b"\x7fELF":
-            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            format_, compression = "elf", None
-        elif bzimage.is_bzimage(head):
-            buffer = bzimage.payload(path, handle.read, head)
-            format_, compression = "bzimage", bzimage.compression_of(path, buffer)
-            buffer = bzimage.decompress(path, buffer, compression)
-        else:
-            raise ImageError(f"{path}: not an ELF vmlinux or a bzImage (starts with {head[:8].hex()}); "
-                             "pass vmlinux from the -dbg package or /boot/vmlinuz-*")
+        try:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ImageError(f"{path}: not a regular file; pass a vmlinux or vmlinuz file")
+            head = handle.read(0x400)
+            if head[:4] == b"\x7fELF":
+                buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                format_, compression = "elf", None
+            elif bzimage.is_bzimage(head):
+                buffer = bzimage.payload(path, handle.read, head)
+                format_, compression = "bzimage", bzimage.compression_of(path, buffer)
+                buffer = bzimage.decompress(path, buffer, compression)
+            else:
+                raise ImageError(f"{path}: not an ELF vmlinux or a bzImage (starts with {head[:8].hex()}); "
+                                 "pass vmlinux from the -dbg package or /boot/vmlinuz-*")
+        except (OSError, ValueError) as exc:  # /proc files, special files, an empty file to mmap
+            raise ImageError(f"{path}: cannot read as a kernel image: {exc}") from None
     try:
         elf = read_elf(path, buffer, from_payload=format_ == "bzimage")
         symbols, source = elf.symbols, ("elf" if elf.symbols else "none")

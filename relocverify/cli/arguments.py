@@ -1,0 +1,102 @@
+"""Argument types for the command line: each checks its value when the
+arguments are parsed, before any long work starts, and refuses a bad one
+with a line that says what a good one looks like."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..errors import InputError
+from ..inputs import parse_address, parse_range
+from ..x86.registers import MASK64, is_canonical
+
+#: The longest trampoline the planner builds (plan.plan.TRAMPOLINE_MAX), plus its slot.
+TRAMPOLINE_SPAN = 64
+
+
+def seconds(text: str) -> float:
+    """A timeout: a finite number of seconds above 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError(f"{text!r} is not a number of seconds, e.g. 10 or 0.5") from None
+    if not math.isfinite(v) or v <= 0:
+        raise InputError(f"a timeout must be a finite number of seconds above 0, not {text!r}")
+    return v
+
+
+def count(text: str) -> int:
+    """A count of at least 1 (functions, jobs, trials)."""
+    try:
+        v = int(text, 10)
+    except ValueError:
+        raise InputError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise InputError(f"expected a number of at least 1, not {v}")
+    return v
+
+
+def code_address(text: str) -> int:
+    """An address code can run at: canonical (bits 63..47 equal), with room for an
+    instruction (15 bytes) before 2^64."""
+    v = parse_address(text)
+    if not is_canonical(v):
+        raise InputError(f"address {text} is not canonical (bits 63..47 must be all 0 or all 1): the CPU "
+                         f"faults on it; e.g. 0xffffffff81000000")
+    if v > MASK64 - 15:
+        raise InputError(f"address {text}: an instruction there would wrap past 2^64")
+    return v
+
+
+def trampoline_address(text: str) -> int:
+    """A trampoline address: canonical, with room for the longest trampoline before 2^64."""
+    v = code_address(text)
+    if v > MASK64 - TRAMPOLINE_SPAN or not is_canonical(v + TRAMPOLINE_SPAN):
+        raise InputError(f"trampoline {text}: a trampoline there would run past the canonical range or 2^64")
+    return v
+
+
+def memory_range(text: str) -> tuple[int, int]:
+    """ADDR:SIZE with a size of at least 1 byte that ends at or before 2^64."""
+    addr, size = parse_range(text)
+    if size < 1:
+        raise InputError(f"range {text!r}: the size must be at least 1 byte")
+    if addr + size > MASK64 + 1:
+        raise InputError(f"range {text!r} runs past 2^64")
+    return addr, size
+
+
+def input_file(text: str) -> str:
+    """A readable regular file."""
+    if not os.path.exists(text):
+        raise InputError(f"{text}: no such file")
+    if os.path.isdir(text):
+        raise InputError(f"{text}: is a directory, not a file")
+    if not os.access(text, os.R_OK):
+        raise InputError(f"{text}: not readable")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file the command may write: its directory exists and is writable, and it is not a directory."""
+    if os.path.isdir(text):
+        raise InputError(f"{text}: is a directory; name a file to write")
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise InputError(f"{text}: the directory {directory} does not exist; create it first")
+    if not os.access(directory, os.W_OK) or (os.path.exists(text) and not os.access(text, os.W_OK)):
+        raise InputError(f"{text}: cannot write there")
+    return text
+
+
+def verdicts(text: str) -> frozenset[str]:
+    """VERDICT[,VERDICT...]: names from the Verdict enum."""
+    from ..proof.verdict import Verdict
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    known = [v.value for v in Verdict]
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        raise InputError(f"--fail-on takes verdicts from {', '.join(known)}, comma-separated; not {text!r}")
+    return frozenset(names)
