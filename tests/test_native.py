@@ -173,7 +173,7 @@ def test_nondeterministic_instructions_still_run():
 # --- sampled states, against unicorn ---------------------------------------------
 
 
-@pytest.mark.parametrize("hexbytes", ["50", "5b", "f348a5", "f3aa", "488b4c8310", "48894c5df8", "ac", "c9"])
+@pytest.mark.parametrize("hexbytes", ["50", "5b", "9d", "f348a5", "f3aa", "488b4c8310", "48894c5df8", "ac", "c9"])
 def test_sampled_accesses_fall_in_the_arena(hexbytes):
     d = insn(hexbytes)
     states = native.sample_states(d, random.Random(7), 8)

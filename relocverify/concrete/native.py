@@ -210,6 +210,7 @@ EDGE_DOUBLES = (0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 3.5, 1e308, 5e-324, float(
                 float("nan"))
 _STRING_OPS = frozenset("movsb movsw movsd movsq stosb stosw stosd stosq lodsb lodsw lodsd lodsq scasb scasw "
                         "scasd scasq cmpsb cmpsw cmpsd cmpsq".split())
+_POPF = frozenset({"popf", "popfd", "popfq"})
 _MARGIN = 128  # bytes of random content either side of an access
 
 
@@ -250,7 +251,8 @@ def sample_states(decoded: Instruction, rng: random.Random, n: int, vary_mxcsr: 
     GPRs are random 64-bit values or edge values; the registers that form
     an address are then chosen so that the address lands in the middle of
     the arena (index registers small, base = target - disp - index*scale).
-    A rep-prefixed string instruction gets rcx in 0..7.  xmm lanes are
+    A rep-prefixed string instruction gets rcx in 0..7; popf pops a value
+    with TF and AC clear.  xmm lanes are
     random bits, edge doubles or floats.  MXCSR has every exception masked,
     a random rounding mode and sometimes FTZ+DAZ (``vary_mxcsr=False``:
     0x1f80, unicorn's fixed value).  The memory around each access is
@@ -299,6 +301,10 @@ def _sample_one(decoded, ins, accesses, rng, vary_mxcsr) -> MachineState | None:
         for a in range(address - _MARGIN - span, address + size + _MARGIN + span):
             if ARENA <= a < ARENA + ARENA_SIZE:
                 memory[a] = rng.getrandbits(8)
+    if decoded.opname in _POPF:  # TF would single-step into SIGTRAP; AC would turn on alignment checks
+        rsp = regs["rsp"]
+        memory[rsp + 1] = memory.get(rsp + 1, 0) & ~0x01
+        memory[rsp + 2] = memory.get(rsp + 2, 0) & ~0x04
     return MachineState(regs, memory)
 
 
