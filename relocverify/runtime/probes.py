@@ -165,6 +165,14 @@ class ProbeRuntime:
             del self._probes[probe.address]
         return True
 
+    def read_live(self, address: int, size: int) -> bytes:
+        """The live text without the probes' int3s: the boot-patched bytes."""
+        live = bytearray(self.kernel.read(address, size))
+        for p in self._probes.values():
+            if address <= p.address < address + size:
+                live[p.address - address] = p.raw[0]
+        return bytes(live)
+
     def is_enabled(self, address: int) -> bool:
         return address in self._probes
 
@@ -202,10 +210,7 @@ class ProbeRuntime:
         if i < 0 or address >= self._funcs[i][1]:
             return f"{address:#x} is in no sized function symbol, so its instruction boundaries are unknown"
         start, end = self._funcs[i]
-        live = self.kernel.read(start, end - start)
-        for p in self._probes.values():  # the bytes under other probes
-            if start <= p.address < end:
-                live = live[:p.address - start] + p.raw[:1] + live[p.address - start + 1:]
+        live = self.read_live(start, end - start)
         dec = iced_x86.Decoder(64, live, ip=start)
         for ins in dec:
             if ins.ip >= address:
