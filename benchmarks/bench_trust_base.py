@@ -86,7 +86,7 @@ def fault_class(fault: str | None) -> str | None:
         return "/".join(native.FAULT_VECTORS.get(fault.split()[1], (fault,)))
     for name in VECTORS.values():
         if name in fault:
-            return next((f"/".join(v) for v in native.FAULT_VECTORS.values() if name in v), name)
+            return next(("/".join(v) for v in native.FAULT_VECTORS.values() if name in v), name)
     return fault
 
 
@@ -106,8 +106,8 @@ def differences(cpu, other, state, undefined: int) -> list[str]:
     return diffs
 
 
-def check_shape(args: tuple[bytes, int, int, bool]) -> dict:
-    raw, nstates, seed, vex = args
+def check_shape(args: tuple[bytes, int, int, bool, bool]) -> dict:
+    raw, nstates, seed, vex, vex_mxcsr = args
     d = decode(raw, native.NATIVE_AT)
     if not isinstance(d, Instruction):
         return {"refused": "decode: " + type(d).__name__}
@@ -128,7 +128,10 @@ def check_shape(args: tuple[bytes, int, int, bool]) -> dict:
         diffs = differences(cpu, uni, state, undefined)
         if diffs:
             result["unicorn"].append((diffs, _example(d, state, cpu, uni, diffs)))
-        if vex:
+    if vex:
+        result["vex_run"] = True
+        vstates = native.sample_states(d, random.Random(seed), 2, vary_mxcsr=vex_mxcsr)
+        for state, cpu in zip(vstates, native.run_native(d.raw, vstates)):
             vdiffs, vout = vex_differences(d, state, cpu, undefined)
             if vdiffs:
                 result["vex"].append((vdiffs, _example(d, state, cpu, vout, vdiffs)))
@@ -140,6 +143,8 @@ def _example(d, state, cpu, other, diffs=()) -> str:
     shown = sorted(set(regs) | set(d.regs_read) & set(COMPARED_REGISTERS))
     ins = " ".join(f"{r}={state.registers.get(r, 0):#x}" for r in shown)
     ins += f" rflags={state.registers['rflags']:#x}"
+    if state.registers.get('mxcsr', native.MXCSR_DEFAULT) != native.MXCSR_DEFAULT:
+        ins += f" mxcsr={state.registers['mxcsr']:#x}"
     outs = ""
     if other is not None:
         outs = "; " + " ".join(f"{r}: cpu {cpu.registers.get(r, 0):#x} other {other.registers.get(r, 0):#x}"
@@ -154,39 +159,115 @@ def vex_differences(d, state, cpu, undefined) -> tuple[list[str], object]:
     try:
         out = vex_outcome(d, state)
     except Exception as e:  # noqa: BLE001 - a gap of the semantics is counted, not fatal
-        return [f"vex: {type(e).__name__}"], None
+        return [f"vex: {getattr(e, 'reason', type(e).__name__)[:60]}"], None
     if out is None:
         return ["vex: no single outcome"], None
     return differences(cpu, out, state, undefined), out
 
 
 def vex_outcome(d, state):
-    from relocverify.bench_vex import concrete_outcome  # pragma: no cover - optional
-    return concrete_outcome(d, state)
+    """``vex_step`` repeated while a rep string instruction jumps back to itself (at most 64 iterations)."""
+    from relocverify.concrete.machine import is_rep_string
+    from relocverify.concrete.outcome import MachineState, Outcome
+
+    out, writes = vex_step(d, state), {}
+    for _ in range(64):
+        if out is None or out.fault or out.next_rip != native.NATIVE_AT or not is_rep_string(d.raw):
+            break
+        writes.update(out.writes)
+        memory = {**state.memory, **out.writes}
+        state = MachineState({**state.registers, **out.registers}, memory)
+        out = vex_step(d, state)
+    if out is None:
+        return None
+    return Outcome(out.registers, out.next_rip, {**writes, **out.writes}, out.fault)
+
+
+def vex_step(d, state):
+    """The VEX semantics of ``d`` evaluated on ``state``: a concrete ``Outcome``, or None if no path is taken.
+
+    Symbolic execution (``proof.semantics.execute_original``), then a
+    claripy solver with every input symbol pinned to the state: GPRs,
+    ymmN = xmmN (upper half 0), rflags, DF, AC = ID = 0, sseround from
+    MXCSR, and each initial memory byte to the state's byte at the address
+    it evaluates to.  Other guest registers are left free (a difference
+    that depends on them shows as one).
+    """
+    import claripy
+
+    from relocverify.concrete.outcome import Outcome, initial_registers
+    from relocverify.proof import semantics as S
+    from relocverify.proof.smt import _flags
+
+    at = native.NATIVE_AT
+    world = S.World()
+    outs = S.execute_original(world, d.raw, at)
+    exprs = []
+    for o in outs:
+        regs = {r: S.register_value(world, o.regs, r, at) for r in native.GPR64}
+        regs.update({f"xmm{i}": S.register_value(world, o.regs, f"ymm{i}", at)[127:0] for i in range(16)})
+        exprs.append((o, regs, _flags(world, o, at), S.register_value(world, o.regs, "d", at)))
+    inputs = initial_registers(state)
+    mxcsr = state.registers.get("mxcsr", native.MXCSR_DEFAULT)
+    solver = claripy.Solver()
+    for name, sym in list(world.reg_syms.items()):
+        if name in native.GPR64:
+            solver.add(sym == inputs[name])
+        elif name.startswith("ymm") and int(name[3:]) < 16:
+            solver.add(sym == inputs[f"xmm{name[3:]}"])
+        elif name == "sseround":
+            solver.add(sym == (mxcsr >> 13) & 3)
+    solver.add(world.rflags == inputs["rflags"])
+    solver.add(world.df == (inputs["rflags"] >> 10) & 1)
+    solver.add(world.ac == 0)
+    solver.add(world.idf == 0)
+    for addr, byte in list(world.mem_syms.values()):
+        a = solver.eval(addr, 1)[0]
+        solver.add(byte == state.memory.get(a, 0))
+    for c in world.constraints():
+        solver.add(c)
+    for o, regs, flags, df in exprs:
+        if not solver.satisfiable(extra_constraints=[o.guard]):
+            continue
+        solver.add(o.guard)
+        value = {name: solver.eval(e, 1)[0] for name, e in regs.items()}
+        value["rflags"] = solver.eval(flags, 1)[0] | 2 | (0x400 if solver.eval(df, 1)[0] == native.MASK64 else 0)
+        writes = {}
+        for waddr, wbyte in o.writes:
+            writes[solver.eval(waddr, 1)[0]] = solver.eval(wbyte, 1)[0]
+        fault = None if o.jumpkind in S.NORMAL_JUMPKINDS else o.jumpkind
+        return Outcome(value, solver.eval(o.target, 1)[0], writes, fault)
+    return None
 
 
 # --- the report ---------------------------------------------------------------------
 
 
 def main() -> int:
+    import logging
+    logging.getLogger("angr").setLevel(logging.ERROR)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="debian-6.1-cloud")
     ap.add_argument("--states", type=int, default=4)
     ap.add_argument("--limit", type=int, default=0, help="check only the first N shapes (0: all)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--vex", action="store_true")
+    ap.add_argument("--vex", type=int, default=0, metavar="N",
+                    help="also evaluate VEX on N shapes spread over those run (2 states each; about 0.3 s a state)")
+    ap.add_argument("--vex-mxcsr", action="store_true",
+                    help="VEX column: random MXCSR rounding modes (unicorn ignores MXCSR; VEX models RC)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     shapes, count = collect_shapes(args.kernel)
     print(f"instructions walked: {count}  distinct shapes: {len(shapes)}  ({time.perf_counter() - t0:.0f} s)")
     todo = list(shapes.values())[:args.limit or None]
-    work = [(raw, args.states, i, args.vex) for i, raw in enumerate(todo)]
+    every = max(len(todo) // args.vex, 1) if args.vex else 0
+    work = [(raw, args.states, i, bool(every) and i % every == 0, args.vex_mxcsr) for i, raw in enumerate(todo)]
     refused: collections.Counter = collections.Counter()
     by_class = {"unicorn": collections.Counter(), "vex": collections.Counter()}
     by_what = {"unicorn": collections.Counter(), "vex": collections.Counter()}
     examples: dict[tuple[str, str], str] = {}
-    run = states = 0
+    run = states = vex_run = 0
     with Pool(args.jobs) as pool:
         for result in pool.imap_unordered(check_shape, work, chunksize=16):
             if "refused" in result:
@@ -194,6 +275,7 @@ def main() -> int:
                 continue
             run += 1
             states += result["states"]
+            vex_run += bool(result.get("vex_run"))
             for oracle in ("unicorn", "vex"):
                 seen = set()
                 for diffs, example in result[oracle]:
@@ -209,6 +291,8 @@ def main() -> int:
     print("refused by reason:")
     for reason, n in refused.most_common():
         print(f"  {n:7d}  {reason}")
+    if args.vex:
+        print(f"vex: {vex_run} shapes evaluated (2 states each, MXCSR {'random' if args.vex_mxcsr else '0x1f80'})")
     for oracle in ("unicorn",) + (("vex",) if args.vex else ()):
         agree = run - len({op for (op, _w) in by_class[oracle]})
         print(f"\n{oracle} vs cpu: shapes with a disagreement by what differs (shape counted once per label):")
