@@ -121,7 +121,7 @@ def check_shape(args: tuple[bytes, int, int, bool, bool]) -> dict:
     result = {"opname": d.opname, "raw": raw.hex(), "unicorn": [], "vex": [], "states": len(states)}
     for state, cpu in zip(states, native.run_native(d.raw, states)):
         try:
-            uni = run_original(d.raw, native.NATIVE_AT, state)
+            uni = run_original(d.raw, native.native_address(d.raw), state)
         except Exception as e:  # noqa: BLE001 - a crash of the replay is a finding too
             result["unicorn"].append((["unicorn crashed: " + type(e).__name__], _example(d, state, cpu, None)))
             continue
@@ -172,7 +172,7 @@ def vex_outcome(d, state):
 
     out, writes = vex_step(d, state), {}
     for _ in range(64):
-        if out is None or out.fault or out.next_rip != native.NATIVE_AT or not is_rep_string(d.raw):
+        if out is None or out.fault or out.next_rip != native.native_address(d.raw) or not is_rep_string(d.raw):
             break
         writes.update(out.writes)
         memory = {**state.memory, **out.writes}
@@ -199,7 +199,7 @@ def vex_step(d, state):
     from relocverify.proof import semantics as S
     from relocverify.proof.smt import _flags
 
-    at = native.NATIVE_AT
+    at = native.native_address(d.raw)
     world = S.World()
     outs = S.execute_original(world, d.raw, at)
     exprs = []

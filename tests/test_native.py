@@ -128,7 +128,8 @@ def test_ucomisd_is_quiet_and_comisd_signals_on_qnan():
     ("e800000000", "control transfer"),  # call
     ("7400", "control transfer"),  # je
     ("64488b0425280000 00".replace(" ", ""), "fs/gs override"),  # mov %fs:0x28,%rax
-    ("488b0500000000", "rip-relative"),
+    ("488b05ffffff7f", "rip-relative out of reach"),  # mov 0x7fffffff(%rip),%rax
+    ("488b0500000000", "rip-relative out of reach"),  # mov 0(%rip),%rax: the target is the harness
     ("0f31", "nondeterministic"),  # rdtsc
     ("d9c0", "x87/mmx"),  # fld %st(0)
     ("c5fc58c1", "wide vector"),  # vaddps %ymm1,%ymm0,%ymm0
@@ -149,7 +150,7 @@ def test_refusal_table_rows_have_reasons_and_only_nondeterminism_is_runnable():
 
 
 def test_safe_instructions_are_not_refused():
-    for hexbytes in ("4801d8", "50", "f348a5", "488b4c8310", "660f3a0bc104", "0f0b"):
+    for hexbytes in ("4801d8", "50", "f348a5", "488b4c8310", "660f3a0bc104", "0f0b", "488b0500001000"):
         assert native.refusal(insn(hexbytes)) is None, hexbytes
 
 
@@ -195,15 +196,31 @@ AGREEMENT_CASES = [
     ("f348a5", RFLAGS_COMPARED),  # rep movsq
     ("488b4c8310", RFLAGS_COMPARED),  # mov 0x10(%rbx,%rax,4),%rcx
     ("480fc7 0b".replace(" ", ""), ZF),  # cmpxchg16b (%rbx)
+    ("488b0500001000", RFLAGS_COMPARED),  # mov 0x100000(%rip),%rax
+    ("48013d0000f0ff", CF | PF | AF | ZF | SF | OF),  # add %rdi,-0x100000(%rip)
+    ("488d05f0ffffff", RFLAGS_COMPARED),  # lea -0x10(%rip),%rax
 ]
+
+
+def test_rip_relative_target_lands_in_the_arena():
+    raw = bytes.fromhex("488b0500001000")  # mov 0x100000(%rip),%rax
+    at = native.native_address(raw)
+    target = at + len(raw) + 0x100000
+    assert native.ARENA <= target < native.ARENA + native.ARENA_SIZE
+    (out,) = native.run_native(raw, [MachineState({"rflags": 2}, {target: 0x42})])
+    assert out.registers["rax"] == 0x42 and out.next_rip == at + len(raw)
+    with pytest.raises(ValueError):
+        native.run_native(raw, [], at=native.NATIVE_AT)
 
 
 @pytest.mark.parametrize("hexbytes,flags", AGREEMENT_CASES)
 def test_agrees_with_unicorn(hexbytes, flags):
     d = insn(hexbytes)
+    at = native.native_address(d.raw)
     states = native.sample_states(d, random.Random(11), 12, vary_mxcsr=False)
+    assert states
     for state, out in zip(states, native.run_native(d.raw, states)):
-        uni = run_original(d.raw, native.NATIVE_AT, state)
+        uni = run_original(d.raw, at, state)
         assert (out.fault is None) == (uni.fault is None), (state, out.fault, uni.fault)
         if out.fault:
             continue

@@ -13,11 +13,13 @@
 Machine model (what a native outcome assumes):
 
 * The instruction runs in a forked child process, in user mode, at
-  ``NATIVE_AT`` inside a hand-written harness (``native_harness``) that
-  loads the 16 GPRs, RFLAGS (CF PF AF ZF SF OF DF; bit 1), MXCSR and
-  xmm0-15 from the state and stores them back.  ``at`` only sets the
-  reported ``next_rip`` (``at + len``): RIP-relative instructions are
-  refused, so nothing else depends on where the instruction runs.
+  ``native_address(raw)`` inside a hand-written harness
+  (``native_harness``) that loads the 16 GPRs, RFLAGS (CF PF AF ZF SF OF
+  DF; bit 1), MXCSR and xmm0-15 from the state and stores them back.
+  That address is ``NATIVE_AT``, except for a RIP-relative instruction,
+  whose harness page is placed so that its target lands in the middle of
+  the arena (refused when no user-space page does that).  Compare with
+  unicorn at that same address.
 * Memory: ``ARENA_SIZE`` bytes at ``ARENA``, mapped fresh in the child,
   hold the state's bytes there and 0 elsewhere (as unicorn's unnamed bytes
   read 0).  State bytes outside the arena are ignored; an access outside
@@ -119,7 +121,7 @@ def _uses(*kinds: str) -> Callable[[Facts], bool]:
 
 
 def _memory_outside_arena(f: Facts) -> bool:
-    return any(m.base == iced.Register.NONE and m.index == iced.Register.NONE
+    return not f.ins.is_ip_rel_memory_operand and any(m.base == iced.Register.NONE and m.index == iced.Register.NONE
                and not ARENA <= m.displacement < ARENA + ARENA_SIZE for m in _accesses(f.ins))
 
 
@@ -138,9 +140,10 @@ REFUSED: tuple[RefusedClass, ...] = (
     RefusedClass("segment register", _uses("segment"),
                  "reads or loads a segment register: selectors and descriptors are host state, and loading fs "
                  "breaks the host's TLS"),
-    RefusedClass("rip-relative", lambda f: f.decoded.rip_relative,
-                 "RIP-relative operand: not supported yet (the harness page is not placed so the target lands "
-                 "in the arena)"),
+    RefusedClass("rip-relative out of reach", lambda f: f.decoded.rip_relative and native_address(f.decoded.raw) is None,
+                 "RIP-relative access whose target no user-space harness page can put in the arena "
+                 "(displacement beyond the user address space, or within a page or two of the instruction, "
+                 "where the harness's own code lies)"),
     RefusedClass("absolute address", _memory_outside_arena,
                  "an absolute memory address outside the arena: no register choice can move it"),
     RefusedClass("cpu lacks", lambda f: bool(_missing_features(f)),
@@ -170,8 +173,28 @@ def refusal(decoded: Instruction) -> str | None:
 
 
 @lru_cache(maxsize=4096)
-def _iced(raw: bytes) -> iced.Instruction:
-    return iced.Decoder(64, raw, ip=NATIVE_AT).decode()
+def _iced(raw: bytes, ip: int = NATIVE_AT) -> iced.Instruction:
+    return iced.Decoder(64, raw, ip=ip).decode()
+
+
+_RESERVED = ((ARENA, ARENA_SIZE), (CTX, 0x1000))
+USER_SPACE = (0x100000, 0x7FFF_FFFF_0000)
+
+
+@lru_cache(maxsize=4096)
+def native_address(raw: bytes) -> int | None:
+    """Where ``run_native`` runs ``raw``: NATIVE_AT, or for RIP-relative bytes an address putting the target
+    in the arena's middle (None if no user-space harness page can)."""
+    ins = _iced(raw)
+    if not ins.is_ip_rel_memory_operand or not _accesses(ins):  # lea, nop: the address is only computed
+        return NATIVE_AT
+    offset = NATIVE_AT - CODE
+    delta = (ins.ip_rel_memory_address - NATIVE_AT + 2**63) % 2**64 - 2**63
+    page = (ARENA + ARENA_SIZE // 2 - offset - delta) & ~(CODE_SIZE - 1)
+    if not USER_SPACE[0] <= page < USER_SPACE[1] or any(lo < page + CODE_SIZE and page < lo + n
+                                                         for lo, n in _RESERVED):
+        return None
+    return page + offset
 
 
 # --- CPU features ------------------------------------------------------------
@@ -258,7 +281,7 @@ def sample_states(decoded: Instruction, rng: random.Random, n: int, vary_mxcsr: 
     0x1f80, unicorn's fixed value).  The memory around each access is
     random bytes.  States whose accesses cannot all be placed are dropped.
     """
-    ins = _iced(decoded.raw)
+    ins = _iced(decoded.raw, native_address(decoded.raw) or NATIVE_AT)
     accesses = _accesses(ins)
     states = []
     for _ in range(n * 4):
@@ -336,15 +359,21 @@ def run_native(raw: bytes, states: list[MachineState], at: int | None = None) ->
     """Run ``raw`` once per state on this CPU; one ``Outcome`` per state, in order.
 
     ``at`` is the address the outcome reports the instruction at
-    (``next_rip = at + len(raw)``; default ``NATIVE_AT``).  The caller
-    should have checked ``refusal``: this runs whatever it is given, in a
-    child process, so a crash or a fault costs only that child.
+    (``next_rip = at + len(raw)``); it defaults to, and for a RIP-relative
+    instruction must be, ``native_address(raw)``, where it runs.  The
+    caller should have checked ``refusal``: this runs whatever it is
+    given, in a child process, so a crash or a fault costs only that child.
     """
-    at = NATIVE_AT if at is None else at & MASK64
+    where = native_address(raw)
+    if where is None:
+        raise ValueError(f"{raw.hex()}: RIP-relative target out of the arena's reach; see refusal()")
+    if at is not None and where != NATIVE_AT and at & MASK64 != where:
+        raise ValueError(f"{raw.hex()} is RIP-relative: it runs at {where:#x}, not {at:#x} (native_address)")
+    at = where if at is None else at & MASK64
     outcomes: list[Outcome] = []
     while len(outcomes) < len(states):
         start = len(outcomes)
-        results, status = _run_child(raw, states[start:])
+        results, status = _run_child(raw, states[start:], where - (NATIVE_AT - CODE))
         for regs, writes in results:
             outcomes.append(Outcome(regs, (at + len(raw)) & MASK64, writes))
         if len(outcomes) < len(states):
@@ -358,14 +387,14 @@ def _fault(status: int) -> str:
     return f"child exited with status {os.WEXITSTATUS(status)}"
 
 
-def _run_child(raw: bytes, states: list[MachineState]) -> tuple[list, int]:
+def _run_child(raw: bytes, states: list[MachineState], code_page: int) -> tuple[list, int]:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(r)
         code = 0
         try:
-            _child(raw, states, w)
+            _child(raw, states, w, code_page)
         except BaseException:  # noqa: BLE001 - the parent sees the exit status
             code = 3
         os._exit(code)
@@ -391,20 +420,20 @@ def _map(address: int, size: int) -> None:
         raise OSError(ctypes.get_errno(), f"cannot map {size:#x} bytes at {address:#x}")
 
 
-def _child(raw: bytes, states: list[MachineState], w: int) -> None:
+def _child(raw: bytes, states: list[MachineState], w: int, code_page: int) -> None:
     import faulthandler
     faulthandler.disable()
     for sig in _FAULT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     _map(ARENA, ARENA_SIZE)
-    _map(CODE, CODE_SIZE)
+    _map(code_page, CODE_SIZE)
     _map(CTX, 0x1000)
     code, offset = H.harness(raw, CTX)
     assert CODE + offset == NATIVE_AT
-    ctypes.memmove(CODE, code, len(code))
-    if _libc.mprotect(CODE, CODE_SIZE, PROT_READ | PROT_EXEC) != 0:
+    ctypes.memmove(code_page, code, len(code))
+    if _libc.mprotect(code_page, CODE_SIZE, PROT_READ | PROT_EXEC) != 0:
         raise OSError(ctypes.get_errno(), "mprotect")
-    run = ctypes.CFUNCTYPE(None)(CODE)
+    run = ctypes.CFUNCTYPE(None)(code_page)
     for state in states:
         image = bytearray(ARENA_SIZE)
         for a, b in state.memory.items():
