@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 import iced_x86
 from unicorn import UC_HOOK_CODE
@@ -121,8 +122,8 @@ def is_leaf(runtime: ProbeRuntime, fn: Function) -> bool:
 
 def _compare(a: Execution, b: Execution) -> tuple[str, str, str] | None:
     if a.stop != b.stop or not a.stop.ok:  # a fault's rip may lie in the trampoline: compare the faults only
-        if a.stop == b.stop:
-            return None
+        if a.stop.kind == b.stop.kind and (a.stop.kind == "budget" or a.stop.message == b.stop.message):
+            return None  # both ran out of budget (counted differently on each side), or the same fault
         return "stop", f"{a.stop.kind} {a.stop.message}".strip(), f"{b.stop.kind} {b.stop.message}".strip()
     for r in GPRS + ("rip",):
         if a.registers[r] != b.registers[r]:
@@ -199,20 +200,24 @@ class Differential:
         runtime.rollback()
         return out
 
-    def trial_inputs(self, specs: tuple[ArgSpec, ...], seed: int) -> tuple[dict[str, int], dict[int, bytes]]:
+    def trial_inputs(self, specs: tuple[ArgSpec, ...], seed: int, context: int = 0
+                     ) -> tuple[dict[str, int], dict[int, bytes]]:
         rng = random.Random(seed)
         regs = {r: rng.getrandbits(64) for r in GPRS}
-        args, memory = draw(specs, rng, self.kernel.contexts[0].heap)
+        args, memory = draw(specs, rng, self.kernel.contexts[context].heap)
         regs.update(args)
         return regs, memory
 
     def run(self, name: str, specs: tuple[ArgSpec, ...], trials: int, seed: int, probe_all: bool,
-            replay: str = "") -> Report:
+            replay: str = "", prepare: Callable[[ProbeRuntime, list[Enabled]], None] | None = None) -> Report:
+        """``prepare(runtime, enabled)`` runs once the probes are placed (the tests' door for wrong plans)."""
         fn = find_function(self.image, name)
         report = Report(name)
         enabled, report.refused = self.probe(fn, probe_all)
         report.probes_placed = len(enabled)
         try:
+            if prepare is not None:
+                prepare(self.runtime, enabled)
             for i in range(trials):
                 regs, memory = self.trial_inputs(specs, seed + i)
                 ref = self.execute(self.ref_runtime, fn, regs, memory, fn)

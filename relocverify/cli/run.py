@@ -1,0 +1,107 @@
+"""``relocverify run``: a real kernel function, unprobed and probed, from random inputs.
+
+Exit codes: 0 no divergence, 1 a divergence (the first differing state and a
+replay line), 2 an unknown function or a bad SPEC, 3 the reference run ran
+out of its instruction budget or touched unmapped memory.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TextIO
+
+from ..errors import InputError
+
+DEFAULT_TRIALS = 100
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("run", help="run a kernel function in unicorn, unprobed and with probes, and compare")
+    r.add_argument("--image", required=True, metavar="PATH", help="an ELF vmlinux or a bzImage")
+    r.add_argument("--system-map", default=None, metavar="FILE", help="System.map or kallsyms for a stripped image")
+    r.add_argument("--function", required=True, metavar="NAME", help="the function to call (a symbol of the image)")
+    r.add_argument("--args", default="", metavar="SPEC",
+                   help="comma-separated arguments: u64, u64:LO-HI, buf:N (pointer to N random bytes), "
+                        "str:N (pointer to a NUL-terminated string of at most N bytes)")
+    r.add_argument("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
+                   help=f"random inputs to try (default {DEFAULT_TRIALS})")
+    r.add_argument("--seed", type=int, default=0, metavar="N", help="trial i draws its inputs with seed N+i")
+    r.add_argument("--probe-all", action="store_true",
+                   help="probe every instruction of the function (default: only its first)")
+    r.add_argument("--cpu-features", default=None, metavar="LIST",
+                   help="CPU features for boot patching: comma-separated names, 'default', -NAME to drop one")
+    r.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="instructions per call before it counts as a runaway loop (default 100000)")
+    r.add_argument("--db", default=None, metavar="STORE",
+                   help="take verdicts by address from this result store (still re-proved per trampoline)")
+    r.add_argument("--timeout", type=float, default=10.0, metavar="S", help="proof timeout per instruction")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    r.set_defaults(func=command)
+
+
+def replay_line(args) -> str:
+    words = ["relocverify", "run", "--image", args.image]
+    if args.system_map:
+        words += ["--system-map", args.system_map]
+    words += ["--function", args.function, "--args", args.args]
+    if args.cpu_features:
+        words += ["--cpu-features", args.cpu_features]
+    if args.probe_all:
+        words.append("--probe-all")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _verdicts(args, image, sites):
+    from ..runtime.verdicts import LiveVerdicts, StoreVerdicts
+
+    if args.db is None:
+        return LiveVerdicts(sites, args.timeout)
+    from ..store.store import Store
+
+    store = Store(args.db, readonly=True)
+    image_id = store.find_image(image.identity)
+    if image_id is None:
+        raise InputError(f"{args.db}: holds no results for {args.image}; run relocverify vmlinux on it first")
+    return StoreVerdicts(sites, store, image_id, args.timeout)
+
+
+def command(args, out: TextIO) -> int:
+    from ..image.loader import load_image
+    from ..kernel.sites import find_sites
+    from ..runtime.args import parse_spec
+    from ..runtime.differential import DEFAULT_BUDGET, Differential, find_function
+    from ..runtime.kernel import parse_cpu_features
+
+    if args.trials < 1:
+        raise InputError(f"--trials must be at least 1, not {args.trials}")
+    if args.budget is not None and args.budget < 1:
+        raise InputError(f"--budget must be at least 1, not {args.budget}")
+    specs = parse_spec(args.args)
+    features = parse_cpu_features(args.cpu_features)
+    image = load_image(args.image, args.system_map)
+    find_function(image, args.function)  # an unknown name is exit 2 before the machines are built
+    sites = find_sites(image)
+    diff = Differential(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
+    report = diff.run(args.function, specs, args.trials, args.seed, args.probe_all, replay_line(args))
+    if args.json:
+        json.dump(report.as_json(), out, indent=2)
+        out.write("\n")
+    else:
+        _render(report, out)
+    if report.divergences:
+        return 1
+    return 3 if report.stopped else 0
+
+
+def _render(report, out: TextIO) -> None:
+    out.write(f"{report.function}: {report.trials} trials, {len(report.divergences)} divergences; "
+              f"{report.instructions_executed:,} instructions executed, {report.probes_fired:,} probes fired "
+              f"({report.probes_placed} placed, {len(report.refused)} refused)\n")
+    for r in report.refused:
+        out.write(f"refused {r.address:#x}: {r.verdict}: {r.reason}\n")
+    for d in report.divergences[:1]:
+        out.write(f"divergence in trial {d.trial}: {d.what}: unprobed {d.unprobed}, probed {d.probed}\n")
+        out.write(f"replay: {d.replay}\n")
+    if report.stopped:
+        out.write(f"stopped: {report.stopped}\n")
