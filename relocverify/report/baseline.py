@@ -1,0 +1,78 @@
+"""What changed since a baseline store: new rejections, lost (and gained) proofs, and decoder
+changes, instruction by instruction and by function.
+
+Instructions are matched by (function name, offset in the function), so a
+baseline may be another build of the kernel; a function whose name is not in
+the baseline is new, and its rows count as new, not as changes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..store.store import Store
+from . import data
+
+LISTED = 2000  # rows listed per kind of change; the counts are always complete
+
+
+def _weak(store: Store, image: int) -> dict[tuple[str, int], tuple]:
+    return {(r.function, r.address - r.function_start): (r.verdict, r.reason_key, r.address)
+            for r in data.weak_rows(store, image)}
+
+
+def _starts(store: Store, image: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in store.iter_functions(image):
+        out.setdefault(f.name, f.start)
+    return out
+
+
+def compare(store: Store, image: int, baseline_path: str) -> dict:
+    """The changes from the baseline store's newest image to ``image``."""
+    base, bimage = data.open_store(baseline_path)
+    try:
+        now, before = _weak(store, image), _weak(base, bimage)
+        now_starts, before_starts = _starts(store, image), _starts(base, bimage)
+        ids = data.function_ids(store, image)
+        changes: dict[str, list] = {"new_rejections": [], "lost_proofs": [], "gained_proofs": [],
+                                    "decoder_changes": []}
+        by_function: dict[str, Counter] = {}
+
+        def was(key):
+            hit = before.get(key)
+            if hit is not None:
+                return hit[0]
+            return data.verdict_at(base, bimage, key[0], key[1], before_starts)
+
+        def add(kind, key, old, new, address):
+            fid = ids.get((now_starts.get(key[0], 0), key[0]))
+            changes[kind].append((key[0], key[1], address, old, new, fid))
+            by_function.setdefault(key[0], Counter())[kind] += 1
+
+        for key, (verdict, reason_key, address) in sorted(now.items()):
+            old = was(key)
+            if old is None:
+                continue  # not in the baseline: new code, not a change
+            if verdict == "rejected" and old != "rejected":
+                add("new_rejections", key, old, f"rejected: {reason_key}", address)
+            if old == "proved":
+                add("lost_proofs", key, old, f"{verdict}: {reason_key}", address)
+        for key, (verdict, reason_key, _) in sorted(before.items()):
+            if key not in now and key[0] in now_starts:
+                row = data.verdict_at(store, image, key[0], key[1], now_starts)
+                if row == "proved":
+                    add("gained_proofs", key, f"{verdict}: {reason_key}", "proved", now_starts[key[0]] + key[1])
+        a_now, a_before = data.answer_rows(store, image), data.answer_rows(base, bimage)
+        for key in sorted(set(a_now) | set(a_before)):
+            if key[0] in before_starts and key[0] in now_starts and a_now.get(key) != a_before.get(key):
+                add("decoder_changes", key, a_before.get(key) or "agree", a_now.get(key) or "agree",
+                    now_starts[key[0]] + key[1])
+        info = base.image_info(bimage)
+    finally:
+        base.close()
+    return {"baseline": baseline_path, "baseline_sha256": info.get("sha256", ""),
+            "counts": {k: len(v) for k, v in changes.items()},
+            "rows": {k: v[:LISTED] for k, v in changes.items()},
+            "by_function": sorted(((name, dict(c)) for name, c in by_function.items()),
+                                  key=lambda p: -sum(p[1].values()))[:LISTED]}

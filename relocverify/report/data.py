@@ -1,0 +1,115 @@
+"""What the report reads from a store: the image, its runs, the outcomes, and the
+functions with their instruction rows, in address order.
+
+Everything goes through ``Store``'s queries except two whole-table reads
+that ``Store`` answers only per key (every variant, every run's host), which
+are read here in one scan each, read-only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..errors import InputError
+from ..store.store import FunctionRecord, InstructionRow, Store, unsigned
+
+VERDICTS = ("proved", "opaque", "unknown", "rejected", "refuted")  # strongest first, as proof.verdict orders them
+
+
+@dataclass(frozen=True)
+class Outcome:
+    id: int
+    verdict: str
+    method: str
+    plan_kind: str
+    rule: str
+    klass: str
+    reason_key: str
+    reason: str
+
+
+def open_store(path: str) -> tuple[Store, int]:
+    """The store at ``path`` read-only, and its newest image; ``InputError`` if it has none."""
+    store = Store(path, readonly=True)
+    image = store.find_image()
+    if image is None:
+        store.close()
+        raise InputError(f"{path}: the store holds no image yet; run `relocverify vmlinux --db {path}` first")
+    return store, image
+
+
+def outcomes(store: Store) -> dict[tuple, Outcome]:
+    """(verdict, method, plan kind, rule, class, reason key) -> the stored outcome."""
+    return {key: Outcome(oid, *key, reason) for key, (oid, reason) in store.outcome_ids_now().items()}
+
+
+def outcome_key(row: InstructionRow) -> tuple:
+    return (row.verdict, row.method, row.plan_kind, row.rule, row.klass, row.reason_key)
+
+
+def last_run(store: Store, image: int) -> dict:
+    """The newest run of the image with its summary, configuration and host ({} if none)."""
+    row = store.db.execute("SELECT id, started, finished, status, config, versions, summary, host FROM runs "
+                           "WHERE image=? ORDER BY (summary IS NOT NULL) DESC, id DESC LIMIT 1",
+                           (image,)).fetchone()
+    if row is None:
+        return {}
+    return {"id": row[0], "started": row[1], "finished": row[2], "status": row[3],
+            "config": json.loads(row[4] or "{}"), "versions": json.loads(row[5] or "{}"),
+            "summary": json.loads(row[6] or "{}"), "host": row[7]}
+
+
+def variants(store: Store, image: int) -> dict[tuple[int, int], list[tuple[str, str, str]]]:
+    """(function id, offset) -> [(variant name, verdict, reason)] for every boot-patched site of the image."""
+    out: dict[tuple[int, int], list[tuple[str, str, str]]] = {}
+    for fid, off, name, verdict, reason in store.db.execute(
+            "SELECT v.function, v.offset, n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
+            "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
+            "JOIN functions f ON f.id = v.function WHERE f.image=? ORDER BY 1, 2, 3", (image,)):
+        out.setdefault((fid, off), []).append((name, verdict, reason))
+    return out
+
+
+def iter_function_rows(store: Store, image: int) -> Iterator[tuple[FunctionRecord, list[InstructionRow]]]:
+    """Every function of the image (address order) with its instruction rows (one scan of the rows)."""
+    functions = list(store.iter_functions(image))
+    rows = store.iter_rows(image)
+    pending = next(rows, None)
+    held: dict[str, list[InstructionRow]] = {}
+    held_start = None
+    for f in functions:
+        if held_start != f.start:
+            # iter_rows orders by (start, offset), so the rows of functions sharing a start interleave
+            held, held_start = {}, f.start
+            while pending is not None and pending.function_start == f.start:
+                held.setdefault(pending.function, []).append(pending)
+                pending = next(rows, None)
+        yield f, held.pop(f.name, [])
+
+
+def weak_rows(store: Store, image: int) -> Iterator[InstructionRow]:
+    """Every row whose verdict is not ``proved``, through the index of the weak outcomes."""
+    for verdict in VERDICTS[1:]:
+        yield from store.rows_with(image, verdict)
+
+
+def function_ids(store: Store, image: int) -> dict[tuple[int, str], int]:
+    return {(f.start, f.name): f.id for f in store.iter_functions(image)}
+
+
+def verdict_at(store: Store, image: int, function: str, offset: int, starts: dict[str, int]) -> str | None:
+    """The verdict of the instruction at ``offset`` in the function named ``function`` (None if it has none)."""
+    start = starts.get(function)
+    if start is None:
+        return None
+    row = store.instruction_at(image, unsigned(start + offset))
+    return None if row is None or row.function != function else row.verdict
+
+
+def answer_rows(store: Store, image: int) -> dict[tuple[str, int], str]:
+    """(function name, offset) -> the decoders' answers (JSON), for every row where the decoders disagree."""
+    return {(name, off): answers for name, off, answers in store.db.execute(
+        "SELECT f.name, i.offset, i.answers FROM instructions i JOIN functions f ON f.id = i.function "
+        "WHERE i.answers IS NOT NULL AND f.image=?", (image,))}
