@@ -5,11 +5,11 @@
 Walks every function of the kernel (default debian-6.1-cloud), groups its
 instructions into shapes (bytes with displacement and immediates zeroed),
 and for each shape that ``concrete.native.refusal`` lets run: draws N
-states (``sample_states``, MXCSR fixed at 0x1f80 since unicorn does not
-take MXCSR from a state), runs the shape's first instance natively and on
+states (``sample_states``; MXCSR random when ``machine`` takes MXCSR from
+a state, else fixed at 0x1f80), runs the shape's first instance natively and on
 unicorn (``machine.run_original`` at the same address), and compares
-GPRs, the RFLAGS bits unicorn compares, xmm0-15, changed memory bytes and
-faults.  A flag that differs is counted apart when iced says the
+GPRs, the RFLAGS bits unicorn compares, xmm0-15, MXCSR (if unicorn
+reports it), changed memory bytes and faults.  A flag that differs is counted apart when iced says the
 instruction leaves it undefined (the SDM allows any value there).
 
 With ``--vex`` the VEX semantics (``proof.semantics``) is also evaluated
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from relocverify.concrete import native  # noqa: E402
 from relocverify.concrete.machine import VECTORS, run_original  # noqa: E402
-from relocverify.concrete.outcome import AF, CF, DF, OF, PF, SF, ZF  # noqa: E402
+from relocverify.concrete.outcome import AF, CF, DF, OF, PF, REGISTER_BITS, SF, ZF  # noqa: E402
 from relocverify.x86.decode import decode  # noqa: E402
 from relocverify.x86.instruction import Instruction  # noqa: E402
 
@@ -44,6 +44,7 @@ FLAGS = {"CF": CF, "PF": PF, "AF": AF, "ZF": ZF, "SF": SF, "OF": OF, "DF": DF}
 ICED_FLAGS = {"CF": iced.RflagsBits.CF, "PF": iced.RflagsBits.PF, "AF": iced.RflagsBits.AF,
               "ZF": iced.RflagsBits.ZF, "SF": iced.RflagsBits.SF, "OF": iced.RflagsBits.OF,
               "DF": iced.RflagsBits.DF}
+UNICORN_TAKES_MXCSR = "mxcsr" in REGISTER_BITS  # then unicorn runs with the state's MXCSR, and it is compared
 COMPARED_REGISTERS = native.GPR64 + tuple(f"xmm{i}" for i in range(16))
 
 
@@ -99,6 +100,12 @@ def differences(cpu, other, state, undefined: int) -> list[str]:
     for name, bit in FLAGS.items():
         if (cpu.registers["rflags"] ^ other.registers["rflags"]) & bit:
             diffs.append(f"flag {name}" + (" (undefined)" if undefined & ICED_FLAGS[name] else ""))
+    if "mxcsr" in other.registers:  # unicorn, once it models MXCSR; VEX does not
+        changed = cpu.registers["mxcsr"] ^ other.registers["mxcsr"]
+        if changed & 0x3F:
+            diffs.append("mxcsr status flags")
+        if changed & ~0x3F:
+            diffs.append("mxcsr control")
     if cpu.writes != native.changed_writes(other, state):
         diffs.append("memory")
     if cpu.next_rip != other.next_rip:
@@ -114,7 +121,7 @@ def check_shape(args: tuple[bytes, int, int, bool, bool]) -> dict:
     reason = native.refusal(d)
     if reason is not None:
         return {"refused": reason.split(":", 1)[0]}
-    states = native.sample_states(d, random.Random(seed), nstates, vary_mxcsr=False)
+    states = native.sample_states(d, random.Random(seed), nstates, vary_mxcsr=UNICORN_TAKES_MXCSR)
     if not states:
         return {"refused": "no state places every access in the arena"}
     undefined = native._iced(d.raw).rflags_undefined
