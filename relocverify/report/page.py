@@ -78,7 +78,7 @@ def _times(totals, buckets) -> str:
 def _sources(totals, kind) -> str:
     ordered = sorted(totals.by_source.items(), key=lambda kv: -sum(kv[1].values()))
     if not ordered:
-        return "<h2>Rejections by source</h2><p>No rejections.</p>"
+        return f'<h2>Rejections by source</h2><p id="source-kind">No rejections (grouped by {escape(kind)}).</p>'
     chart = charts.stacked_bars([(k, {"rejected": sum(c.values())}) for k, c in ordered[:40]],
                                 "rejections per source directory", keys=("rejected",))
     rows = [[escape(k), _n(sum(c.values())), escape(", ".join(f"{cl} {n:,}" for cl, n in c.most_common(4)))]

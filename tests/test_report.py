@@ -1,0 +1,271 @@
+"""The HTML report, opened in a real browser (Debian's headless Chromium, driven by Playwright).
+
+The stores are real runs of small ELF images built here; the one refuted row
+comes from the real checker (a RIP-relative load copied verbatim, which
+``prove_relocation`` refutes) written into the test's own store.  The report
+must show the store's totals, filter its function table, open an instruction
+with its plan and counterexample, log no console error, and show hostile
+symbol names as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from relocverify.cli import report as report_cli
+from relocverify.engine.run import RunOptions, run
+from relocverify.errors import InputError
+from relocverify.image.loader import load_image
+from relocverify.proof.prove import prove_relocation
+from relocverify.proof.verdict import Verdict, reason_key
+from relocverify.store.store import Store
+from relocverify.x86.decode import decode
+
+from test_engine import SMALL_ASM, SMALL_LDS
+
+TRAMP = 0xFFFFFFFFC0001000
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+HOSTILE = ['f<script>alert(1)</script>', 'g"onmouseover="alert(2)', "h'<img src=x onerror=alert(3)>"]
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="relocverify")
+    report_cli.add_parser(p.add_subparsers(dest="command"))
+    return p.parse_args(["report", *argv])
+
+
+def _report(argv: list[str]) -> str:
+    out = io.StringIO()
+    assert report_cli.command(_parse(argv), out) == 0
+    return out.getvalue()
+
+
+def _store_of(tmp: Path, asm: str) -> tuple[Path, object]:
+    import elfbuild
+
+    image = load_image(elfbuild.build_elf(tmp, asm, SMALL_LDS))
+    db = tmp / "s.sqlite"
+    run(image, str(db), RunOptions(TRAMP, 1, 10.0, None, True, None))
+    return db, image
+
+
+def _add_refutation(db: Path) -> int:
+    """Refute a verbatim copy of f_plain's RIP-relative load with the real checker, and store it on that row
+    (as a run would: a refuted outcome, the counterexample, the function's counts)."""
+    store = Store(str(db), readonly=True)
+    image = store.find_image()
+    row = next(r for r in store.iter_rows(image) if r.function == "f_plain" and r.raw.startswith(b"\x48\x8b\x05"))
+    fid = next(f.id for f in store.iter_functions(image) if f.name == "f_plain")
+    store.close()
+    back = (row.address + row.length - (TRAMP + row.length + 5)) & 0xFFFFFFFF
+    reloc = row.raw + b"\xe9" + back.to_bytes(4, "little")
+    result = prove_relocation(decode(row.raw, row.address), reloc, TRAMP)
+    assert result.verdict is Verdict.REFUTED and result.counterexample is not None
+    c = result.counterexample
+    outcome = ("refuted", result.method, "copy", "copy", row.klass,
+               reason_key(Verdict.REFUTED, "copy", result.method, result.reason))
+    con = sqlite3.connect(str(db), isolation_level=None)
+    con.execute("BEGIN")
+    cex = con.execute("INSERT INTO counterexamples (state, differences, replay) VALUES (?,?,?)",
+                      (c.state_json(), json.dumps([[d.what, d.original, d.relocated] for d in c.differences]),
+                       c.replay_command)).lastrowid
+    oid = con.execute("INSERT INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
+                      "VALUES (?,?,?,?,?,?,?)", outcome + (result.reason,)).lastrowid
+    offset = row.address - row.function_start
+    old = con.execute("SELECT outcome FROM instructions WHERE function=? AND offset=?", (fid, offset)).fetchone()[0]
+    con.execute("UPDATE instructions SET outcome=?, cex=?, reason=NULL WHERE function=? AND offset=?",
+                (oid, cex, fid, offset))
+    con.execute("UPDATE function_outcomes SET n=n-1 WHERE function=? AND outcome=?", (fid, old))
+    con.execute("DELETE FROM function_outcomes WHERE n=0")
+    con.execute("INSERT INTO function_outcomes VALUES (?,?,1,1)", (fid, oid))
+    con.execute("COMMIT")
+    con.close()
+    return row.address
+
+
+def _totals(db: Path) -> dict[str, int]:
+    store = Store(str(db), readonly=True)
+    totals = {v.value: 0 for v in Verdict}
+    for _, counts in store.function_counts(store.find_image()):
+        for v, n in counts.items():
+            totals[v] += n
+    store.close()
+    return totals
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    db, _ = _store_of(tmp, SMALL_ASM)
+    baseline = tmp / "baseline.sqlite"
+    baseline.write_bytes(db.read_bytes())  # the store before the refutation: the baseline
+    address = _add_refutation(db)
+    out = tmp / "html"
+    text = _report([str(db), "--baseline", str(baseline), "-o", str(out)])
+    return db, out, address, text
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the report with every console error, page error, dialog and non-file request recorded."""
+
+    def __init__(self, browser, index: Path):
+        self.problems: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.set_default_timeout(10_000)
+        self.page.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}")
+                     if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"), d.dismiss()))
+        self.page.on("request", lambda r: None if r.url.startswith("file://")
+                     else self.problems.append(f"request: {r.url}"))
+        self.page.goto(index.as_uri(), wait_until="load")
+        self.page.wait_for_selector("body[data-ready='1']")
+
+    def go(self, fragment: str) -> None:
+        self.page.evaluate("h => { location.hash = h; }", fragment)
+
+
+# --- the files ---------------------------------------------------------------------------
+
+def test_cli_writes_a_self_contained_directory(small_report):
+    _, out, _, text = small_report
+    assert text.startswith("report: ") and "instructions in 4 functions" in text
+    html = (out / "index.html").read_text()
+    assert 'http-equiv="Content-Security-Policy"' in html and "script-src &#x27;self&#x27;" in html
+    assert not re.search(r"<script(?![^>]*\bsrc=)", html), "every script is a file"
+    assert not re.search(r"\son[a-z]+\s*=", html), "no inline event handler"
+    assert not re.search(r"(https?:)?//[a-z]", html.replace("http://www.w3.org/2000/svg", "")), "no network"
+    assert sorted(p.name for p in (out / "data" / "s").iterdir()) == ["0.js"]
+
+
+def test_cli_refuses_a_missing_store(tmp_path):
+    with pytest.raises(InputError, match="no such store"):
+        report_cli.command(_parse([str(tmp_path / "none.sqlite"), "-o", str(tmp_path / "o")]), io.StringIO())
+    with pytest.raises(InputError, match="baseline"):
+        db, _ = _store_of(tmp_path, SMALL_ASM)
+        report_cli.command(_parse([str(db), "--baseline", str(tmp_path / "b"), "-o", str(tmp_path / "o")]),
+                           io.StringIO())
+
+
+# --- in the browser ----------------------------------------------------------------------
+
+def test_summary_shows_the_store_totals(small_report, browser):
+    db, out, _, _ = small_report
+    p = Page(browser, out / "index.html")
+    totals = _totals(db)
+    assert totals["refuted"] == 1
+    for verdict, n in totals.items():
+        assert p.page.inner_text(f"#n-{verdict}") == f"{n:,}"
+    assert p.page.inner_text("#n-total") == f"{sum(totals.values()):,}"
+    relocatable = sum(totals.values()) - totals["rejected"]
+    assert p.page.inner_text("#share-proved") == f"{100 * totals['proved'] / relocatable:.2f}%"
+    assert "symbol-name prefix" in p.page.inner_text("#source-kind")  # the test ELF has no DWARF
+    REPORTS.mkdir(exist_ok=True)
+    p.page.screenshot(path=str(REPORTS / "report-small-summary.png"), full_page=True)
+    assert p.problems == []
+
+
+def test_function_table_filters_sorts_and_opens_a_counterexample(small_report, browser):
+    db, out, address, _ = small_report
+    p = Page(browser, out / "index.html")
+    p.go("functions")
+    assert p.page.inner_text("#f-count") == "4 of 4 functions"
+    p.page.fill("#f-search", "cpuid")
+    p.page.wait_for_function("() => document.getElementById('f-count').textContent.startsWith('1 of')")
+    assert p.page.inner_text("#f-body").startswith("f_cpuid")
+    p.page.fill("#f-search", "")
+    p.page.select_option("#f-has", "refuted")
+    p.page.wait_for_function("() => document.getElementById('f-count').textContent.startsWith('1 of')")
+    p.page.click("#f-body a")
+    p.page.wait_for_selector("#fn-name")
+    assert p.page.inner_text("#fn-name") == "f_plain"
+    p.page.click(f"table.listing a:text('{address:#x}')")
+    p.page.wait_for_selector("#cex")
+    detail = p.page.inner_text("#insn-detail")
+    assert "48 8b 05 10 00 00 00" in detail and "refuted" in detail
+    assert "relocverify replay --orig 488b0510000000" in p.page.inner_text("#cex")
+    assert "trampoline at 0xffffffffc0001000" in detail  # the plan, recomputed: a rewrite of the load
+    REPORTS.mkdir(exist_ok=True)
+    p.page.screenshot(path=str(REPORTS / "report-small-counterexample.png"), full_page=True)
+    p.go("functions")
+    p.page.select_option("#f-has", "")
+    p.page.click("button[data-sort='n']")
+    assert p.page.inner_text("#f-body tr:first-child td:first-child") == "f_plain"  # 6 instructions, the most
+    assert p.problems == []
+
+
+def test_instruction_view_shows_an_opaque_plan_and_the_baseline(small_report, browser):
+    db, out, address, _ = small_report
+    store = Store(str(db), readonly=True)
+    image = store.find_image()
+    cpuid = next(r for r in store.iter_rows(image) if r.raw == b"\x0f\xa2")
+    fid = next(f.id for f in store.iter_functions(image) if f.name == "f_cpuid")
+    store.close()
+    p = Page(browser, out / "index.html")
+    p.go(f"i={fid}:{cpuid.address - cpuid.function_start}")
+    p.page.wait_for_selector("#insn-detail")
+    detail = p.page.inner_text("#insn-detail")
+    assert "cpuid" in detail and cpuid.verdict in detail and "copy (" in detail
+    p.go("baseline")
+    p.page.wait_for_selector("#view-baseline:not([hidden])")
+    assert p.page.inner_text("#b-lost_proofs") == "1"
+    assert "f_plain" in p.page.inner_text("#view-baseline")
+    assert p.problems == []
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+HOSTILE_ASM = "\n".join(f"""
+    .section .text, "ax"
+    .globl {_quoted(name)}
+    .type {_quoted(name)}, @function
+{_quoted(name)}:
+    push %rbp
+    sti
+    pop %rbp
+    ret
+    .size {_quoted(name)}, .-{_quoted(name)}
+""" for name in HOSTILE)
+
+
+def test_hostile_symbol_names_render_as_text(tmp_path, browser):
+    db, image = _store_of(tmp_path, HOSTILE_ASM)
+    names = {f.name for f in Store(str(db), readonly=True).iter_functions(1)}
+    assert names == set(HOSTILE), "the ELF carries the names as written"
+    out = tmp_path / "html"
+    _report([str(db), "--baseline", str(db), "-o", str(out)])
+    html = (out / "index.html").read_text()
+    assert "<script>alert" not in html and "onerror=alert" not in html.replace("onerror=alert(3)&gt;", "")
+    p = Page(browser, out / "index.html")
+    p.go("functions")
+    shown = p.page.eval_on_selector_all("#f-body a", "as => as.map(a => a.textContent)")
+    assert sorted(shown) == sorted(HOSTILE)
+    for i, name in enumerate(HOSTILE):
+        p.go(f"f={i + 1}")
+        p.page.wait_for_function("n => (document.getElementById('fn-name') || {}).textContent === n", arg=name)
+    assert p.page.evaluate("() => document.querySelectorAll('script').length") == 3 + 1  # ours and the one shard
+    assert p.page.evaluate("() => document.querySelectorAll('img').length") == 0
+    assert p.problems == []
