@@ -125,8 +125,10 @@ def test_ucomisd_is_quiet_and_comisd_signals_on_qnan():
     ("0f22d8", "privileged"),  # mov %rax,%cr3
     ("0f05", "kernel entry"),  # syscall
     ("cc", "kernel entry"),  # int3
-    ("e800000000", "control transfer"),  # call
-    ("7400", "control transfer"),  # je
+    ("c3", "indirect transfer"),  # ret
+    ("ffd0", "indirect transfer"),  # call *%rax
+    ("7401", "branch target unpadded"),  # je .+3: the pad would overlap the fall-through jmp
+    ("e9fbffffff", "branch target unpadded"),  # jmp .: the target is the instruction itself
     ("64488b0425280000 00".replace(" ", ""), "fs/gs override"),  # mov %fs:0x28,%rax
     ("488b05ffffff7f", "rip-relative out of reach"),  # mov 0x7fffffff(%rip),%rax
     ("488b0500000000", "rip-relative out of reach"),  # mov 0(%rip),%rax: the target is the harness
@@ -142,6 +144,26 @@ def test_refused_with_the_rows_reason(hexbytes, row):
     reason = native.refusal(d)
     expected = next(r for r in native.REFUSED if r.name == row)
     assert reason == f"{row}: {expected.reason}"
+
+
+@pytest.mark.parametrize("hexbytes", ["7410", "74f0", "0f8400100000", "0f8400f0ffff"])
+def test_jcc_lands_both_ways(hexbytes):
+    raw = bytes.fromhex(hexbytes)
+    target = decode(raw, native.NATIVE_AT).branch_target
+    taken, not_taken = native.run_native(raw, [MachineState({"rflags": 2 | ZF}, {}), MachineState({"rflags": 2}, {})])
+    assert (taken.fault, not_taken.fault) == (None, None)
+    assert taken.next_rip == target
+    assert not_taken.next_rip == native.NATIVE_AT + len(raw)
+
+
+def test_call_pushes_the_return_address_and_lands_on_the_target():
+    raw = bytes.fromhex("e810000000")  # call .+0x15
+    rsp = native.ARENA + 0x800
+    (out,) = native.run_native(raw, [MachineState({"rflags": 2, "rsp": rsp}, {})])
+    assert out.next_rip == native.NATIVE_AT + 0x15
+    assert out.registers["rsp"] == rsp - 8
+    ret = native.NATIVE_AT + 5
+    assert out.writes == {rsp - 8 + i: (ret >> 8 * i) & 0xFF for i in range(8) if (ret >> 8 * i) & 0xFF}
 
 
 def test_refusal_table_rows_have_reasons_and_only_nondeterminism_is_runnable():
@@ -199,6 +221,10 @@ AGREEMENT_CASES = [
     ("488b0500001000", RFLAGS_COMPARED),  # mov 0x100000(%rip),%rax
     ("48013d0000f0ff", CF | PF | AF | ZF | SF | OF),  # add %rdi,-0x100000(%rip)
     ("488d05f0ffffff", RFLAGS_COMPARED),  # lea -0x10(%rip),%rax
+    ("7f05", RFLAGS_COMPARED),  # jg
+    ("0f8600100000", RFLAGS_COMPARED),  # jbe, to a pad on another page
+    ("e2f0", RFLAGS_COMPARED),  # loop
+    ("e810000000", RFLAGS_COMPARED),  # call
 ]
 
 

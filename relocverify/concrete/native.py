@@ -20,6 +20,11 @@ Machine model (what a native outcome assumes):
   whose harness page is placed so that its target lands in the middle of
   the arena (refused when no user-space page does that).  Compare with
   unicorn at that same address.
+* Direct branches and calls (jcc, jmp, call, loop, jrcxz with a
+  displacement) run too: their target holds a landing pad that jumps to
+  the harness's "taken" epilogue, so ``next_rip`` is the target or the
+  fall-through, whichever the CPU took.  Indirect transfers and returns
+  are refused.
 * Memory: ``ARENA_SIZE`` bytes at ``ARENA``, mapped fresh in the child,
   hold the state's bytes there and 0 elsewhere (as unicorn's unnamed bytes
   read 0).  State bytes outside the arena are ignored; an access outside
@@ -132,9 +137,13 @@ REFUSED: tuple[RefusedClass, ...] = (
     RefusedClass("control register", _uses("cr", "dr", "tr"), "mov to/from cr/dr/tr: privileged"),
     RefusedClass("kernel entry", _ops(*_KERNEL_ENTRY), "enters the kernel (syscall, sysenter, int n, int3, "
                  "int1, into): the kernel, not the instruction, decides what happens next"),
-    RefusedClass("control transfer", lambda f: f.decoded.flow not in ("next", "exception"),
-                 "control transfer: the harness expects the instruction to fall through (jcc on landing pads "
-                 "is not built yet)"),
+    RefusedClass("far transfer", lambda f: f.decoded.far, "far call/jmp/ret: loads CS"),
+    RefusedClass("indirect transfer", lambda f: f.decoded.flow not in ("next", "exception", *_DIRECT_FLOWS),
+                 "indirect branch, call or return: its target is data, which would have to land on a pad "
+                 "(not built)"),
+    RefusedClass("branch target unpadded", lambda f: f.decoded.flow in _DIRECT_FLOWS and _pad(f.decoded.raw) is None,
+                 "a direct branch whose target cannot hold a landing pad: inside the instruction or the harness, "
+                 "in the arena, or outside user space"),
     RefusedClass("fs/gs override", lambda f: f.decoded.segment in ("fs", "gs"),
                  "fs/gs segment override: fs is the host's thread pointer (Python's TLS), gs base is not modelled"),
     RefusedClass("segment register", _uses("segment"),
@@ -178,6 +187,27 @@ def _iced(raw: bytes, ip: int = NATIVE_AT) -> iced.Instruction:
 
 
 _RESERVED = ((ARENA, ARENA_SIZE), (CTX, 0x1000))
+_DIRECT_FLOWS = ("conditional_branch", "unconditional_branch", "call")
+_PAD_SIZE = 14  # the far pad: jmp *0(%rip); .quad target
+
+
+@lru_cache(maxsize=4096)
+def _pad(raw: bytes) -> tuple[int, bytes] | None:
+    """Where a direct branch at NATIVE_AT lands and its pad bytes; (target, b"") when the fall-through
+    already is the target; None if no pad can go there."""
+    ins = _iced(raw)
+    target, end = ins.near_branch_target, NATIVE_AT + ins.len
+    if target == end:
+        return target, b""
+    pad = H.landing_pad(target, CODE)
+    low, high = CODE + H.PAD_WINDOW[0], CODE + H.PAD_WINDOW[1]
+    if CODE - _PAD_SIZE < target < CODE + CODE_SIZE:
+        ok = low <= target and target + len(pad) <= high and (target + len(pad) <= NATIVE_AT or end + 5 <= target)
+        return (target, pad) if ok else None
+    if not USER_SPACE[0] <= target < USER_SPACE[1] - CODE_SIZE or any(
+            lo < target + _PAD_SIZE and target < lo + n for lo, n in _RESERVED):
+        return None
+    return target, pad
 USER_SPACE = (0x100000, 0x7FFF_FFFF_0000)
 
 
@@ -374,8 +404,9 @@ def run_native(raw: bytes, states: list[MachineState], at: int | None = None) ->
     while len(outcomes) < len(states):
         start = len(outcomes)
         results, status = _run_child(raw, states[start:], where - (NATIVE_AT - CODE))
-        for regs, writes in results:
-            outcomes.append(Outcome(regs, (at + len(raw)) & MASK64, writes))
+        for regs, writes, taken in results:
+            next_rip = (at + len(raw)) if not taken else at + _pad(raw)[0] - NATIVE_AT
+            outcomes.append(Outcome(regs, next_rip & MASK64, writes))
         if len(outcomes) < len(states):
             outcomes.append(Outcome(dict(states[len(outcomes)].registers), at, {}, _fault(status)))
     return outcomes
@@ -431,6 +462,17 @@ def _child(raw: bytes, states: list[MachineState], w: int, code_page: int) -> No
     code, offset = H.harness(raw, CTX)
     assert CODE + offset == NATIVE_AT
     ctypes.memmove(code_page, code, len(code))
+    pad = _pad(raw) if _iced(raw).flow_control != iced.FlowControl.NEXT else None
+    if pad and pad[1]:
+        target, stub = pad
+        far = not code_page <= target < code_page + CODE_SIZE
+        first = target & ~(CODE_SIZE - 1)
+        size = ((target + len(stub) - 1 - first) // CODE_SIZE + 1) * CODE_SIZE
+        if far:
+            _map(first, size)
+        ctypes.memmove(target, stub, len(stub))
+        if far and _libc.mprotect(first, size, PROT_READ | PROT_EXEC) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect")
     if _libc.mprotect(code_page, CODE_SIZE, PROT_READ | PROT_EXEC) != 0:
         raise OSError(ctypes.get_errno(), "mprotect")
     run = ctypes.CFUNCTYPE(None)(code_page)
@@ -444,12 +486,14 @@ def _child(raw: bytes, states: list[MachineState], w: int, code_page: int) -> No
         regs = dict(state.registers)
         regs["rflags"] = (regs.get("rflags", 0) & RFLAGS_INPUT) | RFLAGS_FIXED
         regs.setdefault("mxcsr", MXCSR_DEFAULT)
-        ctypes.memmove(CTX, H.pack_inputs(regs), H.OUT_GPR)
+        ctypes.memmove(CTX, H.pack_inputs(regs) + bytes(H.CONTEXT_SIZE - H.OUT_GPR), H.CONTEXT_SIZE)
         run()
-        out = H.unpack_outputs(ctypes.string_at(CTX, H.CONTEXT_SIZE))
+        block = ctypes.string_at(CTX, H.CONTEXT_SIZE)
+        out = H.unpack_outputs(block)
+        taken = struct.unpack_from("<I", block, H.TAKEN)[0]
         after = ctypes.string_at(ARENA, ARENA_SIZE)
         writes = {} if after == before else _diff(before, after)
-        blob = pickle.dumps((out, writes))
+        blob = pickle.dumps((out, writes, taken))
         os.write(w, struct.pack("<I", len(blob)) + blob)
 
 

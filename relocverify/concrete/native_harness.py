@@ -1,9 +1,15 @@
 """The machine code that runs one instruction on the host CPU between a load and a store of every register.
 
-``harness(raw, ctx)`` returns ``(code, offset)``: a function with no
-arguments (System V ABI) whose bytes are ``code`` and whose copy of ``raw``
-starts at ``code[offset]``.  ``ctx`` is the fixed address of a context
-block laid out as ``CONTEXT`` below.  The function
+``harness(raw, ctx)`` returns ``(page, offset)``: the bytes of one code
+page whose start is a function with no arguments (System V ABI), and the
+offset of ``raw`` in it (``INSN_OFFSET``).  ``ctx`` is the fixed address
+of a context block laid out as the ``IN_``/``OUT_``/``HOST_`` offsets
+below.  Page layout: the prologue at 0 (ending in a jmp to the
+instruction), the instruction at ``INSN_OFFSET`` followed by a jmp to the
+epilogue at ``FALL_OFFSET``, the "taken" epilogue at ``TAKEN_OFFSET``
+(sets the context's ``TAKEN`` word, then joins the other); every other
+byte is int3.  A branch's target gets a landing pad (``landing_pad``)
+that jumps to the taken epilogue.  The function
 
 1. pushes the callee-saved registers, saves the host rsp and MXCSR in the block;
 2. loads xmm0-15, MXCSR, RFLAGS (popfq) and the 16 GPRs, rsp and rax last;
@@ -29,8 +35,12 @@ from ..x86.registers import GPR64
 # Context block: offsets of each field (bytes).
 IN_GPR, IN_RFLAGS, IN_MXCSR, IN_XMM = 0x000, 0x080, 0x088, 0x100
 OUT_GPR, OUT_RFLAGS, OUT_MXCSR, OUT_XMM = 0x200, 0x280, 0x288, 0x300
-HOST_RSP, HOST_MXCSR = 0x400, 0x408
+HOST_RSP, HOST_MXCSR, TAKEN = 0x400, 0x408, 0x40C
 CONTEXT_SIZE = 0x410
+PAGE = 0x1000
+INSN_OFFSET, FALL_OFFSET, TAKEN_OFFSET = 0x400, 0x800, 0xA00
+PAD_WINDOW = (0x180, 0x7F0)  # offsets where a near landing pad may go (neither prologue nor epilogues)
+_EPILOGUE_HEAD = 20  # mov [moffs64],rax; movabs rax,ctx
 
 _CALLEE_SAVED = (3, 5, 12, 13, 14, 15)  # rbx rbp r12 r13 r14 r15
 
@@ -88,10 +98,33 @@ def _epilogue(ctx: int) -> bytes:
     return code + b"\xc3"
 
 
+def _jmp(source: int, target: int) -> bytes:
+    """jmp rel32 from offset ``source`` to offset ``target`` of the page."""
+    return b"\xe9" + struct.pack("<i", target - (source + 5))
+
+
 def harness(raw: bytes, ctx: int) -> tuple[bytes, int]:
-    """The harness around ``raw`` and the offset of ``raw`` in it."""
+    """The code page around ``raw`` and the offset of ``raw`` in it."""
+    page = bytearray(b"\xcc" * PAGE)
     prologue = _prologue(ctx)
-    return prologue + bytes(raw) + _epilogue(ctx), len(prologue)
+    prologue += _jmp(len(prologue), INSN_OFFSET)
+    page[:len(prologue)] = prologue
+    end = INSN_OFFSET + len(raw)
+    page[INSN_OFFSET:end + 5] = bytes(raw) + _jmp(end, FALL_OFFSET)
+    epilogue = _epilogue(ctx)
+    page[FALL_OFFSET:FALL_OFFSET + len(epilogue)] = epilogue
+    taken = epilogue[:_EPILOGUE_HEAD] + b"\xc7\x80" + struct.pack("<iI", TAKEN, 1)  # mov dword [rax+TAKEN], 1
+    taken += _jmp(TAKEN_OFFSET + len(taken), FALL_OFFSET + _EPILOGUE_HEAD)
+    page[TAKEN_OFFSET:TAKEN_OFFSET + len(taken)] = taken
+    assert len(prologue) <= PAD_WINDOW[0] and FALL_OFFSET + len(epilogue) <= TAKEN_OFFSET
+    return bytes(page), INSN_OFFSET
+
+
+def landing_pad(target: int, code_page: int) -> bytes:
+    """Bytes for ``target`` that jump to the taken epilogue without touching a register or a flag."""
+    if code_page <= target < code_page + PAGE:
+        return _jmp(target - code_page, TAKEN_OFFSET)
+    return b"\xff\x25\x00\x00\x00\x00" + struct.pack("<Q", code_page + TAKEN_OFFSET)  # jmp *0(%rip)
 
 
 def pack_inputs(registers: dict[str, int]) -> bytes:
