@@ -17,4 +17,4 @@ only from the stages below it:
 ``errors``, ``inputs`` and ``versions`` sit at the bottom beside ``x86``.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

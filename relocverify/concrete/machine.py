@@ -48,7 +48,7 @@ Machine model (what a replay assumes):
   is the fault ``"timeout: ..."``.  An original that times out (a huge rcx
   under ``rep``) is not replayable; a relocation that times out where the
   original finished is a difference.
-* Compared outputs: the 16 GPRs, the arithmetic flags and DF
+* Compared outputs: the 16 GPRs, the arithmetic flags and DF, MXCSR
   (``RFLAGS_COMPARED``), fs/gs base, xmm0-15, ``next_rip``, and the bytes
   written (final values, tracer memory excluded).  A store of the value
   already there still counts as a write.  If either side faults, only the
@@ -125,7 +125,7 @@ def is_rep_string(raw: bytes) -> bool:
 
 UC_REGISTERS = {**{r: getattr(X, f"UC_X86_REG_{r.upper()}") for r in GPRS + XMMS},
                 "rflags": X.UC_X86_REG_RFLAGS, "fs_base": X.UC_X86_REG_FS_BASE, "gs_base": X.UC_X86_REG_GS_BASE,
-                "rip": X.UC_X86_REG_RIP}
+                "mxcsr": X.UC_X86_REG_MXCSR, "rip": X.UC_X86_REG_RIP}
 
 
 @dataclass

@@ -10,8 +10,9 @@ from ..x86.registers import GPR64, MASK64
 
 GPRS = GPR64
 XMMS = tuple(f"xmm{i}" for i in range(16))
-REGISTERS = GPRS + ("rflags", "fs_base", "gs_base") + XMMS
-REGISTER_BITS = {**{r: 64 for r in GPRS + ("rflags", "fs_base", "gs_base")}, **{x: 128 for x in XMMS}}
+REGISTERS = GPRS + ("rflags", "fs_base", "gs_base", "mxcsr") + XMMS
+REGISTER_BITS = {**{r: 64 for r in GPRS + ("rflags", "fs_base", "gs_base")}, "mxcsr": 32, **{x: 128 for x in XMMS}}
+MXCSR_DEFAULT = 0x1F80  # all exceptions masked, round to nearest (the value at reset)
 # Other names a counterexample may use (VEX calls the vector registers ymm0..): the low 128 bits of ymmN are xmmN.
 REGISTER_ALIASES = {**{f"ymm{i}": f"xmm{i}" for i in range(16)}, "fs": "fs_base", "gs": "gs_base"}
 
@@ -68,6 +69,7 @@ def initial_registers(state: MachineState) -> dict[str, int]:
     """
     regs = {r: 0 for r in REGISTERS}
     regs["rflags"] = RFLAGS_FIXED
+    regs["mxcsr"] = MXCSR_DEFAULT
     named = sorted(state.registers.items(), key=lambda kv: kv[0] in REGISTER_BITS)  # aliases first
     for name, value in named:
         name = REGISTER_ALIASES.get(name, name)

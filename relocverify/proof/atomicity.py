@@ -26,25 +26,44 @@ def _relocated_instructions(code: bytes, tramp: int) -> list[Instruction]:
     return out
 
 
+def _in_tracer(ins: Instruction, tracer_ranges) -> bool:
+    t = ins.rip_target
+    return t is not None and any(lo <= t < lo + n for lo, n in tracer_ranges)
+
+
+def _same_access(orig: Instruction, reloc: Instruction) -> bool:
+    """The same locked operation on the same operand: the same operation and operand size, and the
+    same memory operand (a RIP-relative one re-aimed at the same address, or one through a scratch
+    register, whose address the sequential obligation then checks)."""
+    if reloc.opname != orig.opname or reloc.memory is None or orig.memory is None:
+        return False
+    if reloc.memory.size != orig.memory.size:
+        return False
+    if orig.rip_relative:
+        return reloc.rip_target == orig.rip_target or (reloc.memory.base not in ("rip", None))
+    om, rm = orig.memory, reloc.memory
+    return (om.base, om.index, om.scale, om.displacement, om.segment) == \
+        (rm.base, rm.index, rm.scale, rm.displacement, rm.segment)
+
+
 def check_atomicity(decoded: Instruction, code: bytes | None, tramp: int, tracer_ranges) -> str | None:
-    """None if the obligation holds, else the refutation's reason."""
+    """None if the obligation holds, else the refutation's reason.
+
+    Each locked (LOCK-prefixed, or xchg with memory) access of the original must correspond to a
+    locked access of the relocation with the same operation, size and operand; locked accesses to
+    tracer memory do not count, and the relocation may lock nothing else."""
     want = atomic(decoded)
-    got = 0
     if not want and (code is None or not (b"\xf0" in code or b"\x86" in code or b"\x87" in code)):
         return None  # no LOCK prefix and no xchg opcode byte anywhere: nothing locked on either side
-    if code is not None:
-        for ins in _relocated_instructions(code, tramp):
-            if ins.memory is None or not atomic(ins):
-                continue
-            t = ins.rip_target
-            if t is not None and any(lo <= t < lo + n for lo, n in tracer_ranges):
-                continue
-            got += 1
-    if want and got == 0:
+    locked = [] if code is None else [ins for ins in _relocated_instructions(code, tramp)
+                                      if ins.memory is not None and atomic(ins) and not _in_tracer(ins, tracer_ranges)]
+    if want and not locked:
         return "atomicity: the original's memory operation is LOCKed, the relocation's is not (LOCK dropped)"
-    if not want and got:
+    if not want and locked:
         return "atomicity: the relocation performs a LOCKed memory operation the original does not (LOCK added)"
-    if got > 1:
+    if len(locked) > 1:
         return "atomicity: the relocation splits the original's locked operation into several"
+    if want and not _same_access(decoded, locked[0]):
+        return (f"atomicity: the original's locked {decoded.opname} has no locked counterpart in the relocation "
+                f"(its locked {locked[0].opname} is another operation or operand)")
     return None
-

@@ -57,6 +57,7 @@ from . import smt
 from .atomicity import atomic, check_atomicity
 from .fast_path import NotApplicable, fast_path, fast_path_effects, pure_jump_target
 from .lift_gaps import opaque_lift_reason
+from .lifter_checks import flag_names, loose_reasons, reexecutes, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
 DEFAULT_TIMEOUT_MS = 10_000
@@ -98,13 +99,15 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     opaque = opaque_lift_reason(decoded)
     if opaque is not None:
         return _gap_result(decoded, code, tramp, opaque, t0)
+    loose = loose_reasons(decoded)
+    trusted = not loose or reexecutes(decoded, code, tramp)
     try:
-        if code is None and fast_path_effects(decoded.raw, decoded.address, effects):
+        if trusted and code is None and fast_path_effects(decoded.raw, decoded.address, effects):
             return ProofResult(Verdict.PROVED, "the original's IR is the effect program's IR image",
                                "fast-path", seconds=time.perf_counter() - t0)
     except S.Gap as gap:
         return _gap_result(decoded, code, tramp, gap.reason, t0)
-    if code is not None:
+    if trusted and code is not None:
         try:
             if fast_path(decoded.raw, decoded.address, code, tramp):
                 return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",
@@ -123,12 +126,21 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
         x = claripy.BVS("x", 64, explicit_name=True)
         items = smt.items(world, orig, reloc, decoded.address, tramp, x)
-        read_conds = smt.read_conditions(world, orig, reloc)
-        solver = smt.solve(world, items, read_conds, x, timeout_ms)
+        read_conds = smt.read_conditions(world, orig, reloc) + smt.write_conditions(world, orig, reloc)
+        solver = smt.solve(world, items, read_conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
+        if solver is None and trusted and not reexecutes(decoded, code, tramp):
+            clobbered = smt.clobbered_flags(world, orig, decoded.address, unaffected_flags(decoded), timeout_ms)
+            if clobbered:
+                loose = (f"is lifted writing {flag_names(clobbered)}, which the decoders say it leaves alone",)
+                trusted = False
     except S.Gap as gap:
         return _gap_result(decoded, code, tramp, gap.reason, t0)
     except claripy.errors.ClaripyError as exc:
         return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
+                           seconds=time.perf_counter() - t0)
+    if solver is None and not trusted:
+        return ProofResult(Verdict.UNKNOWN, f"not proved: the original {loose[0]}, and the relocation does not "
+                           f"re-execute it, so VEX's values for it are not the CPU's", "smt",
                            seconds=time.perf_counter() - t0)
     if solver is None:
         return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
@@ -141,7 +153,8 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
     if not confirmed and note.startswith("not replayable") and "rcx" in world.reg_syms:
         # A counter the solver chose too large to replay (rep, loop): ask for a small one.
-        small = smt.solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),))
+        small = smt.solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
+                          precondition=smt.private_tracer_memory(world, orig))
         if small is not None:
             solver = small
             cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "",

@@ -83,6 +83,7 @@ class Outcome:
     reads: tuple[Read, ...]
     target: object  # BV64: where control goes (already mapped T -> A for the relocated side)
     jumpkind: str
+    fences: int = 0  # memory barriers (mfence, lfence, sfence: VEX's MBE) on the way
 
 
 @dataclass
@@ -92,9 +93,10 @@ class _Path:
     writes: list = field(default_factory=list)
     reads: list = field(default_factory=list)
     temps: dict = field(default_factory=dict)
+    fences: int = 0
 
     def fork(self, guard) -> "_Path":
-        return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps))
+        return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps), self.fences)
 
 
 class _CCallState:
@@ -343,7 +345,10 @@ class _Interp:
         exits = []
         for st in irsb.statements:
             t = type(st)
-            if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint, pyvex.stmt.MBE):
+            if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
+                continue
+            if t is pyvex.stmt.MBE:
+                path.fences += 1  # a memory event the obligation compares (smt.write_conditions)
                 continue
             if t is pyvex.stmt.WrTmp:
                 path.temps[st.tmp] = self.expr(path, st.data)
@@ -464,7 +469,7 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
 
 
 def _finish(p: _Path, target, jk: str) -> Outcome:
-    return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk)
+    return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, p.fences)
 
 
 # ---------------------------------------------------------------------------

@@ -107,18 +107,87 @@ def read_conditions(world, orig_outs, reloc_outs):
     return conds
 
 
+def write_conditions(world, orig_outs, reloc_outs):
+    """Conditions under which the two sides' sequences of memory writes differ (address and value
+    of each byte written, in program order, tracer memory excepted): a store the original does
+    not make is a difference even when it writes the value already there (another CPU's update
+    in between would be lost; a read-only page would fault).  And a fence one side has and the
+    other has not."""
+    def visible(outs):
+        out = []
+        for o in outs:
+            for addr, byte in o.writes:
+                if addr.op == "BVV" and world.in_tracer(addr.args[0]):
+                    continue
+                out.append((o.guard, addr, byte))
+        return out
+
+    wo, wr = visible(orig_outs), visible(reloc_outs)
+    conds = []
+    for i in range(max(len(wo), len(wr))):
+        if i >= len(wo):
+            conds.append(wr[i][0])
+        elif i >= len(wr):
+            conds.append(wo[i][0])
+        else:
+            (go, ao, vo), (gr, ar, vr) = wo[i], wr[i]
+            conds.append(claripy.Or(go != gr, claripy.And(go, claripy.Or(ao != ar, vo != vr))))
+    fo = _merge(orig_outs, lambda o: claripy.BVV(o.fences, 16))
+    fr = _merge(reloc_outs, lambda o: claripy.BVV(o.fences, 16))
+    if not (fo.op == "BVV" and fr.op == "BVV" and fo.args[0] == fr.args[0]):
+        conds.append(fo != fr)
+    return conds
+
+
+def private_tracer_memory(world, orig_outs) -> list:
+    """The obligation's precondition: no access of the original, whatever its segment or base,
+    touches tracer memory (the trampoline, the save slots: the tracer's private memory)."""
+    if not world.tracer_ranges:
+        return []
+    cs = []
+    for o in orig_outs:
+        accesses = [(r.guard, r.address, r.size) for r in o.reads] + [(o.guard, a, 1) for a, _ in o.writes]
+        for guard, addr, size in accesses:
+            for lo, n in world.tracer_ranges:
+                end = addr + (size - 1) if size > 1 else addr
+                inside = claripy.And(claripy.UGE(end, lo), claripy.ULT(addr, (lo + n) & MASK64)) \
+                    if lo + n <= MASK64 else claripy.UGE(end, lo)
+                cs.append(claripy.Or(claripy.Not(guard), claripy.Not(inside)))
+    return cs
+
+
+def clobbered_flags(world, orig_outs, at: int, unaffected: int, timeout_ms: int) -> int:
+    """The flags (iced RflagsBits) the decoders say the original leaves alone but VEX may change."""
+    if not unaffected:
+        return 0
+    after = _merge(orig_outs, lambda o: _flags(world, o, at))
+    before = world.rflags & S.OSZACP
+    bits = {1: 11, 2: 7, 4: 6, 8: 4, 16: 0, 32: 2}  # iced OF SF ZF AF CF PF -> RFLAGS bit
+    clobbered = 0
+    for iced_bit, bit in bits.items():
+        if not unaffected & iced_bit:
+            continue
+        solver = claripy.Solver(timeout=timeout_ms)
+        for c in world.constraints():
+            solver.add(c)
+        solver.add(after[bit] != before[bit])
+        if solver.satisfiable():
+            clobbered |= iced_bit
+    return clobbered
+
+
 def _not_tracer(world, x):
     return [claripy.Or(claripy.ULT(x, lo), claripy.UGE(x, lo + n)) if lo + n <= MASK64 else claripy.ULT(x, lo)
             for lo, n in world.tracer_ranges]
 
 
-def solve(world, items, read_conds, x, timeout_ms, extra=()):
+def solve(world, items, read_conds, x, timeout_ms, extra=(), precondition=()):
     """None if the negated obligation is unsatisfiable (a proof); else a solver holding a model.
 
     Two stages, so that a counterexample shows a difference in outputs
     whenever one exists (those replay on unicorn); only if the outputs can
     never differ is a difference in the memory reads alone looked for."""
-    base = world.constraints() + _not_tracer(world, x) + list(extra)
+    base = world.constraints() + _not_tracer(world, x) + list(extra) + list(precondition)
     for stage in ([it.orig != it.reloc for it in items], read_conds):
         if not stage:
             continue

@@ -40,6 +40,19 @@ def _cs_missing(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool
     return cs is None and ic.text.split(" ")[0] in _CS_UNSUPPORTED
 
 
+def _is4_byte(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool:
+    """A four-operand VEX/XOP form whose last byte is an is4 register selector (bits 7:4)."""
+    if cs is None or cs.length != ic.length or (cs.disp_offset, cs.disp_size) != (ic.disp_offset, ic.disp_size):
+        return False
+    if ic.imm_size or cs.imm_size != 1 or cs.imm_offset != ic.length - 1:
+        return False
+    import iced_x86
+
+    ins = iced_x86.Decoder(64, raw[:ic.length]).decode()
+    return (ins.encoding in (iced_x86.EncodingKind.VEX, iced_x86.EncodingKind.XOP) and ins.op_count >= 4
+            and ins.op_kind(3) == iced_x86.OpKind.REGISTER)
+
+
 KNOWN_DECODER_BUGS: tuple[KnownBug, ...] = (
     KnownBug("capstone-66-rip-disp", _cs_short_disp,
              "capstone 5 reports disp_size=2 when the operand size is 16 bits (0x66, or VEX/EVEX pp=01); "
@@ -49,6 +62,10 @@ KNOWN_DECODER_BUGS: tuple[KnownBug, ...] = (
     KnownBug("capstone-missing-insn", _cs_missing,
              "capstone 5 cannot decode this instruction (serialize, rmpadjust, pvalidate, tilerelease, ...): "
              "iced-x86's decode used"),
+    KnownBug("is4-register-byte", _is4_byte,
+             "a convention, not a defect: the last byte of a four-operand VEX/XOP form (blendv, FMA4, XOP) "
+             "names a register in bits 7:4 (is4); capstone counts it as an 8-bit immediate, iced-x86 as "
+             "part of that operand: the same encoding, iced-x86's offsets used"),
 )
 
 

@@ -1,0 +1,203 @@
+"""Where VEX's model of an instruction is looser than the hardware, found by
+checking the lift against the decoders and the architecture manuals.
+
+``loose_reasons(decoded)`` lists, for one original instruction, every reason
+VEX's semantics of it may differ from what the CPU does:
+
+* floating point: claripy's FP theory equates all NaNs (sign and payload
+  lost), and angr evaluates the rounding-mode argument VEX reads from MXCSR
+  with its own default; MXCSR's status flags and masks are not modelled;
+* memory VEX accesses that the decoders say the instruction does not access
+  (VEX's helpers spill to a scratch area below rsp: ``bt reg, reg``);
+* registers VEX writes beyond the ones the decoders say are written (a REX
+  prefix before a legacy prefix, which the hardware ignores and VEX applies);
+* flags or results the SDM and the AMD APM leave undefined or vendor-defined
+  (``UNDEFINED_RESULTS``, and iced-x86's ``rflags_undefined``): a value VEX
+  picks for them is not one the CPU promises;
+* flags VEX writes that the decoders say the instruction leaves alone
+  (checked by the SMT path, ``vex_clobbers_flags``).
+
+What follows (``prove``): an original with a loose reason is proved only by
+a relocation that *re-executes* it (``reexecutes``): the same operation on
+the same operands, followed by nothing that writes a flag or one of its
+outputs.  Then the hardware computes the same loose outputs on both sides,
+whatever they are, and VEX is trusted only for where the operands come from.
+Any other relocation gets ``unknown`` at best, never ``proved``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import iced_x86
+import pyvex
+
+from ..x86.decode import decode
+from ..x86.encoding import iter_code
+from ..x86.instruction import Instruction
+from . import semantics as S
+
+_FP_OP = re.compile(r"F(16|32|64|128)|D(32|64|128)|Round|Sqrt|Recip|Est|Scale|Yl2x|PRem|Atan|Sin|Cos|Tan|2xm1")
+
+#: Results (beyond flags) the manuals leave undefined or vendor-defined, one row per operation.
+UNDEFINED_RESULTS: dict[str, str] = {
+    "bsf": "leaves its destination undefined for a zero source (Intel SDM); AMD keeps the whole register",
+    "bsr": "leaves its destination undefined for a zero source (Intel SDM); AMD keeps the whole register",
+    "shld": "leaves the result undefined for a count above the operand size (SDM)",
+    "shrd": "leaves the result undefined for a count above the operand size (SDM)",
+}
+
+#: iced-x86 RflagsBits, as names.
+_FLAG_BITS = (("OF", 1), ("SF", 2), ("ZF", 4), ("AF", 8), ("CF", 16), ("PF", 32))
+ARITH = 1 | 2 | 4 | 8 | 16 | 32
+
+#: Instructions a relocation may put around the re-executed original: moves to and from its own
+#: slots, the scratch load, and jumps (none writes a flag).
+_MOVES = frozenset({"mov", "movabs", "jmp"})
+
+_GPR_BYTES = {}  # iced register name -> (vex offset of its 64-bit register, first byte, bytes written)
+for _fam, names in {"rax": ("al", "ah", "ax", "eax", "rax"), "rcx": ("cl", "ch", "cx", "ecx", "rcx"),
+                    "rdx": ("dl", "dh", "dx", "edx", "rdx"), "rbx": ("bl", "bh", "bx", "ebx", "rbx"),
+                    "rsp": ("spl", None, "sp", "esp", "rsp"), "rbp": ("bpl", None, "bp", "ebp", "rbp"),
+                    "rsi": ("sil", None, "si", "esi", "rsi"), "rdi": ("dil", None, "di", "edi", "rdi")}.items():
+    off = S.REG_BY_NAME[_fam][0]
+    lo, hi, word, dword, qword = names
+    _GPR_BYTES[lo] = (off, 0, 1)
+    if hi:
+        _GPR_BYTES[hi] = (off, 1, 1)
+    _GPR_BYTES[word] = (off, 0, 2)
+    _GPR_BYTES[dword] = (off, 0, 8)  # a 32-bit write zero-extends
+    _GPR_BYTES[qword] = (off, 0, 8)
+for _k in range(8, 16):
+    _off = S.REG_BY_NAME[f"r{_k}"][0]
+    _GPR_BYTES[f"r{_k}l"] = (_off, 0, 1)
+    _GPR_BYTES[f"r{_k}w"] = (_off, 0, 2)
+    _GPR_BYTES[f"r{_k}d"] = (_off, 0, 8)
+    _GPR_BYTES[f"r{_k}"] = (_off, 0, 8)
+_GPR_OFFSETS = {v[0] for v in _GPR_BYTES.values()}
+_REG_NAME = {v: k.lower() for k, v in vars(iced_x86.Register).items() if k.isupper() and isinstance(v, int)}
+_WRITES = {3, 4, 5, 6}
+_INFO = iced_x86.InstructionInfoFactory()
+
+
+def flag_names(bits: int) -> str:
+    return " ".join(name for name, bit in _FLAG_BITS if bits & bit)
+
+
+def _iced(raw: bytes, address: int):
+    dec = iced_x86.Decoder(64, raw, ip=address)
+    return dec.decode()
+
+
+def loose_reasons(decoded: Instruction) -> tuple[str, ...]:
+    """Every reason VEX's model of ``decoded`` may differ from the CPU (empty: none known)."""
+    return _loose(decoded.raw, decoded.address & 0xFFF, decoded.opname)
+
+
+@lru_cache(maxsize=65536)
+def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
+    address = 0xFFFFFFFF81000000 | low  # the reasons do not depend on where the instruction is
+    reasons: list[str] = []
+    ins = _iced(raw, address)
+    undefined = ins.rflags_undefined & ARITH
+    if undefined:
+        reasons.append(f"leaves {flag_names(undefined)} undefined (vendor-defined)")
+    if opname in UNDEFINED_RESULTS:
+        reasons.append(f"{opname} {UNDEFINED_RESULTS[opname]}")
+    try:
+        irsb = S.lift(raw, address, max_inst=1)
+    except S.Gap:
+        return tuple(reasons)
+    ops, stores = set(), False
+    written: dict[int, set[int]] = {}
+    for st in irsb.statements:
+        t = type(st)
+        if t in (pyvex.stmt.Store, pyvex.stmt.StoreG, pyvex.stmt.CAS, pyvex.stmt.LoadG):
+            stores = True
+        if t is pyvex.stmt.Put and st.offset in _GPR_OFFSETS:
+            size = st.data.result_size(irsb.tyenv) // 8
+            written.setdefault(st.offset, set()).update(range(size))
+        for e in st.expressions:
+            if type(e) is pyvex.expr.Load:
+                stores = True
+            op = getattr(e, "op", None)
+            if op:
+                ops.add(op)
+    fp = sorted(o for o in ops if _FP_OP.search(o))
+    if fp:
+        reasons.append(f"computes floating point ({fp[0]}): claripy's FP theory equates every NaN and ignores "
+                       f"MXCSR (rounding control, masks, status flags), so it is not bit-exact")
+    info = _INFO.info(ins)
+    if stores and not list(info.used_memory()):
+        reasons.append("is lifted with a memory access the decoders say it does not make (a VEX helper's "
+                       "scratch store)")
+    allowed: dict[int, set[int]] = {}
+    for r in info.used_registers():
+        name = _REG_NAME.get(r.register, "")
+        if r.access in _WRITES and name in _GPR_BYTES:
+            off, first, n = _GPR_BYTES[name]
+            allowed.setdefault(off, set()).update(range(first, first + n))
+    for off, nbytes in written.items():
+        extra = nbytes - allowed.get(off, set())
+        if extra and off != S.REG_BY_NAME["rsp"][0] and off != S.REG_BY_NAME["rip"][0]:
+            name = next(n for n, v in S.REG_BY_NAME.items() if v[0] == off and v[1] == 8)
+            reasons.append(f"is lifted writing {name}[{min(extra)}:{max(extra) + 1}], which the decoders say it "
+                           f"leaves alone (a prefix VEX applies and the CPU ignores?)")
+    return tuple(reasons)
+
+
+def reexecutes(decoded: Instruction, code: bytes | None, tramp: int) -> bool:
+    """True if relocated ``code`` runs ``decoded``'s operation itself (same operation, same register
+    operands and immediates; a memory operand may be re-encoded) and around it only moves and jumps
+    that write no flag and none of its outputs."""
+    if code is None:
+        return False
+    original = _iced(decoded.raw, decoded.address)
+    outputs = _written_registers(original)
+    seen = False
+    for piece in iter_code(code, tramp):
+        if piece.kind != "insn":
+            continue
+        raw = code[piece.offset:piece.offset + piece.length]
+        d = decode(raw, tramp + piece.offset)
+        if not isinstance(d, Instruction):
+            return False
+        ins = _iced(raw, tramp + piece.offset)
+        if not seen and _same_operation(original, ins):
+            seen = True
+            continue
+        if d.opname not in _MOVES or ins.rflags_modified or (seen and _written_registers(ins) & outputs):
+            return False
+    return seen
+
+
+def _written_registers(ins) -> set[str]:
+    from ..x86.registers import reg_family
+
+    return {reg_family(_REG_NAME.get(r.register, "")) for r in _INFO.info(ins).used_registers()
+            if r.access in _WRITES}
+
+
+def _same_operation(a, b) -> bool:
+    """Same iced code, the same register operands and immediates; memory operands may differ in their
+    encoding (a RIP-relative displacement re-aimed, a scratch base register)."""
+    if a.code != b.code or a.op_count != b.op_count:
+        return False
+    for k in range(a.op_count):
+        ka, kb = a.op_kind(k), b.op_kind(k)
+        if ka != kb:
+            return False
+        if ka == iced_x86.OpKind.REGISTER and a.op_register(k) != b.op_register(k):
+            return False
+        if ka in (iced_x86.OpKind.IMMEDIATE8, iced_x86.OpKind.IMMEDIATE16, iced_x86.OpKind.IMMEDIATE32,
+                  iced_x86.OpKind.IMMEDIATE64, iced_x86.OpKind.IMMEDIATE8TO16, iced_x86.OpKind.IMMEDIATE8TO32,
+                  iced_x86.OpKind.IMMEDIATE8TO64, iced_x86.OpKind.IMMEDIATE32TO64) \
+                and a.immediate(k) != b.immediate(k):
+            return False
+    return True
+
+
+def unaffected_flags(decoded: Instruction) -> int:
+    """The arithmetic flags (iced RflagsBits) ``decoded`` leaves alone."""
+    return ARITH & ~_iced(decoded.raw, decoded.address).rflags_modified
