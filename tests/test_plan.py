@@ -443,3 +443,22 @@ def test_rex_before_a_legacy_prefix(hx, tramp):
 def test_known_bugs_refuted_and_own_plan_proved(entry):
     result = corpus.run_entry(entry)
     assert result.ok, corpus.render_result(result)
+
+
+ADVERSARY = [e for e in ALL_ENTRIES if Path(e.path).name == "adversary.toml"]
+
+
+@pytest.mark.parametrize("entry", ADVERSARY, ids=lambda e: e.id)
+def test_adversarial_relocations_are_never_proved_and_their_controls_are(entry):
+    """corpora/adversary.toml: every class of false proof the checker once gave ends refuted or
+    unknown with a reason; our own plan for the same instruction stays proved."""
+    result = corpus.run_entry(entry)
+    assert result.ok, corpus.render_result(result)
+    assert result.verdicts[0] != "proved"
+
+
+def test_the_adversary_corpus_covers_every_class():
+    ids = {e.id for e in ADVERSARY}
+    assert ids >= {"adv-rex-before-legacy", "adv-roundsd-mxcsr", "adv-ucomisd-comisd", "adv-bt-helper-store",
+                   "adv-bt-zf", "adv-extra-store", "adv-mfence-dropped", "adv-bsf-zero-source", "adv-imul-pf",
+                   "adv-lock-decoy"}
