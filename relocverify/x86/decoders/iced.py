@@ -115,3 +115,46 @@ _MEMSIZE = {
 
 def version() -> str:
     return getattr(iced_x86, "__version__", "1.21.0")
+
+
+# --- for the decoder gate (relocverify.gate): the protocol's facts only ------
+
+from .protocol import Facts, error  # noqa: E402
+
+_GATE_BRANCH_FLOW = frozenset({iced_x86.FlowControl.UNCONDITIONAL_BRANCH, iced_x86.FlowControl.CONDITIONAL_BRANCH,
+                               iced_x86.FlowControl.CALL})
+
+
+def gate_facts(raw: bytes, address: int):
+    """iced-x86's answer as a ``protocol.Facts``; xbegin's target counts as a branch target."""
+    dec = iced_x86.Decoder(64, raw, ip=address)
+    ins = dec.decode()
+    if ins.is_invalid or dec.last_error != 0:
+        return error(f"iced: {_ICED_ERRORS.get(dec.last_error, 'invalid instruction')}")
+    co = dec.get_constant_offsets(ins)
+    target = None
+    if ins.flow_control in _GATE_BRANCH_FLOW or ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
+        if ins.op0_kind in _NEAR_BRANCH_KINDS:
+            target = (ins.near_branch_target - address) & MASK64
+    return Facts(ins.len, None,
+                 co.displacement_offset if co.has_displacement else None, co.displacement_size,
+                 co.immediate_offset if co.has_immediate else None, co.immediate_size,
+                 target)
+
+
+_NEAR_BRANCH_KINDS = frozenset({iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
+                                iced_x86.OpKind.NEAR_BRANCH64})
+_ICED_ERRORS = {1: "invalid instruction", 2: "no more bytes (truncated instruction)"}
+
+
+class IcedAdapter:
+    """iced-x86 behind ``protocol.Adapter``."""
+
+    name = "iced"
+    fields = frozenset({"length", "disp", "imm", "target"})
+
+    def version(self) -> str:
+        return version()
+
+    def decode_many(self, items):
+        return [gate_facts(raw, address) for address, raw in items]

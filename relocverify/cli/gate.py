@@ -1,0 +1,95 @@
+"""``relocverify gate``: the CI gate on x86 decoder changes (docs/gate.md).
+
+Exit codes: 0 clean (every difference explained or accepted by the
+baseline), 1 a new difference or changed answers, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from ..errors import InputError
+
+EXIT_CLEAN, EXIT_FINDINGS = 0, 1
+DEFAULT_CONSENSUS = ("capstone", "iced")
+
+
+def add_parser(sub) -> None:
+    g = sub.add_parser("gate", help="gate a decoder: compare its answers with a baseline, the other "
+                                    "decoders and the plans that follow (docs/gate.md)")
+    which = g.add_mutually_exclusive_group(required=True)
+    which.add_argument("--decoder", metavar="NAME",
+                       help="the decoder under test: capstone, iced, vex or objdump")
+    which.add_argument("--decoder-cmd", metavar="CMD",
+                       help="an external decoder command speaking the line protocol of docs/gate.md")
+    g.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="a kernel image (vmlinux ELF or bzImage) whose every instruction is decoded; repeatable")
+    g.add_argument("--corpus", action="append", default=[], metavar="TOML",
+                   help="a corpus file whose entries' bytes are decoded; repeatable")
+    g.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="also decode N fuzzed 15-byte windows (mishegos-style sliding window)")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="the fuzzer's seed (default 0)")
+    g.add_argument("--consensus", action="append", default=None, metavar="NAME",
+                   help="a decoder to compare with; repeatable (default: capstone and iced, "
+                        "less the decoder under test)")
+    g.add_argument("--baseline", required=True, metavar="FILE",
+                   help="the baseline JSON: accepted disagreements and a digest per input section")
+    g.add_argument("--update-baseline", action="store_true",
+                   help="accept the current state: write it to --baseline and exit 0")
+    g.add_argument("--junit", metavar="FILE", default=None, help="also write the result as JUnit XML")
+    g.add_argument("--sarif", metavar="FILE", default=None, help="also write the result as SARIF 2.1.0")
+    g.add_argument("--json", action="store_true", help="print the result as JSON (every cohort of answers)")
+    g.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes for decoding (default: one per CPU)")
+    g.add_argument("--prove", type=int, default=3, metavar="N",
+                   help="per class of new difference, build and check the plan of at most N instructions "
+                        "(default 3)")
+
+
+def command(args, out: TextIO) -> int:
+    from ..gate import baseline as baseline_mod
+    from ..gate.fuzz import fuzz_unit
+    from ..gate.junit import junit_xml
+    from ..gate.run import render, run_gate
+    from ..gate.samples import corpus_units, image_units
+    from ..gate.sarif import sarif
+    from ..x86.decoders.adapters import external_adapter, get_adapter
+
+    if not (args.image or args.corpus or args.fuzz):
+        raise InputError("gate: give at least one input: --image PATH, --corpus TOML or --fuzz N")
+    if args.fuzz < 0 or (args.prove is not None and args.prove < 0):
+        raise InputError("gate: --fuzz and --prove take a count >= 0")
+    tested = external_adapter(args.decoder_cmd) if args.decoder_cmd else get_adapter(args.decoder)
+    names = args.consensus or [n for n in DEFAULT_CONSENSUS if n != tested.name]
+    others = [get_adapter(n) for n in names if n != tested.name]
+    if not others:
+        raise InputError("gate: no decoder left to compare with; give --consensus NAME")
+    base = None if args.update_baseline else baseline_mod.load(args.baseline)
+    units = [u for path in args.image for u in image_units(path, jobs=args.jobs)]
+    units += corpus_units(args.corpus)
+    if args.fuzz:
+        units.append(fuzz_unit(args.fuzz, args.seed))
+    report = run_gate(tested, others, units, base, prove_per_class=args.prove, jobs=args.jobs)
+    if args.update_baseline:
+        baseline_mod.save(args.baseline, baseline_mod.build(report))
+    if args.junit:
+        _write(args.junit, junit_xml(report))
+    if args.sarif:
+        _write(args.sarif, json.dumps(sarif(report), indent=1) + "\n")
+    if args.json:
+        json.dump(report.as_json(), out, indent=1)
+        out.write("\n")
+    else:
+        out.write(render(report))
+        if args.update_baseline:
+            out.write(f"baseline written to {args.baseline}\n")
+    return EXIT_CLEAN if args.update_baseline or not report.failed else EXIT_FINDINGS
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e}") from None

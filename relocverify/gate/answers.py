@@ -1,0 +1,68 @@
+"""Every decoder's answers for the distinct byte strings, each decoded once.
+
+Answers are cached by (decoder, version, bytes) for the life of the
+process.  Large batches are split over a fork pool; an adapter's own
+subprocess (objdump, an external command) then runs once per chunk.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Sequence
+
+from ..x86.decoders.protocol import Adapter, Facts
+
+_CACHE: dict[tuple[str, str, bytes], Facts] = {}
+_POOL_MIN = 40_000  # below this a pool costs more than it saves
+_ADAPTERS: list[Adapter] = []  # read by forked workers
+
+
+def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
+            jobs: int | None = None) -> dict[str, dict[bytes, Facts]]:
+    """decoder name -> bytes -> Facts, for every ``(address, bytes)`` in ``items``."""
+    out: dict[str, dict[bytes, Facts]] = {}
+    work: list[tuple[int, list[tuple[int, bytes]]]] = []
+    keys = []
+    for k, adapter in enumerate(adapters):
+        version = adapter.version()
+        keys.append(version)
+        known = out[adapter.name] = {}
+        missing = []
+        for address, raw in items:
+            hit = _CACHE.get((adapter.name, version, raw))
+            if hit is None:
+                missing.append((address, raw))
+            else:
+                known[raw] = hit
+        work.append((k, missing))
+    jobs = jobs or os.cpu_count() or 1
+    total = sum(len(m) for _, m in work)
+    if jobs > 1 and total >= _POOL_MIN:
+        results = _pooled(adapters, work, jobs)
+    else:
+        results = [(k, adapters[k].decode_many(m)) for k, m in work]
+    for (k, missing), (_, facts) in zip(work, results):
+        adapter = adapters[k]
+        known = out[adapter.name]
+        for (_, raw), f in zip(missing, facts):
+            known[raw] = f
+            _CACHE[(adapter.name, keys[k], raw)] = f
+    return out
+
+
+def _pooled(adapters, work, jobs):
+    _ADAPTERS[:] = adapters
+    chunk = max(5_000, sum(len(m) for _, m in work) // (jobs * 4))
+    tasks = [(k, m[i:i + chunk]) for k, m in work for i in range(0, len(m), chunk)]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        done = pool.map(_decode_chunk, tasks, chunksize=1)
+    merged = {k: [] for k, _ in work}
+    for (k, _), facts in zip(tasks, done):
+        merged[k] += facts
+    return [(k, merged[k]) for k, _ in work]
+
+
+def _decode_chunk(task):
+    k, items = task
+    return _ADAPTERS[k].decode_many(items)

@@ -1,0 +1,30 @@
+"""The registry of decoder adapters, by the names ``relocverify gate --decoder`` takes."""
+
+from __future__ import annotations
+
+from ...errors import InputError
+from .protocol import Adapter
+
+NAMES = ("capstone", "iced", "vex", "objdump")
+
+
+def get_adapter(name: str) -> Adapter:
+    """The adapter called ``name`` (one of ``NAMES``)."""
+    if name == "capstone":
+        from .capstone import CapstoneAdapter
+        return CapstoneAdapter()
+    if name == "iced":
+        from .iced import IcedAdapter
+        return IcedAdapter()
+    if name == "vex":
+        from .vex import VexAdapter
+        return VexAdapter()
+    if name == "objdump":
+        from .objdump import ObjdumpAdapter
+        return ObjdumpAdapter()
+    raise InputError(f"unknown decoder {name!r}: choose one of {', '.join(NAMES)}, or give --decoder-cmd")
+
+
+def external_adapter(command: str) -> Adapter:
+    from .external import ExternalAdapter
+    return ExternalAdapter(command)
