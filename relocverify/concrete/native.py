@@ -305,11 +305,11 @@ def sample_states(decoded: Instruction, rng: random.Random, n: int, vary_mxcsr: 
     an address are then chosen so that the address lands in the middle of
     the arena (index registers small, base = target - disp - index*scale).
     A rep-prefixed string instruction gets rcx in 0..7; popf pops a value
-    with TF and AC clear.  xmm lanes are
-    random bits, edge doubles or floats.  MXCSR has every exception masked,
-    a random rounding mode and sometimes FTZ+DAZ (``vary_mxcsr=False``:
-    0x1f80, unicorn's fixed value).  The memory around each access is
-    random bytes.  States whose accesses cannot all be placed are dropped.
+    with TF and AC clear.  xmm lanes are random bits, edge doubles or
+    floats.  MXCSR has every exception masked, a random rounding mode and
+    sometimes FTZ+DAZ (``vary_mxcsr=False``: 0x1f80, the power-on value).
+    The memory around each access is random bytes.  States whose accesses
+    cannot all be placed are dropped.
     """
     ins = _iced(decoded.raw, native_address(decoded.raw) or NATIVE_AT)
     accesses = _accesses(ins)
@@ -329,9 +329,10 @@ def _sample_one(decoded, ins, accesses, rng, vary_mxcsr) -> MachineState | None:
     regs["mxcsr"] = _random_mxcsr(rng) if vary_mxcsr else MXCSR_DEFAULT
     for i in range(16):
         regs[f"xmm{i}"] = _random_lane(rng) | (_random_lane(rng) << 64)
+    fixed: set[str] = set()  # registers already chosen for an address or a count
     if decoded.opname in _STRING_OPS and (decoded.rep or decoded.repne):
         regs["rcx"] = rng.randrange(8)
-    fixed: set[str] = {"rcx"} if "rcx" in regs and decoded.opname in _STRING_OPS and (decoded.rep or decoded.repne) else set()
+        fixed.add("rcx")
     memory: dict[int, int] = {}
     for m in accesses:
         base, index = _reg_name(m.base), _reg_name(m.index)
