@@ -224,9 +224,30 @@ def _start(m: _Machine, state: MachineState) -> None:
         uc.reg_write(UC_REGISTERS[name], value)
 
 
-def _unicorn_fault(e: UcError) -> str:
-    return {UC_ERR_INSN_INVALID: "invalid instruction",
-            UC_ERR_EXCEPTION: "cpu exception"}.get(e.errno, f"unicorn: {e}")
+#: What #UD means on the CPU: the instructions that exist to raise it.
+_UD = frozenset({"ud0", "ud1", "ud2"})
+
+
+def _unicorn_fault(e: UcError, m: _Machine | None = None) -> str:
+    """The outcome a unicorn error stands for.  "Invalid instruction" is the CPU's #UD only for an
+    instruction that raises it there (ud0/ud1/ud2, or bytes no decoder decodes); for anything
+    iced-x86 decodes, it is QEMU that cannot run it (AVX and newer extensions in unicorn 2.1):
+    a limit of the replay, so two equal such faults never count as agreement."""
+    if e.errno == UC_ERR_INSN_INVALID:
+        if m is not None and m.uc is not None:
+            import iced_x86
+
+            try:
+                rip = m.uc.reg_read(UC_REGISTERS["rip"])
+                ins = iced_x86.Decoder(64, bytes(m.uc.mem_read(rip, 15)), ip=rip).decode()
+            except UcError:
+                ins = None
+            if ins is not None and not ins.is_invalid:
+                name = iced_x86.Formatter(iced_x86.FormatterSyntax.GAS).format_mnemonic(ins).split()[-1]
+                if name not in _UD:
+                    return f"{NOT_REPLAYABLE}unicorn cannot execute {name} (it raises invalid-instruction for it)"
+        return "invalid instruction"
+    return {UC_ERR_EXCEPTION: "cpu exception"}.get(e.errno, f"unicorn: {e}")
 
 
 def _execute(m: _Machine, state: MachineState, tracer_memory: Iterable[tuple[int, int]]) -> Outcome:
@@ -235,7 +256,7 @@ def _execute(m: _Machine, state: MachineState, tracer_memory: Iterable[tuple[int
         _start(m, state)
         m.uc.emu_start(start, (start + size) & MASK64, count=m.max_steps + 2)
     except UcError as e:
-        m.fault = m.fault or _unicorn_fault(e)
+        m.fault = m.fault or _unicorn_fault(e, m)
     return _outcome(m, tuple(tracer_memory))
 
 
