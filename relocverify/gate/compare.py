@@ -7,9 +7,11 @@ defect (a row of ``x86.decoders.known_bugs.KNOWN_DECODER_BUGS`` matches,
 with the other side saying what iced-x86 says): explained differences are
 counted under the row's name and never fail the gate.
 
-The tested decoder *fails* a sample when it disagrees, unexplained, with at
-least as many other decoders as it agrees with (a majority, ties counting
-against it): when the others split, it must side with the majority.
+The tested decoder *fails* a sample when it disagrees, unexplained, with
+more of the other decoders than it agrees with.  When the others split
+evenly there is no consensus to judge it by: the sample is reported as
+*contested* (it is a disagreement among the other decoders) and does not
+fail.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ class Finding:
         if open_:
             return ",".join(open_)
         return ",".join(sorted({d.explained for d in self.differences}))
+
+    @property
+    def contested(self) -> bool:
+        """Not failing, yet some difference is unexplained: the other decoders split."""
+        return not self.failing and not self.explained
 
     @property
     def explained(self) -> bool:
@@ -124,7 +131,7 @@ def compare(unit: str, samples: dict[bytes, list[int]], tested: Adapter, others:
                 diffs.append(Difference(o.name, kind, explain(raw, address, tested.name, a, o.name, b)))
         if diffs:
             against = sum(1 for d in diffs if d.explained is None)
-            failing = against > 0 and against >= len(others) - against
+            failing = against > len(others) - against
             findings.append(Finding(unit, address, raw, count, tested.name,
                                     ((tested.name, a),) + tuple((o.name, t[raw]) for o, t, _ in theirs),
                                     tuple(diffs), failing))

@@ -160,8 +160,9 @@ def render(report: GateReport) -> str:
         out.append("differences by class (distinct / instructions):")
         new_classes = {f.klass for f in report.new_findings}
         for k, c in counts.items():
-            status = "new" if k in new_classes else ("explained" if not any(
-                f.failing for f in report.findings if f.klass == k) else "accepted")
+            group = [f for f in report.findings if f.klass == k]
+            status = ("new" if k in new_classes else "accepted" if any(f.failing for f in group)
+                      else "contested" if any(f.contested for f in group) else "explained")
             out.append(f"  {k:<40} {c['distinct']:>7} / {c['instructions']:>8}  {status}")
     out.append("FAILED" if report.failed else "clean")
     return "\n".join(out) + "\n"
