@@ -19,7 +19,7 @@ padding (never executed); otherwise only its first instruction.  Probes
 that are refused are listed with their verdict and reason, and the run goes
 on with the others.
 
-``interleave`` runs several calls on different contexts one instruction
+``interleave`` runs several calls on different contexts one probe hit
 at a time each, round robin, for the check that interleaving changes no
 result.
 """
@@ -243,7 +243,7 @@ class Differential:
 
 
 def interleave(runtime: ProbeRuntime, threads: list[Thread], budget: int) -> list[Stop]:
-    """Step each thread one instruction in turn until all have stopped."""
+    """Step each thread to its next probe hit in turn until all have stopped."""
     live = list(threads)
     while live:
         for t in list(live):

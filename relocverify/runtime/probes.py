@@ -22,8 +22,9 @@
   ever lands in a trampoline and ``disable`` is safe while a context is
   inside a callee.
 * ``start``/``run``/``step`` run a call into the kernel on a context, to
-  completion or one instruction at a time (a trap and its handling is one
-  step), so that contexts can be interleaved at every instruction.
+  completion or one probe hit at a time, so that contexts can be
+  interleaved at every probed instruction (every instruction of a function
+  whose instructions are all probed).
 
 Every write the emulated kernel makes (and every write of an emulation's
 effects) is journalled with the byte it replaced: ``written()`` lists them
@@ -187,14 +188,14 @@ class ProbeRuntime:
         return Enabled(probe.address, len(probe.raw), patch.variant if patch else "on disk", findings)
 
     def _place(self, address: int) -> _Probe | Refused:
-        length = self.kernel.instruction_length(address)
-        if length == 0:
-            return Refused(address, Verdict.UNKNOWN.value, f"no decodable instruction is mapped at {address:#x}")
         if not self.kernel.image.is_executable(address):
             return Refused(address, Verdict.REJECTED.value, f"{address:#x} is not in an executable section")
         boundary = self._boundary_problem(address)
         if boundary:
             return Refused(address, Verdict.REJECTED.value, boundary)
+        length = self.kernel.instruction_length(address)
+        if length == 0:
+            return Refused(address, Verdict.UNKNOWN.value, f"no decodable instruction is mapped at {address:#x}")
         raw = self.kernel.read(address, length)
         for c in self.kernel.contexts:
             f = self.verdicts.finding(address, raw, c.tramp)
@@ -289,16 +290,21 @@ class ProbeRuntime:
         return t.stop
 
     def step(self, t: Thread, budget: int) -> Stop | None:
-        """Run one instruction of ``t`` (a trap and its plan are one step)."""
+        """Run ``t`` up to and including its next probe hit (the callbacks and the plan's handler), or
+        to its end.  With every instruction of a function probed, that is one instruction: the
+        trampoline of the previous hit and the trap of the next one.
+
+        (Not unicorn's single-step, emu_start's count=1 or a stopping code hook: with either, unicorn
+        2.1 re-runs a store in the trampoline page without advancing rip.)"""
         if t.stop is None:
             self._load(t)
-            self._segment(t, 0, 1, stepping=True)
+            self._segment(t, RETURN_SENTINEL, budget)
             if t.stop is None and t.traps > budget:
-                t.stop = Stop("budget", f"more than {budget} steps")
+                t.stop = Stop("budget", f"more than {budget} probe hits: a runaway loop?")
             self._save(t)
         return t.stop
 
-    def _segment(self, t: Thread, until: int, count: int, stepping: bool = False) -> None:
+    def _segment(self, t: Thread, until: int, count: int) -> None:
         rip = self.uc.reg_read(X.UC_X86_REG_RIP)
         if rip == RETURN_SENTINEL:
             t.stop = Stop("returned")
@@ -313,10 +319,6 @@ class ProbeRuntime:
         elif self._trap is not None:
             t.traps += 1
             self._handle(t, self._trap)
-        elif stepping:
-            t.traps += 1
-            if self.uc.reg_read(X.UC_X86_REG_RIP) == RETURN_SENTINEL:
-                t.stop = Stop("returned")
         elif self.uc.reg_read(X.UC_X86_REG_RIP) == RETURN_SENTINEL:
             t.stop = Stop("returned")
         else:
