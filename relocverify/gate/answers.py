@@ -52,17 +52,27 @@ def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
 
 
 def _pooled(adapters, work, jobs):
+    # Workers are forked after ``_WORK`` is set: a task names a slice, and
+    # only the answers travel back, as plain tuples (the cheapest to pickle).
     _ADAPTERS[:] = adapters
+    _WORK[:] = [m for _, m in work]
     chunk = max(5_000, sum(len(m) for _, m in work) // (jobs * 4))
-    tasks = [(k, m[i:i + chunk]) for k, m in work for i in range(0, len(m), chunk)]
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        done = pool.map(_decode_chunk, tasks, chunksize=1)
-    merged = {k: [] for k, _ in work}
-    for (k, _), facts in zip(tasks, done):
-        merged[k] += facts
-    return [(k, merged[k]) for k, _ in work]
+    tasks = [(k, i, i + chunk) for k, (_, m) in enumerate(work) for i in range(0, len(m), chunk)]
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            done = pool.map(_decode_chunk, tasks, chunksize=1)
+    finally:
+        _WORK.clear()
+    merged: dict[int, list[Facts]] = {k: [] for k in range(len(work))}
+    make = Facts._make
+    for (k, _, _), facts in zip(tasks, done):
+        merged[k] += map(make, facts)
+    return [(k, merged[i]) for i, (k, _) in enumerate(work)]
+
+
+_WORK: list = []
 
 
 def _decode_chunk(task):
-    k, items = task
-    return _ADAPTERS[k].decode_many(items)
+    k, start, end = task
+    return [tuple(f) for f in _ADAPTERS[k].decode_many(_WORK[k][start:end])]
