@@ -8,8 +8,8 @@ script and style sheet), and ``data/`` as ``<script>`` files (Chromium blocks
 functions in address order with their listings, loaded on demand.
 
 A shard holds per function its bytes (base64), instruction lengths, each
-instruction's disassembly (an index into the shard's string table), outcome,
-proof time and fresh/cached, and, only where present, the instance reason,
+instruction's disassembly (an index into the shard's string table, commonest
+first), outcome, proof time (these three ``packed``) and fresh/cached, and, only where present, the instance reason,
 site kinds, decoder answers, counterexample, live variants and the plan.
 Plans are recomputed from the stored bytes and the run's trampoline address
 for every instruction that is not proved, and for all of them when the image
@@ -52,6 +52,24 @@ def js_data(call: str, value) -> str:
     return f"{call}({text});\n"
 
 
+FINAL = "0123456789abcdefghijklmnopqrstuv"  # the last base-32 digit of a packed number
+MORE = "ABCDEFGHIJKLMNOPQRSTUVWXYZ()*+-."  # a digit with more to come
+
+
+def packed(values: list[int]) -> str:
+    """Non-negative integers as one string, base 32, most significant digit first, each number's last
+    digit from ``FINAL`` and the others from ``MORE``: 1 character below 32, 2 below 1024, no separators."""
+    out = []
+    for v in values:
+        digits = FINAL[v & 31]
+        v >>= 5
+        while v:
+            digits = MORE[v & 31] + digits
+            v >>= 5
+        out.append(digits)
+    return "".join(out)
+
+
 def time_bucket(us: int) -> int:
     for i, (limit, _) in enumerate(TIME_BUCKETS):
         if limit is None or (us <= 0 if limit == 0 else us < limit):
@@ -80,6 +98,7 @@ class _Shard:
     def __init__(self, number: int):
         self.number = number
         self.strings: dict[str, int] = {}
+        self.uses: list[int] = []
         self.functions: dict[int, dict] = {}
         self.instructions = 0
 
@@ -87,10 +106,29 @@ class _Shard:
         i = self.strings.get(text)
         if i is None:
             i = self.strings[text] = len(self.strings)
+            self.uses.append(0)
+        self.uses[i] += 1
         return i
 
+    def _renumbered(self) -> list[str]:
+        """The string table, commonest first, and every reference renumbered: short indices for common text."""
+        order = sorted(range(len(self.uses)), key=lambda i: -self.uses[i])
+        new = [0] * len(order)
+        for n, i in enumerate(order):
+            new[i] = n
+        for entry in self.functions.values():
+            entry["d"] = packed([new[i] for i in entry["d"]])
+            for x in entry.get("x", {}).values():
+                if "r" in x:
+                    x["r"] = new[x["r"]]
+                for key in ("v", "p"):
+                    if key in x:
+                        x[key] = [new[i] for i in x[key]]
+        texts = list(self.strings)
+        return [texts[i] for i in order]
+
     def write(self, directory: str) -> int:
-        text = js_data("RV.shard", {"n": self.number, "S": list(self.strings), "F": self.functions})
+        text = js_data("RV.shard", {"n": self.number, "S": self._renumbered(), "F": self.functions})
         with open(os.path.join(directory, f"{self.number}.js"), "w") as fh:
             fh.write(text)
         return len(text)
@@ -223,8 +261,8 @@ def _function_entry(store, shard, f, rows, index, outcomes, tramp, all_plans, to
              "b": base64.b64encode(raw).decode("ascii"),
              "l": "".join(chr(48 + r.length) for r in rows),
              "d": [shard.string(t) for t in texts],
-             "o": [index[data.outcome_key(r)] for r in rows],
-             "t": [r.proof_us for r in rows],
+             "o": packed([index[data.outcome_key(r)] for r in rows]),
+             "t": packed([max(r.proof_us, 0) for r in rows]),
              "c": "".join("1" if r.fresh else "0" for r in rows)}
     gaps, extra = {}, {}
     end = 0

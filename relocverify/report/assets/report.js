@@ -117,6 +117,20 @@
   }
 
   // ---- the function listing and the instruction view ---------------------------------------
+  // the inverse of build.packed: base-32 digits, the last of each number from FINAL, the others from MORE
+  var FINAL = "0123456789abcdefghijklmnopqrstuv", MORE = "ABCDEFGHIJKLMNOPQRSTUVWXYZ()*+-.";
+  function unpack(s) {
+    var out = [], v = 0;
+    for (var i = 0; i < s.length; i++) {
+      var c = s[i], f = FINAL.indexOf(c);
+      if (f >= 0) { out.push(v * 32 + f); v = 0; } else { v = v * 32 + MORE.indexOf(c); }
+    }
+    return out;
+  }
+  function unpacked(fe) {
+    if (!fe.D) { fe.D = unpack(fe.d); fe.O = unpack(fe.o); fe.T = unpack(fe.t); }
+    return fe;
+  }
   function rowsOf(fe) {
     var raw = atob(fe.b), rows = [], pos = 0, off = 0, start = big(fe.a);
     for (var i = 0; i < fe.l.length; i++) {
@@ -137,19 +151,19 @@
   function pre(text, cls) { return el("pre", text, cls); }
 
   function detail(s, fid, fe, r) {
-    var m = state.meta, o = m.outcomes[fe.o[r.i]], x = (fe.x && fe.x[r.i]) || {};
+    var m = state.meta, o = m.outcomes[fe.O[r.i]], x = (fe.x && fe.x[r.i]) || {};
     var box = el("div", null, "detail");
     box.id = "insn-detail";
     box.appendChild(el("h3", fe.n + "+" + hex(r.off) + " at " + r.addr));
     var dl = el("dl");
     kv(dl, "bytes", r.hex, "mono");
-    kv(dl, "disassembly", s.S[fe.d[r.i]], "mono");
+    kv(dl, "disassembly", s.S[fe.D[r.i]], "mono");
     kv(dl, "verdict", o[0], "v-" + o[0]);
     kv(dl, "method", o[1]);
     kv(dl, "plan", o[2] + " (rule " + o[3] + ")");
     kv(dl, "class", o[4]);
     kv(dl, "reason", x.r !== undefined ? s.S[x.r] : o[6]);
-    kv(dl, "proof time", fe.t[r.i] + " µs, " + (fe.c[r.i] === "1" ? "fresh (proved in the run)" : "cached (a reused verdict)"));
+    kv(dl, "proof time", fe.T[r.i] + " µs, " + (fe.c[r.i] === "1" ? "fresh (proved in the run)" : "cached (a reused verdict)"));
     if (x.s) {
       var kinds = m.sites.filter(function (k, b) { return Math.floor(x.s / Math.pow(2, b)) % 2 === 1; });
       kv(dl, "kernel sites", kinds.join(", "));
@@ -198,6 +212,7 @@
       var fe = s.F[fid];
       fn.textContent = "";
       if (!fe) { showError("function " + fid + " is not in its shard"); return; }
+      unpacked(fe);
       var h = el("h2", fe.n); h.id = "fn-name"; fn.appendChild(h);
       var counts = VERDICTS.map(function (v) { return v + " " + f[v][idx]; }).join(", ");
       fn.appendChild(el("p", "0x" + fe.a + " in " + fe.sec + ": " + f.n[idx] + " instructions; " + counts));
@@ -209,12 +224,12 @@
       var thead = el("thead"); thead.appendChild(hr); t.appendChild(thead);
       var body = el("tbody"), frag = document.createDocumentFragment(), m = state.meta;
       rows.forEach(function (r) {
-        var o = m.outcomes[fe.o[r.i]], x = (fe.x && fe.x[r.i]) || {};
+        var o = m.outcomes[fe.O[r.i]], x = (fe.x && fe.x[r.i]) || {};
         var tr = el("tr", null, r === selected ? "selected" : "");
         var a = el("td", null, "mono"); a.appendChild(link("#i=" + fid + ":" + r.off, r.addr)); tr.appendChild(a);
         tr.appendChild(el("td", "+" + hex(r.off), "mono"));
         tr.appendChild(el("td", r.hex, "mono bytes"));
-        tr.appendChild(el("td", s.S[fe.d[r.i]], "mono"));
+        tr.appendChild(el("td", s.S[fe.D[r.i]], "mono"));
         tr.appendChild(el("td", o[0] + (x.e ? " (counterexample)" : ""), "v-" + o[0]));
         tr.appendChild(el("td", o[0] === "proved" ? o[1] : (x.r !== undefined ? s.S[x.r] : o[6]), "reason"));
         frag.appendChild(tr);
