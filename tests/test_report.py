@@ -24,6 +24,8 @@ from relocverify.engine.run import RunOptions, run
 from relocverify.errors import InputError
 from relocverify.image.loader import load_image
 from relocverify.proof.prove import prove_relocation
+from relocverify.report.build import packed
+from relocverify.report.sources import DWARF, SourceNames, name_prefix, source_directory
 from relocverify.proof.verdict import Verdict, reason_key
 from relocverify.store.store import Store
 from relocverify.x86.decode import decode
@@ -206,6 +208,10 @@ def test_function_table_filters_sorts_and_opens_a_counterexample(small_report, b
     assert "48 8b 05 10 00 00 00" in detail and "refuted" in detail
     assert "relocverify replay --orig 488b0510000000" in p.page.inner_text("#cex")
     assert "trampoline at 0xffffffffc0001000" in detail  # the plan, recomputed: a rewrite of the load
+    store = Store(str(db), readonly=True)
+    row = store.instruction_at(store.find_image(), address)
+    store.close()
+    assert f"{row.proof_us} µs, fresh" in detail
     REPORTS.mkdir(exist_ok=True)
     p.page.screenshot(path=str(REPORTS / "report-small-counterexample.png"), full_page=True)
     p.go("functions")
@@ -268,4 +274,41 @@ def test_hostile_symbol_names_render_as_text(tmp_path, browser):
         p.page.wait_for_function("n => (document.getElementById('fn-name') || {}).textContent === n", arg=name)
     assert p.page.evaluate("() => document.querySelectorAll('script').length") == 3 + 1  # ours and the one shard
     assert p.page.evaluate("() => document.querySelectorAll('img').length") == 0
+    assert p.problems == []
+
+
+# --- pieces --------------------------------------------------------------------------------
+
+def test_packed_numbers_and_source_names():
+    assert packed([0, 31, 32, 1023, 1024]) == "0vB0.vBA0"
+    assert name_prefix("__x64_sys_read") == "x64" and name_prefix("ext4_map_blocks") == "ext4"
+    assert source_directory("/build/reproducible-path/linux-6.1.187/arch/x86/kernel/head_64.S") == "arch/x86/kernel"
+    assert source_directory("fs/ext4/inode.c") == "fs/ext4"
+
+
+@pytest.mark.slow
+def test_report_of_a_real_kernel_run(debian_kernels, tmp_path, browser):
+    """The first 1500 functions of the Debian 6.1 cloud kernel: DWARF names the rejections' source
+    directories (the fast compile-unit reader agrees with pyelftools), and the page shows the store's totals."""
+    kernel, _ = debian_kernels("debian-6.1-cloud")
+    sources = SourceNames.open(str(kernel.vmlinux))
+    assert sources.kind == DWARF
+    for cu in sorted(set(sources._cus))[::150]:
+        top = sources._dwarf.get_CU_at(cu).get_top_DIE().attributes["DW_AT_name"].value.decode()
+        assert sources._reader.name(cu) == top
+    image = load_image(str(kernel.vmlinux))
+    db = tmp_path / "k.sqlite"
+    run(image, str(db), RunOptions(TRAMP, 2, 10.0, 1500, True, None))
+    out = tmp_path / "html"
+    _report([str(db), "-o", str(out)])
+    p = Page(browser, out / "index.html")
+    for verdict, n in _totals(db).items():
+        assert p.page.inner_text(f"#n-{verdict}") == f"{n:,}"
+    assert "DWARF" in p.page.inner_text("#source-kind")
+    assert "arch/x86" in p.page.inner_text("#view-summary")
+    p.go("functions")
+    p.page.fill("#f-search", "/^start_kernel$|^x86_64_start/")
+    p.page.wait_for_function("() => !document.getElementById('f-count').textContent.startsWith('1,500 of')")
+    p.page.click("#f-body a")
+    p.page.wait_for_selector("table.listing")
     assert p.problems == []
