@@ -270,13 +270,19 @@ def main() -> int:
     todo = list(shapes.values())[:args.limit or None]
     every = max(len(todo) // args.vex, 1) if args.vex else 0
     work = [(raw, args.states, i, bool(every) and i % every == 0, args.vex_mxcsr) for i, raw in enumerate(todo)]
+    random.Random(0).shuffle(work)  # an interrupted run (Ctrl-C) has checked a uniform sample of the shapes
     refused: collections.Counter = collections.Counter()
     by_class = {"unicorn": collections.Counter(), "vex": collections.Counter()}
     by_what = {"unicorn": collections.Counter(), "vex": collections.Counter()}
     examples: dict[tuple[str, str], str] = {}
-    run = states = vex_run = 0
-    with Pool(args.jobs) as pool:
-        for result in pool.imap_unordered(check_shape, work, chunksize=16):
+    run = states = vex_run = done = 0
+    interrupted = False
+    pool = Pool(args.jobs)
+    try:
+        for result in pool.imap_unordered(check_shape, work, chunksize=8):
+            done += 1
+            if done % 1000 == 0:
+                print(f"  ... {done} shapes ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             if "refused" in result:
                 refused[result["refused"]] += 1
                 continue
@@ -293,8 +299,15 @@ def main() -> int:
                             by_class[oracle][key] += 1
                             by_what[oracle][what.split(" (cpu")[0]] += 1
                         examples.setdefault((oracle,) + key, example)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        pool.terminate()
     elapsed = time.perf_counter() - t0
-    print(f"shapes total: {len(todo)}  shapes run: {run}  states run: {states}  ({elapsed:.0f} s)")
+    if interrupted:
+        print(f"INTERRUPTED: the figures below cover {done} of {len(todo)} shapes, a uniform sample")
+    print(f"shapes total: {len(todo)}  shapes checked: {done}  shapes run: {run}  states run: {states}  "
+          f"({elapsed:.0f} s)")
     print("refused by reason:")
     for reason, n in refused.most_common():
         print(f"  {n:7d}  {reason}")
