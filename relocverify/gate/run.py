@@ -8,15 +8,19 @@ external command are subprocesses); reading images and corpora happens in
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import Counter
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from ..x86.decoders.protocol import Adapter, Facts
 from . import answers as answers_mod
 from .baseline import Baseline
 from .compare import Finding, compare
-from .consequence import Consequence, consequence
 from .samples import Unit
+
+if TYPE_CHECKING:
+    from .consequence import Consequence
 
 #: Distinct failing byte strings per class whose plan is built and checked (each is a proof).
 PROVE_PER_CLASS = 3
@@ -40,7 +44,7 @@ class GateReport:
     units: list[UnitResult]
     findings: list[Finding]
     new_findings: list[Finding]  # failing and not accepted by the baseline
-    consequences: dict[bytes, Consequence] = field(default_factory=dict)
+    consequences: dict[bytes, "Consequence"] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -86,15 +90,21 @@ class GateReport:
 
 
 def digest(samples: dict[bytes, list[int]], table: dict[bytes, Facts]) -> str:
-    """sha256 of the unit's distinct byte strings with the tested decoder's answer for each."""
+    """A digest of the unit's distinct byte strings, in sweep order, with the tested decoder's answers.
+
+    Each distinct answer is encoded once and the strings refer to it by
+    number, so the cost is a dictionary lookup per string."""
+    answers = list(map(table.__getitem__, samples))
+    codes = dict.fromkeys(answers)
+    for i, f in enumerate(codes):
+        codes[f] = i
+    sequence = array("I", map(codes.__getitem__, answers))
     h = hashlib.sha256()
-    encoded: dict = {}
-    for raw in sorted(samples):
-        f = table[raw]
-        e = encoded.get(f)
-        if e is None:
-            e = encoded[f] = repr(tuple(f)).encode()
-        h.update(b"%d:%b%b\n" % (len(raw), raw, e))
+    h.update(bytes(map(len, samples)))
+    h.update(b"".join(samples))
+    h.update(sequence.tobytes())
+    for f in codes:
+        h.update(repr(f._replace(unreported=tuple(sorted(f.unreported)))).encode())
     return h.hexdigest()[:32]
 
 
@@ -123,6 +133,8 @@ def run_gate(tested: Adapter, others: list[Adapter], units: list[Unit], baseline
         known = set(baseline.doc.get("units", {}))
         report.notes += [f"{u.name}: not in the baseline" for u in results if u.name not in known]
     proved = Counter()
+    if new:
+        from .consequence import consequence  # z3 and the lifter: loaded only when a plan is checked
     for f in new:
         if f.raw not in report.consequences and proved[f.klass] < prove_per_class:
             proved[f.klass] += 1
