@@ -13,7 +13,7 @@ from relocverify.errors import InputError
 from relocverify.image.loader import load_image
 from relocverify.plan.plan import PlanKind
 from relocverify.runtime.args import parse_spec
-from relocverify.runtime.differential import (Differential, Execution, _compare, find_function, interleave, is_leaf,
+from relocverify.runtime.differential import (Differential, Execution, first_difference, find_function, interleave, is_leaf,
                                               live_instructions)
 from relocverify.runtime.kernel import KernelMachine, parse_cpu_features
 from relocverify.runtime.leaf_functions import LEAF_FUNCTIONS
@@ -64,7 +64,7 @@ def test_every_instruction_probed_gives_the_same_results(diff, name, spec):
 def test_a_deliberately_wrong_plan_diverges_and_is_caught(diff):
     def tamper(runtime, enabled):
         for e in enabled:  # strlen's `add rax, 1` (48 83 c0 01) in the loop: make it add 2
-            plan = runtime._probes[e.address].plans[0]
+            plan = runtime.plan_of(e.address, 0)
             if plan.kind is PlanKind.COPY and plan.trampoline.startswith(bytes.fromhex("4883c001")):
                 runtime.force_plan_for_testing(e.address, 0, replace(plan, trampoline=bytes.fromhex("4883c002")
                                                                      + plan.trampoline[4:]))
@@ -86,11 +86,11 @@ def test_the_comparison_reports_the_first_differing_output():
     regs = {r: 0 for r in ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11",
                            "r12", "r13", "r14", "r15", "rip", "rflags")}
     a = Execution(Stop("returned"), regs, {0x10: 1}, {0x1: 2})
-    assert _compare(a, a) is None
-    assert _compare(a, replace(a, registers={**regs, "rdx": 5}))[0] == "rdx"
-    assert _compare(a, replace(a, writes={0x10: 2}))[0] == "mem[0x10]"
-    assert _compare(a, replace(a, counts={0x1: 3}))[0] == "executions of 0x1"
-    assert _compare(a, replace(a, registers={**regs, "rflags": 0x200})) is None  # IF is not compared
+    assert first_difference(a, a) is None
+    assert first_difference(a, replace(a, registers={**regs, "rdx": 5}))[0] == "rdx"
+    assert first_difference(a, replace(a, writes={0x10: 2}))[0] == "mem[0x10]"
+    assert first_difference(a, replace(a, counts={0x1: 3}))[0] == "executions of 0x1"
+    assert first_difference(a, replace(a, registers={**regs, "rflags": 0x200})) is None  # IF is not compared
 
 
 # -- enable refuses anything but proved --------------------------------------------
@@ -176,8 +176,7 @@ def _threads(diff, name, spec, seeds):
     for i, seed in enumerate(seeds):
         regs, memory = diff.trial_inputs(parse_spec(spec), seed, context=i)
         for addr, data in memory.items():
-            diff.runtime._record(addr, len(data))
-            diff.kernel.uc.mem_write(addr, data)
+            diff.runtime.write_memory(addr, data)
         out.append(diff.runtime.start(diff.kernel.contexts[i], fn.start, regs))
     return out
 
@@ -225,10 +224,12 @@ def test_disable_while_a_context_is_inside_an_emulated_call(diff, image):
 # -- bad input ----------------------------------------------------------------------------
 
 def test_a_runaway_loop_and_an_unmapped_access_are_stops_not_hangs(diff):
-    small = Differential.__new__(Differential)
-    small.__dict__.update(diff.__dict__, budget=50)
-    report = small.run("strlen", parse_spec("str:64"), 20, seed=0, probe_all=True)
-    assert report.stopped and "budget" in report.stopped and not report.divergences
+    budget, diff.budget = diff.budget, 50
+    try:
+        report = diff.run("strlen", parse_spec("str:64"), 20, seed=0, probe_all=True)
+    finally:
+        diff.budget = budget
+    assert report.stopped and "runaway loop" in report.stopped and not report.divergences
     report = diff.run("strlen", parse_spec("u64"), 3, seed=0, probe_all=True)
     assert report.stopped and "unmapped read" in report.stopped and not report.divergences
 

@@ -120,7 +120,8 @@ def is_leaf(runtime: ProbeRuntime, fn: Function) -> bool:
     return True
 
 
-def _compare(a: Execution, b: Execution) -> tuple[str, str, str] | None:
+def first_difference(a: Execution, b: Execution) -> tuple[str, str, str] | None:
+    """The first output that differs between the unprobed run ``a`` and the probed run ``b``: (what, a, b)."""
     if a.stop != b.stop or not a.stop.ok:  # a fault's rip may lie in the trampoline: compare the faults only
         if a.stop.kind == b.stop.kind and (a.stop.kind == "budget" or a.stop.message == b.stop.message):
             return None  # both ran out of budget (counted differently on each side), or the same fault
@@ -175,8 +176,7 @@ class Differential:
                 count_range: Function | None) -> Execution:
         ctx = runtime.kernel.contexts[0]
         for addr, data in memory.items():
-            runtime._record(addr, len(data))
-            runtime.uc.mem_write(addr, data)
+            runtime.write_memory(addr, data)
         counts: dict[int, int] = {}
         hook = None
         if count_range is not None:
@@ -226,10 +226,10 @@ class Differential:
                 report.instructions_executed += sum(ref.counts.values())
                 report.probes_fired += sum(got.counts.values())
                 if probe_all and not report.refused:
-                    diff = _compare(ref, got)
+                    diff = first_difference(ref, got)
                 else:  # only the probed addresses are counted on the probed side
                     probed = {e.address for e in enabled}
-                    diff = _compare(Execution(ref.stop, ref.registers, ref.writes,
+                    diff = first_difference(Execution(ref.stop, ref.registers, ref.writes,
                                               {a: n for a, n in ref.counts.items() if a in probed}), got)
                 if diff is not None:
                     report.divergences.append(Divergence(i, *diff, replay=f"{replay} --trials 1 --seed {seed + i}"))

@@ -177,6 +177,15 @@ class ProbeRuntime:
     def is_enabled(self, address: int) -> bool:
         return address in self._probes
 
+    def plan_of(self, address: int, context: int) -> Plan:
+        """The plan an enabled probe runs for ``context``."""
+        return self._probes[address & MASK64].plans[context]
+
+    def write_memory(self, address: int, data: bytes) -> None:
+        """Write data (arguments, say) into the machine, journalled so that ``rollback`` undoes it."""
+        self._record(address, len(data))
+        self.uc.mem_write(address, data)
+
     def force_plan_for_testing(self, address: int, context: int, plan: Plan) -> None:
         """TEST ONLY: run ``plan`` for ``context`` at an enabled probe, without a proof."""
         self._probes[address].plans[context] = plan
@@ -269,8 +278,7 @@ class ProbeRuntime:
         state = {r: regs.get(r, 0) & MASK64 for r in STATE_REGISTERS}
         state.update(rsp=context.stack_top - 8, rip=entry & MASK64, rflags=RFLAGS_START, gs_base=context.gs_base,
                      fs_base=0)
-        self._record(state["rsp"], 8)
-        self.uc.mem_write(state["rsp"], RETURN_SENTINEL.to_bytes(8, "little"))
+        self.write_memory(state["rsp"], RETURN_SENTINEL.to_bytes(8, "little"))
         return Thread(context, state)
 
     def _load(self, t: Thread) -> None:
