@@ -283,3 +283,20 @@ def test_capstone_against_iced_on_the_debian_cloud_kernel(debian_kernels, tmp_pa
     assert "capstone-missing-insn" in counts
     code, out = gate("--decoder", "capstone", "--image", kernel.vmlinux, "--baseline", base)
     assert code == 0, out
+
+
+def test_a_decoder_known_wrong_at_a_sample_has_no_vote(tmp_path):
+    """capstone (any version) reads ud1 without its ModRM; capstone 5 agreeing is no consensus."""
+    cmd = f"{sys.executable} {DECODERS / 'capstone_decoder.py'}"
+    base = str(tmp_path / "b.json")
+    code, out = gate("--decoder-cmd", cmd, "--corpus", CORPORA[1], "--baseline", base, "--update-baseline")
+    assert code == 0
+    rows = json.loads(Path(base).read_text())["accepted"]
+    assert any(r["class"] == "length" and r["shape"].startswith("0f b9") for r in rows)
+
+
+@pytest.mark.parametrize("name", ["objdump", "vex"])
+def test_objdump_and_vex_can_be_gated(tmp_path, name):
+    code, out = gate("--decoder", name, "--corpus", CORPORA[0], "--baseline", str(tmp_path / "b.json"),
+                     "--update-baseline", "--prove", "0")
+    assert code == 0 and "baseline written" in out
