@@ -270,3 +270,11 @@ def test_cli_json_report(debian_kernels):
     assert doc["probes_fired"] == doc["instructions_executed"] > 0
     code, out = _cli("--image", str(kernel.vmlinux), "--function", "strlen", "--args", "u64", "--trials", "2")
     assert code == 3 and "unmapped read" in out
+
+
+@pytest.mark.slow
+def test_cli_on_a_stripped_image_with_system_map(debian_kernels):
+    kernel, stripped = debian_kernels("debian-6.1-cloud")
+    code, out = _cli("--image", stripped, "--system-map", str(kernel.system_map), "--function", "xxh64",
+                     "--args", "buf:64,u64:0-64,u64", "--trials", "20", "--probe-all")
+    assert code == 0 and "0 divergences" in out and "0 refused" in out

@@ -48,6 +48,7 @@ from unicorn import x86_const as X
 from ..concrete.effect_machine import _EffectMachine  # the one effect interpreter; see its module
 from ..concrete.machine import VECTORS
 from ..concrete.outcome import GPRS
+from ..image.functions import find_functions
 from ..plan.plan import Plan, PlanKind, make_plan
 from ..proof.verdict import Finding, Verdict
 from ..x86.decode import decode
@@ -133,6 +134,8 @@ class ProbeRuntime:
         self.uc.hook_add(UC_HOOK_MEM_WRITE, self._on_write)
         funcs = sorted((s.address, s.address + s.size) for s in kernel.image.symbols
                        if s.kind == "func" and s.size)
+        if not funcs:  # System.map symbols have no sizes: the image stage's function bounds
+            funcs = [(f.start, f.end) for f in find_functions(kernel.image)]
         self._func_starts = [a for a, _ in funcs]
         self._funcs = funcs
 
