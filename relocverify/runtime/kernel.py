@@ -26,8 +26,11 @@ NOP padding of alternatives that are not applied (optimize_nops is not
 modelled).  Every patch records the variant name ``kernel.variants`` gives
 the bytes it wrote, so a probe can say which variant is live.
 
-Machine model: unicorn 2.1 (QEMU TCG) at CPL 0; no interrupts are
-delivered, exceptions stop the run with their vector; writes to text are
+Machine model: unicorn 2.1 (QEMU TCG) at CPL 0; every mapping is
+read-write-execute (page protections, W^X and rodata are not modelled); an
+access outside the mappings is a fault, not a page fault handled by the
+kernel; no interrupts are delivered, exceptions stop the run with their
+vector; writes to text are
 followed by ``uc.ctl_remove_cache`` over the bytes written so that no stale
 translation runs.
 """
