@@ -49,6 +49,9 @@ def _typed(fn):
 SECONDS, COUNT = _typed(A.seconds), _typed(A.count)
 CODE, TRAMP, RANGE = _typed(A.code_address), _typed(A.trampoline_address), _typed(A.memory_range)
 ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_file), _typed(A.output_file), _typed(A.verdicts)
+#: The argument types, for commands that add their own subparser (``add_parser(sub, TYPES)``).
+TYPES = {"SECONDS": SECONDS, "COUNT": COUNT, "CODE": CODE, "TRAMP": TRAMP, "RANGE": RANGE, "ADDRESS": ADDRESS,
+         "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS}
 
 
 def cmd_check(args, out: TextIO) -> int:
@@ -85,6 +88,12 @@ def cmd_corpus(args, out: TextIO) -> int:
     from . import corpus
 
     return corpus.command(args, out)
+
+
+def cmd_elf(args, out: TextIO) -> int:
+    from . import elf
+
+    return elf.command(args, out)
 
 
 def cmd_vmlinux(args, out: TextIO) -> int:
@@ -196,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "$RELOCVERIFY_CACHE or ~/.cache/relocverify)")
     v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
     v.set_defaults(func=cmd_vmlinux)
+
+    from . import elf
+
+    elf.add_parser(sub, TYPES)
+    sub.choices["elf"].set_defaults(func=cmd_elf)
     return p
 
 

@@ -69,9 +69,12 @@ class Verified:
 class Prover:
     """Verifies instructions for one trampoline address; remembers the proofs it made."""
 
-    def __init__(self, tramp: int, timeout_s: float, proofs: Callable[[], dict[bytes, CachedProof]] | None = None):
-        """``proofs``: loads the persistent cache's proofs when the first one is wanted (None: none)."""
+    def __init__(self, tramp: int, timeout_s: float, proofs: Callable[[], dict[bytes, CachedProof]] | None = None,
+                 rules=None):
+        """``proofs``: loads the persistent cache's proofs when the first one is wanted (None: none);
+        ``rules``: the policy table (``plan.policy.POLICIES``; the kernel's by default)."""
         self.tramp = tramp
+        self.rules = rules
         self.timeout_s = timeout_s
         self._load = proofs
         self._proofs: dict[bytes, CachedProof] | None = None
@@ -86,7 +89,7 @@ class Prover:
     def verify(self, raw: bytes, address: int) -> Verified:
         decoded = decode(raw, address)
         klass = klass_of(decoded)
-        plan = make_plan(decoded, self.tramp)
+        plan = make_plan(decoded, self.tramp, self.rules)
         answers = answers_json(decoded)
         if plan.kind is PlanKind.REJECT:
             return Verified(Finding(Verdict.REJECTED, plan.reason, "policy", plan.kind.value, plan.rule, klass,

@@ -30,6 +30,7 @@ from ..errors import ImageError
 from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image
 from ..kernel.sites import find_sites
+from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, ProofCache
@@ -54,6 +55,7 @@ class RunOptions:
     limit: int | None = None
     with_sites: bool = True
     cache_dir: str | None = None  # None: no persistent proof cache
+    policy: str = "kernel"  # plan.policy.POLICIES: "kernel", or "user" for user-space ELF
 
 
 def _chunks(items: list, n: int) -> list[list]:
@@ -81,8 +83,10 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
     phases: dict[str, float] = {}
-    tag = cache_tag()
-    config = json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites}, sort_keys=True)
+    rules = POLICIES[options.policy]
+    tag = cache_tag(rules)
+    config = json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites,
+                         "policy": options.policy}, sort_keys=True)
     again = _again(image, store_path, config, options, t0)
     if again is not None:
         return again
@@ -123,7 +127,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         cached = cache.findings(tag)
         skip = overlaps(image, list(by_id.items()))
         job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag, store_path,
-                  config_id, store.outcome_ids_now(), skip, stale)
+                  config_id, store.outcome_ids_now(), skip, stale, rules)
         with LocalPool(job, options.jobs) as pool:
             expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
             expected += _count_done(pool, job, sorted(done))

@@ -54,6 +54,7 @@ class Job:
     outcomes: dict[tuple, tuple[int, str]] = field(default_factory=dict)  # the store's outcomes at the start
     skip: dict[int, frozenset[int]] = field(default_factory=dict)  # function id -> addresses another one owns
     stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
+    rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
 
 
 class Learned:
@@ -90,7 +91,7 @@ class Worker:
     def __init__(self, job: Job):
         self.job = job
         self.keys = KeyMaker(job.tramp)
-        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs)
+        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
         self.learned: dict[bytes, Learned] = {}
         self.new_findings: dict[bytes, CachedFinding] = {}
         self.derivations: dict[bytes, bytes | None] = {}

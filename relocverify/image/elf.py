@@ -24,6 +24,7 @@ class Elf(NamedTuple):
     sections: tuple[Section, ...]
     symbols: tuple[Symbol, ...]
     extent: int  # bytes of the buffer that belong to the ELF
+    symbol_table: str = "none"  # 'elf' (.symtab), 'dynsym' (only the exported ones), or 'none'
 
 
 _DROPPED_TYPES = {SHT_NULL, SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_REL, SHT_DYNSYM}
@@ -82,7 +83,7 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
     header = elf.header
     extent = header["e_shoff"] + elf.num_sections() * header["e_shentsize"]
     sections: list[Section] = []
-    symtab = None
+    symtab = dynsym = None
     raw = []
     for index, sec in enumerate(elf.iter_sections()):
         sh = sec.header
@@ -96,6 +97,8 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
             extent = max(extent, offset + length)
         if type_number == SHT_SYMTAB:
             symtab = index
+        if type_number == SHT_DYNSYM:
+            dynsym = index
         if type_number in _DROPPED_TYPES or sec.name.startswith(_DROPPED_PREFIXES):
             continue
         flags = sh["sh_flags"]
@@ -104,8 +107,11 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
         sections.append(Section(name=sec.name, address=sh["sh_addr"], data=data,
                                 executable=bool(flags & SHF_EXECINSTR), flags=flags,
                                 offset=offset, nobits_size=length if nobits else 0))
-    symbols = _parse_symtab(path, buffer, raw, symtab) if symtab is not None else ()
-    return Elf(tuple(sections), symbols, extent)
+    # .symtab, else (a stripped executable or library) the exported functions of .dynsym
+    table = symtab if symtab is not None else dynsym
+    symbols = _parse_symtab(path, buffer, raw, table) if table is not None else ()
+    kind = "none" if not symbols else "elf" if table == symtab else "dynsym"
+    return Elf(tuple(sections), symbols, extent, kind)
 
 
 _SHT_NUMBERS = {"SHT_NULL": 0, "SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_STRTAB": 3,

@@ -13,7 +13,8 @@
    trimmed, but only whole 1-byte ``cc`` instructions found by decoding
    linearly from the start, so a real instruction that ends in a ``cc``
    byte (``eb cc``: ``jmp .-50``) is never cut.
-3. No symbols at all: a heuristic linear sweep.  Each executable section is
+3. No symbols at all, or only a stripped ELF's exported ones (``.dynsym``):
+   a heuristic linear sweep.  Each executable section is
    one pseudo-function named ``sub_<address>``, split after a ``ret`` or
    ``jmp`` that is followed by two or more 1-byte ``int3`` instructions
    (the padding between functions); the padding is dropped.  Padding made
@@ -62,7 +63,11 @@ class Function:
 def find_functions(image: Image) -> list[Function]:
     """Every function of ``image``, sorted by (start, name); see the module doc."""
     sections = [s for s in image.iter_executable_sections()]
-    if any(s.size for s in image.symbols if s.kind == "func"):
+    if image.symbol_source == "dynsym":
+        # a stripped executable or library: its exported functions leave most of its code out, so
+        # the code is swept whole (the exported symbols would only split it)
+        functions = [f for s in sections for f in _sweep_section(s)]
+    elif any(s.size for s in image.symbols if s.kind == "func"):
         functions = _from_sized_symbols(image, sections)
     elif image.has_symbols():
         functions = _from_map_symbols(image, sections)

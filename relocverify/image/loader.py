@@ -60,7 +60,7 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
             raise ImageError(f"{path}: cannot read as a kernel image: {exc}") from None
     try:
         elf = read_elf(path, buffer, from_payload=format_ == "bzimage")
-        symbols, source = elf.symbols, ("elf" if elf.symbols else "none")
+        symbols, source = elf.symbols, elf.symbol_table
         notes: list[str] = []
         if system_map is not None:
             symbols, map_notes = load_system_map(system_map, elf.sections)

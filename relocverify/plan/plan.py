@@ -286,8 +286,9 @@ def _overlaps(a: int, n: int, t: int) -> bool:
     return (t - a) & MASK64 < n or (a - t) & MASK64 < TRAMPOLINE_MAX
 
 
-def make_plan(decoded: Decoded, tramp: int) -> Plan:
-    """Plan the relocation of ``decoded`` (at its own address) to ``tramp``."""
+def make_plan(decoded: Decoded, tramp: int, rules=None) -> Plan:
+    """Plan the relocation of ``decoded`` (at its own address) to ``tramp``, by the policy table
+    ``rules`` (``policy.POLICIES``; the kernel's by default)."""
     tramp &= MASK64
     if isinstance(decoded, Undecodable):
         return _reject("undecodable", f"undecodable: {decoded.reason}", decoded.address, decoded.length, tramp)
@@ -297,7 +298,7 @@ def make_plan(decoded: Decoded, tramp: int) -> Plan:
     if _overlaps(decoded.address, decoded.length, tramp):
         return _reject("tramp-overlap", f"the trampoline at {tramp:#x} overlaps the instruction it relocates",
                        decoded.address, decoded.length, tramp)
-    rule = classify(decoded)
+    rule = classify(decoded) if rules is None else classify(decoded, rules)
     if rule.strategy == "reject":
         return _reject(rule.name, rule.reason, decoded.address, decoded.length, tramp)
     return _STRATEGIES[rule.strategy](decoded, tramp, rule.name, rule.reason)

@@ -132,16 +132,41 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-_CLASSIFIED: dict[bytes, Rule] = {}
+def _user_rows() -> tuple[Rule, ...]:
+    """The user-space table (fasttrap, uprobes): the kernel's, with the rows user mode changes."""
+    changed = {
+        "popf": Rule("popf", _op("popf", "popfq", "popfd"), "copy",
+                     "in user mode popf cannot change IF or IOPL, and a copy of it is position-independent"),
+        "syscall": Rule("syscall", _op("syscall", "sysenter"), "reject",
+                        "syscall saves the next RIP in rcx: the kernel would return to T+len and the process "
+                        "would see a trampoline address in rcx (uprobes single-steps it instead)"),
+        "ud": Rule("ud", _op("ud0", "ud1", "ud2"), "reject",
+                   "ud0/ud1/ud2 raise #UD: the SIGILL the process gets would report the trampoline's address"),
+        "int3": Rule("int3", _op("int3"), "reject",
+                     "int3 at T raises a SIGTRAP at an address no probe owns"),
+    }
+    privileged = Rule("privileged", lambda i: i.privileged, "reject",
+                      "a privileged instruction raises #GP in user mode; the SIGSEGV would report the trampoline's "
+                      "address instead of A")
+    return (privileged,) + tuple(changed.get(r.name, r) for r in RULES if r.name not in ("sti",))
 
 
-def classify(insn: Instruction) -> Rule:
-    """The first row of RULES that matches.  No predicate looks at the
-    address, so the answer is memoised by the instruction's bytes."""
-    rule = _CLASSIFIED.get(insn.raw)
+USER_RULES: tuple[Rule, ...] = _user_rows()
+
+#: The tables by name: the kernel's (kinst, kprobes) and user space's (fasttrap, uprobes).
+POLICIES: dict[str, tuple[Rule, ...]] = {"kernel": RULES, "user": USER_RULES}
+
+_CLASSIFIED: dict[tuple[int, bytes], Rule] = {}
+
+
+def classify(insn: Instruction, rules: tuple[Rule, ...] = RULES) -> Rule:
+    """The first row of ``rules`` that matches.  No predicate looks at the
+    address, so the answer is memoised by the table and the instruction's bytes."""
+    key = (id(rules), insn.raw)
+    rule = _CLASSIFIED.get(key)
     if rule is None:
-        rule = next(r for r in RULES if r.matches(insn))
+        rule = next(r for r in rules if r.matches(insn))
         if len(_CLASSIFIED) >= 200_000:
             _CLASSIFIED.clear()
-        _CLASSIFIED[insn.raw] = rule
+        _CLASSIFIED[key] = rule
     return rule

@@ -106,16 +106,16 @@ def copy_shape(decoded: Instruction) -> bytes:
     return bytes(raw) + bytes([align])
 
 
-@lru_cache(maxsize=1)
-def policy_digest() -> bytes:
-    """8 bytes identifying the policy table: a change of any row changes every key."""
-    text = "\n".join(f"{r.name}|{r.strategy}|{r.reason}" for r in RULES)
+@lru_cache(maxsize=4)
+def policy_digest(rules=RULES) -> bytes:
+    """8 bytes identifying a policy table: a change of any row changes every key."""
+    text = "\n".join(f"{r.name}|{r.strategy}|{r.reason}" for r in rules)
     return hashlib.sha256(text.encode()).digest()[:8]
 
 
-def cache_tag() -> bytes:
+def cache_tag(rules=RULES) -> bytes:
     """The versions of every tool (``versions.versions_tag``) and the policy table's digest."""
-    return versions_tag() + policy_digest()
+    return versions_tag() + policy_digest(rules)
 
 
 def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
