@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
     r.add_argument("--plan-limit", metavar="N", type=int, default=None,
                    help="recompute every instruction's plan when the image has at most N instructions "
                         "(default 20000); above, only the plans of instructions that are not proved")
+    r.set_defaults(func=command)
 
 
 def command(args, out: TextIO) -> int:

@@ -157,7 +157,11 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
         functions = list(store.iter_functions(image))
         n_rows = sum(sum(c.values()) for _, c in store.function_counts(image))
         all_plans = tramp is not None and n_rows <= plan_limit
-        os.makedirs(os.path.join(out_dir, "data", "s"), exist_ok=True)
+        shard_dir = os.path.join(out_dir, "data", "s")
+        os.makedirs(shard_dir, exist_ok=True)
+        for old in os.listdir(shard_dir):  # a previous report's shards, which this one may not overwrite
+            if old.endswith(".js"):
+                os.remove(os.path.join(shard_dir, old))
         os.makedirs(os.path.join(out_dir, "assets"), exist_ok=True)
         text_bounds = _text_bounds(functions)
         totals = Totals(coverage=[Counter() for _ in range(COVERAGE_CELLS)] if text_bounds else [])
