@@ -315,4 +315,16 @@ def test_report_of_a_real_kernel_run(debian_kernels, tmp_path, browser):
     p.page.click("#f-body a")
     p.page.wait_for_selector("table.listing")
     assert p.page.inner_text("#fn-name") == name and "rejected" in p.page.inner_text("table.listing")
+    store = Store(str(db), readonly=True)
+    image = store.find_image()
+    site = next(r for r in store.iter_rows(image) if "fentry" in r.sites)
+    fid = next(f.id for f in store.iter_functions(image) if (f.start, f.name) == (site.function_start, site.function))
+    live = store.variants_at(fid, site.address - site.function_start)
+    store.close()
+    assert live, "an fentry site has its variants stored"
+    p.go(f"i={fid}:{site.address - site.function_start}")
+    p.page.wait_for_selector("#insn-detail")
+    detail = p.page.inner_text("#insn-detail")
+    assert "live variants at this boot-patched site" in detail and "fentry" in detail
+    assert all(name in detail for name, _, _ in live)
     assert p.problems == []
