@@ -119,7 +119,11 @@ def small_report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright = pytest.importorskip("playwright.sync_api")
+    try:
+        from playwright import sync_api as playwright
+    except ImportError:
+        pytest.fail("the report tests drive Chromium with Playwright: .venv/bin/pip install -e '.[test]' "
+                    "(never `playwright install`: the browser is Debian's chromium)")
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
     with playwright.sync_playwright() as p:
