@@ -90,6 +90,12 @@ def cmd_corpus(args, out: TextIO) -> int:
     return corpus.command(args, out)
 
 
+def cmd_module(args, out: TextIO) -> int:
+    from . import module
+
+    return module.command(args, out)
+
+
 def cmd_elf(args, out: TextIO) -> int:
     from . import elf
 
@@ -206,10 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
     v.set_defaults(func=cmd_vmlinux)
 
-    from . import elf
+    from . import elf, module
 
     elf.add_parser(sub, TYPES)
     sub.choices["elf"].set_defaults(func=cmd_elf)
+    module.add_parser(sub, TYPES)
+    sub.choices["module"].set_defaults(func=cmd_module)
     return p
 
 

@@ -397,3 +397,39 @@ class _Bounded(io.RawIOBase):
         buffer[:len(data)] = data
         self.left -= len(data)
         return len(data)
+
+
+def extract_modules(name: str, names: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
+                    progress=None) -> list[Path]:
+    """The kernel modules of kernel ``name`` (all of them, or those whose file name is in ``names``),
+    extracted from its ``-unsigned`` package into ``<cache>/<name>/modules``; reused when there."""
+    spec = KERNELS.get(name)
+    if spec is None:
+        raise FetchError(f"unknown kernel {name!r}: choose one of {', '.join(sorted(KERNELS))}")
+    cache = Path(cache_dir or default_cache_dir())
+    target = cache / name / "modules"
+    wanted = None if names is None else set(names)
+    manifest = _Manifest.load(cache / name / "manifest.json")
+    deb = _obtain_deb(cache, spec.unsigned, manifest, False, progress or (lambda line: None))
+    found: list[Path] = []
+    done = target / ".complete"
+    if done.exists():
+        found = sorted(p for p in target.rglob("*.ko*") if wanted is None or p.name in wanted)
+        if wanted is None or {p.name for p in found} >= wanted:
+            return found
+    (progress or (lambda line: None))(f"extracting modules from {deb.name} ...")
+    target.mkdir(parents=True, exist_ok=True)
+    with _open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            base = member.name.rsplit("/", 1)[-1]
+            if not member.isfile() or ".ko" not in base or (wanted is not None and base not in wanted):
+                continue
+            path = target / member.name.split("/kernel/", 1)[-1]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            with open(path, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+            found.append(path)
+    if wanted is None:
+        done.write_text("")
+    return sorted(found)

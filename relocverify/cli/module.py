@@ -1,0 +1,70 @@
+"""``relocverify module``: verify every instruction of kernel modules, laid out in module space
+and relocated against the vmlinux's symbols (``image.module``), into one store."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TextIO
+
+from .render import escape
+
+
+def add_parser(sub, types) -> None:
+    m = sub.add_parser("module", help="verify every instruction of kernel modules (.ko, .ko.xz, .ko.zst)")
+    m.add_argument("modules", nargs="+", type=types["IN_FILE"], metavar="KO", help="the modules")
+    m.add_argument("--kernel", required=True, type=types["IN_FILE"], metavar="VMLINUX",
+                   help="the vmlinux the modules were built for: their undefined symbols resolve against it")
+    m.add_argument("--system-map", default=None, metavar="FILE", type=types["IN_FILE"],
+                   help="System.map for a stripped --kernel")
+    m.add_argument("--base", type=types["TRAMP"], default=None, metavar="ADDR",
+                   help="where the first module is laid out (default 0xffffffffc0100000, module space)")
+    m.add_argument("--db", required=True, metavar="FILE", type=types["OUT_FILE"], help="the result store")
+    m.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes")
+    m.add_argument("--trampoline-base", type=types["TRAMP"], default=0xFFFFFFFFC0001000, metavar="ADDR",
+                   help="the trampoline address every plan uses (default 0xffffffffc0001000)")
+    m.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S", help="solver timeout per proof")
+    m.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"],
+                   help="also write the per-module summaries and the totals as JSON")
+    m.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}), metavar="VERDICT[,...]",
+                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
+    m.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
+    m.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
+    m.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+
+
+def command(args, out: TextIO) -> int:
+    from ..engine.executors import default_jobs
+    from ..engine.progress import Progress
+    from ..engine.run import RunOptions, run
+    from ..environment import default_proof_cache_dir
+    from ..image.loader import load_image
+    from ..image.module import MODULE_BASE, load_module
+
+    kernel = load_image(args.kernel, args.system_map)
+    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
+    options = RunOptions(args.trampoline_base, args.jobs or default_jobs(), args.timeout, None, True, cache_dir)
+    base = args.base or MODULE_BASE
+    results, totals = {}, {}
+    for path in args.modules:
+        image = load_module(path, kernel, base)
+        end = max((s.end for s in image.sections), default=base)
+        base = (end + 0xFFFFF) & ~0xFFFFF  # the next module on the next MiB, as module_alloc spreads them
+        summary = run(image, args.db, options, Progress(enabled=not args.no_progress))
+        results[path] = summary
+        for verdict, n in summary["by_verdict"].items():
+            totals[verdict] = totals.get(verdict, 0) + n
+        out.write(f"{escape(os.path.basename(path))}: {summary['instructions']:,} instructions in "
+                  f"{summary['functions']:,} functions; " + ", ".join(f"{k} {v:,}" for k, v in
+                                                                     summary["by_verdict"].items())
+                  + f"; totals add up: {summary['totals_add_up']}\n")
+    adds_up = all(s["totals_add_up"] for s in results.values())
+    out.write(f"all {len(results)} modules: {sum(totals.values()):,} instructions; "
+              + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}\n")
+    out.write(f"store: {escape(args.db)}\n")
+    if args.summary_json:
+        with open(args.summary_json, "w") as fh:
+            json.dump({"modules": results, "totals": totals, "totals_add_up": adds_up}, fh, indent=2)
+    if any(totals.get(v) for v in args.fail_on):
+        return 1
+    return 0 if adds_up else 3
