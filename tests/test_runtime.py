@@ -278,3 +278,29 @@ def test_cli_on_a_stripped_image_with_system_map(debian_kernels):
     code, out = _cli("--image", stripped, "--system-map", str(kernel.system_map), "--function", "xxh64",
                      "--args", "buf:64,u64:0-64,u64", "--trials", "20", "--probe-all")
     assert code == 0 and "0 divergences" in out and "0 refused" in out
+
+
+@pytest.mark.slow
+def test_verdicts_by_address_from_a_store(image, diff, tmp_path):
+    """A store's verdict first (the weakest over every variant), then the checker per trampoline."""
+    from relocverify.engine.run import RunOptions, run
+    from relocverify.runtime.probes import ProbeRuntime
+    from relocverify.runtime.verdicts import StoreVerdicts
+    from relocverify.store.store import Store
+
+    db = str(tmp_path / "store.sqlite")
+    run(image, db, RunOptions(0xFFFFFFFFC0001000, 1, 10.0, limit=12, with_sites=True, cache_dir=None))
+    store = Store(db, readonly=True)
+    image_id = store.find_image(image.identity)
+    rows = list(store.iter_rows(image_id))
+    kernel = KernelMachine(image, sites=diff.kernel.sites)
+    runtime = ProbeRuntime(kernel, StoreVerdicts(kernel.sites, store, image_id))
+    weak = [(r, runtime.enable(r.address, _noop)) for r in rows if r.verdict in ("opaque", "unknown", "rejected")]
+    assert all(isinstance(got, Refused) for _, got in weak)
+    stored = [(r, got) for r, got in weak if "stored: " in got.reason]  # the others: not in a sized function
+    assert stored and all(got.verdict == r.verdict for r, got in stored)
+    sized = {s.name for s in image.symbols if s.kind == "func" and s.size}
+    proved = [runtime.enable(r.address, _noop) for r in rows if r.verdict == "proved" and r.function in sized][:40]
+    assert proved and all(isinstance(p, Enabled) for p in proved)
+    absent = runtime.enable(find_function(image, "strlen").start, _noop)
+    assert isinstance(absent, Refused) and "the store has no instruction" in absent.reason
