@@ -70,18 +70,40 @@ def histogram(buckets: list[str], series: dict[str, list[int]], label: str, widt
     return _svg(width, base + 24, body, label)
 
 
+#: coverage-map colours by the share of a cell's instructions proved (a refuted one makes the cell red)
+SHARE_COLOURS = ((1.0, "#1b5e20", "all proved"), (0.99, "#66bb6a", "≥99% proved"), (0.95, "#c0ca33", "≥95%"),
+                 (0.8, "#f9a825", "≥80%"), (0.0, "#6d4c41", "<80%"))
+
+
+def share_legend() -> str:
+    items = [f'<span class="swatch"><svg width="12" height="12"><rect width="12" height="12" fill="{c}"/></svg> '
+             f'{escape(label)}</span>' for _, c, label in SHARE_COLOURS]
+    items.append(f'<span class="swatch"><svg width="12" height="12"><rect width="12" height="12" '
+                 f'fill="{COLOURS["refuted"]}"/></svg> refuted</span>')
+    return '<div class="legend">' + " ".join(items) + "</div>"
+
+
+def _share_colour(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    if not total:
+        return COLOURS["none"]
+    if counts.get("refuted"):
+        return COLOURS["refuted"]
+    share = counts.get("proved", 0) / total
+    return next(c for limit, c, _ in SHARE_COLOURS if share >= limit)
+
+
 def coverage_map(cells: list[dict[str, int]], start: int, span: int, section: str, columns: int = 64,
                  size: int = 11) -> str:
-    """A grid over ``section``, each cell ``span`` bytes from ``start`` in address order, coloured by its
-    weakest verdict present (proved only: green; grey: no instructions); the tooltip gives the counts."""
+    """A grid over ``section``, each cell ``span`` bytes from ``start`` in address order, coloured by the share
+    of its instructions proved (``SHARE_COLOURS``; grey: no instructions); the tooltip gives the counts."""
     body = []
     for i, counts in enumerate(cells):
         x, y = (i % columns) * (size + 1), (i // columns) * (size + 1)
         present = [k for k in VERDICTS if counts.get(k)]
-        colour = COLOURS[present[-1]] if present else COLOURS["none"]
         lo = start + i * span
         what = ", ".join(f"{counts[k]:,} {k}" for k in present) or "no instructions"
-        body.append(f'<rect x="{x}" y="{y}" width="{size}" height="{size}" fill="{colour}">'
+        body.append(f'<rect x="{x}" y="{y}" width="{size}" height="{size}" fill="{_share_colour(counts)}">'
                     f'<title>{escape(section)} {lo:#x}..{lo + span:#x}: {escape(what)}</title></rect>')
     rows = (len(cells) + columns - 1) // columns
     return _svg(columns * (size + 1), max(rows, 1) * (size + 1), body, f"coverage map of {section}")

@@ -94,8 +94,8 @@ def _coverage(totals, bounds) -> str:
     span = max(1, -(-(bounds[1] - bounds[0]) // len(totals.coverage)))
     return ("<h2>Coverage of .text</h2>"
             f"<p>{bounds[0]:#x}..{bounds[1]:#x}, {len(totals.coverage):,} cells of {span:,} bytes in address order; "
-            "a cell's colour is the weakest verdict among its instructions (grey: none; hover for counts).</p>"
-            + charts.legend() + charts.coverage_map(totals.coverage, bounds[0], span, ".text"))
+            "a cell's colour is the share of its instructions proved (grey: none; hover for counts).</p>"
+            + charts.share_legend() + charts.coverage_map(totals.coverage, bounds[0], span, ".text"))
 
 
 def _provenance(provenance: dict) -> str:
