@@ -15,6 +15,7 @@ import io
 import json
 import re
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,14 @@ def test_summary_shows_the_store_totals(small_report, browser):
     relocatable = sum(totals.values()) - totals["rejected"]
     assert p.page.inner_text("#share-proved") == f"{100 * totals['proved'] / relocatable:.2f}%"
     assert "symbol-name prefix" in p.page.inner_text("#source-kind")  # the test ELF has no DWARF
+    cells = p.page.eval_on_selector_all("svg[aria-label='coverage map of .text'] rect", "rs => rs.length")
+    assert cells == 2048
+    store = Store(str(db), readonly=True)
+    by_class = Counter((r.klass, r.verdict) for r in store.iter_rows(store.find_image()))
+    store.close()
+    titles = p.page.eval_on_selector_all("svg[aria-label='verdicts per instruction class'] title",
+                                         "ts => ts.map(t => t.textContent)")
+    assert sorted(titles) == sorted(f"{k}: {n:,} {v}" for (k, v), n in by_class.items())
     REPORTS.mkdir(exist_ok=True)
     p.page.screenshot(path=str(REPORTS / "report-small-summary.png"), full_page=True)
     assert p.problems == []
