@@ -43,7 +43,15 @@ SHARD_INSTRUCTIONS = 12000  # instructions per shard: ~0.4 MB of script, parsed 
 PLAN_LIMIT = 20_000  # recompute every plan up to this many instructions; above, the non-proved ones
 TIME_BUCKETS = ((0, "0"), (10, "<10µs"), (100, "<100µs"), (1_000, "<1ms"), (10_000, "<10ms"),
                 (100_000, "<100ms"), (1_000_000, "<1s"), (None, "≥1s"))
-COVERAGE_CELLS = 2048
+COVERAGE_CELLS = 2048  # at most; a cell covers at least COVERAGE_MIN_SPAN bytes
+COVERAGE_MIN_SPAN = 16
+
+
+def coverage_cells(bounds: tuple[int, int]) -> tuple[int, int]:
+    """(cells, bytes per cell) of the coverage map over [start, end)."""
+    size = bounds[1] - bounds[0]
+    span = max(COVERAGE_MIN_SPAN, -(-size // COVERAGE_CELLS))
+    return max(1, -(-size // span)), span
 
 
 def js_data(call: str, value) -> str:
@@ -88,6 +96,7 @@ class Totals:
     by_source: dict = field(default_factory=dict)
     times: dict = field(default_factory=lambda: {"fresh": [0] * len(TIME_BUCKETS), "cached": [0] * len(TIME_BUCKETS)})
     coverage: list = field(default_factory=list)
+    coverage_span: int = 0  # bytes per coverage cell
     instructions: int = 0
     functions: int = 0
     plans: int = 0
@@ -164,7 +173,7 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
                 os.remove(os.path.join(shard_dir, old))
         os.makedirs(os.path.join(out_dir, "assets"), exist_ok=True)
         text_bounds = _text_bounds(functions)
-        totals = Totals(coverage=[Counter() for _ in range(COVERAGE_CELLS)] if text_bounds else [])
+        totals = Totals(coverage=[Counter() for _ in range(coverage_cells(text_bounds)[0])] if text_bounds else [])
         sources = SourceNames.open(info.get("path"))
         variants = data.variants(store, image)
         table = _gather(store, image, out_dir, index, outcomes, tramp, all_plans, totals, sources, variants,
@@ -216,7 +225,7 @@ def _gather(store, image, out_dir, index, outcomes, tramp, all_plans, totals, so
     shard_dir = os.path.join(out_dir, "data", "s")
     span = 0
     if text_bounds:
-        span = max(1, -(-(text_bounds[1] - text_bounds[0]) // COVERAGE_CELLS))
+        span = totals.coverage_span = coverage_cells(text_bounds)[1]
     for f, rows in data.iter_function_rows(store, image):
         counts = Counter(r.verdict for r in rows)
         table["id"].append(f.id)
@@ -254,7 +263,7 @@ def _count(totals: Totals, r, text_bounds, span: int) -> None:
     totals.by_reason[(r.verdict, r.reason_key)] += 1
     totals.times["fresh" if r.fresh else "cached"][time_bucket(r.proof_us)] += 1
     if text_bounds and r.section == ".text" and text_bounds[0] <= r.address < text_bounds[1]:
-        totals.coverage[min((r.address - text_bounds[0]) // span, COVERAGE_CELLS - 1)][r.verdict] += 1
+        totals.coverage[min((r.address - text_bounds[0]) // span, len(totals.coverage) - 1)][r.verdict] += 1
 
 
 def _function_entry(store, shard, f, rows, index, outcomes, tramp, all_plans, totals, sources, variants) -> dict:

@@ -91,7 +91,7 @@ def _sources(totals, kind) -> str:
 def _coverage(totals, bounds) -> str:
     if not bounds or not totals.coverage:
         return "<h2>Coverage of .text</h2><p>The image has no .text functions.</p>"
-    span = max(1, -(-(bounds[1] - bounds[0]) // len(totals.coverage)))
+    span = totals.coverage_span
     return ("<h2>Coverage of .text</h2>"
             f"<p>{bounds[0]:#x}..{bounds[1]:#x}, {len(totals.coverage):,} cells of {span:,} bytes in address order; "
             "a cell's colour is the share of its instructions proved (grey: none; hover for counts).</p>"
