@@ -90,6 +90,12 @@ def cmd_corpus(args, out: TextIO) -> int:
     return corpus.command(args, out)
 
 
+def cmd_package(args, out: TextIO) -> int:
+    from . import package
+
+    return package.command(args, out)
+
+
 def cmd_module(args, out: TextIO) -> int:
     from . import module
 
@@ -218,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["elf"].set_defaults(func=cmd_elf)
     module.add_parser(sub, TYPES)
     sub.choices["module"].set_defaults(func=cmd_module)
+    from . import package
+
+    package.add_parser(sub, TYPES)
+    sub.choices["package"].set_defaults(func=cmd_package)
     return p
 
 

@@ -1,0 +1,80 @@
+"""``relocverify package``: a whole Debian kernel package in one command: its vmlinux and every
+module, into one store, with a summary per image and totals that add up per image and overall."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from ..errors import InputError
+from .render import escape
+
+
+def add_parser(sub, types) -> None:
+    p = sub.add_parser("package", help="verify a kernel package's vmlinux and all its modules")
+    p.add_argument("name", help="a named kernel (debian-6.1-cloud, debian-6.1-amd64, debian-6.12-cloud)")
+    p.add_argument("--db", required=True, metavar="FILE", type=types["OUT_FILE"], help="the result store")
+    p.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes")
+    p.add_argument("--limit-modules", type=types["COUNT"], default=None, metavar="N",
+                   help="verify only the first N modules (by path)")
+    p.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S", help="solver timeout per proof")
+    p.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"],
+                   help="also write every image's summary and the totals as JSON")
+    p.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}), metavar="VERDICT[,...]",
+                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
+    p.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
+    p.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+
+
+def command(args, out: TextIO) -> int:
+    import sys
+    import time
+
+    from ..engine.executors import default_jobs
+    from ..engine.progress import Progress
+    from ..engine.run import RunOptions, run
+    from ..environment import default_proof_cache_dir
+    from ..image.fetch import KERNELS, extract_modules, fetch
+    from ..image.loader import load_image
+    from ..image.module import MODULE_BASE, load_module
+
+    if args.name not in KERNELS:
+        raise InputError(f"unknown kernel {args.name!r}: choose one of {', '.join(sorted(KERNELS))}")
+    say = (lambda line: None) if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
+    kernel = fetch(args.name, progress=say)
+    modules = extract_modules(args.name, progress=say)[:args.limit_modules]
+    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
+    options = RunOptions(0xFFFFFFFFC0001000, args.jobs or default_jobs(), args.timeout, None, True, cache_dir)
+    quiet = Progress(enabled=False)
+    t0 = time.monotonic()
+    vmlinux = load_image(kernel.vmlinux)
+    images = {"vmlinux": run(vmlinux, args.db, options, Progress(enabled=not args.no_progress))}
+    base = MODULE_BASE
+    for k, path in enumerate(modules):
+        image = load_module(path, vmlinux, base)
+        base = (max((s.end for s in image.sections), default=base) + 0xFFFFF) & ~0xFFFFF
+        images[str(path).split("/modules/", 1)[-1]] = summary = run(image, args.db, options, quiet)
+        if (k + 1) % 50 == 0:
+            say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
+        if not summary["totals_add_up"]:
+            say(f"{path}: totals do not add up")
+    totals: dict[str, int] = {}
+    for s in images.values():
+        for verdict, n in s["by_verdict"].items():
+            totals[verdict] = totals.get(verdict, 0) + n
+    adds_up = all(s["totals_add_up"] for s in images.values())
+    out.write(f"{args.name}: vmlinux and {len(modules):,} modules, {sum(totals.values()):,} instructions in "
+              f"{time.monotonic() - t0:.0f} s; " + ", ".join(f"{k} {v:,}" for k, v in totals.items())
+              + f"; totals add up: {adds_up}\n")
+    mods = [s for name, s in images.items() if name != "vmlinux"]
+    if mods:
+        out.write(f"modules: {sum(s['instructions'] for s in mods):,} instructions; "
+                  + ", ".join(f"{v} {sum(s['by_verdict'][v] for s in mods):,}" for v in totals) + "\n")
+    out.write(f"store: {escape(args.db)}\n")
+    if args.summary_json:
+        with open(args.summary_json, "w") as fh:
+            json.dump({"images": images, "totals": totals, "totals_add_up": adds_up}, fh, indent=2)
+    if any(totals.get(v) for v in args.fail_on):
+        return 1
+    return 0 if adds_up else 3
