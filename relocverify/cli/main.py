@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     package.add_parser(sub, TYPES)
     sub.choices["package"].set_defaults(func=cmd_package)
+    from . import run as run_command
+
+    run_command.add_parser(sub)
     return p
 
 
