@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
     g.add_argument("--sarif", metavar="FILE", default=None, help="also write the result as SARIF 2.1.0")
     g.add_argument("--json", action="store_true", help="print the result as JSON (every cohort of answers)")
     g.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="worker processes for decoding (default: one per CPU)")
+                   help="worker processes for sweeping and decoding (default 1: on a busy machine a pool costs "
+                        "more than it saves)")
     g.add_argument("--prove", type=int, default=3, metavar="N",
                    help="per class of new difference, build and check the plan of at most N instructions "
                         "(default 3)")
@@ -66,11 +67,11 @@ def command(args, out: TextIO) -> int:
     if not others:
         raise InputError("gate: no decoder left to compare with; give --consensus NAME")
     base = None if args.update_baseline else baseline_mod.load(args.baseline)
-    units = [u for path in args.image for u in image_units(path, jobs=args.jobs)]
+    units = [u for path in args.image for u in image_units(path, jobs=args.jobs or 1)]
     units += corpus_units(args.corpus)
     if args.fuzz:
         units.append(fuzz_unit(args.fuzz, args.seed))
-    report = run_gate(tested, others, units, base, prove_per_class=args.prove, jobs=args.jobs)
+    report = run_gate(tested, others, units, base, prove_per_class=args.prove, jobs=args.jobs or 1)
     if args.update_baseline:
         baseline_mod.save(args.baseline, baseline_mod.build(report))
     if args.junit:

@@ -51,6 +51,12 @@ def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
     return out
 
 
+def remember(name: str, version: str, facts: dict[bytes, Facts]) -> None:
+    """Record answers obtained elsewhere (iced-x86's, from the image sweep) as the adapter's own."""
+    for raw, f in facts.items():
+        _CACHE[(name, version, raw)] = f
+
+
 def _pooled(adapters, work, jobs):
     # Workers are forked after ``_WORK`` is set: a task names a slice, and
     # only the answers travel back, as plain tuples (the cheapest to pickle).

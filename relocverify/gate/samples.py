@@ -6,7 +6,8 @@ often it occurs: every decoder is asked about each distinct string once.
 
 Instruction boundaries in an image come from a linear sweep by iced-x86
 over each function (``image.functions.iter_instruction_spans``, int3
-padding left out); each decoder is then asked about exactly those bytes, so
+padding left out; ``x86.decoders.iced.sweep_facts`` makes the same spans and
+keeps iced-x86's answers on the way, so iced does not decode twice); each decoder is then asked about exactly those bytes, so
 a decoder that reads a different length differs at that instruction rather
 than desynchronising everything after it.  Fuzz samples are whole 15-byte
 windows: there, each decoder decides where the first instruction ends.
@@ -60,9 +61,13 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         _SWEEP.clear()
     else:
         parts = [_sweep(image, functions)]
+    from ..x86.decoders.iced import version as iced_version
+    from .answers import remember
+
     base = os.path.basename(path)
     units: dict[str, Unit] = {}
-    for part in parts:
+    for part, facts in parts:
+        remember("iced", iced_version(), facts)
         for section, (samples, count) in part.items():
             unit = units.get(section)
             if unit is None:
@@ -86,23 +91,28 @@ def _sweep_run(run: tuple[int, int]):
     return _sweep(image, functions[run[0]:run[1]])
 
 
-def _sweep(image, functions) -> dict[str, tuple[dict[bytes, list[int]], int]]:
-    """section -> (bytes -> [first address, occurrences], instructions) over ``functions``."""
-    from ..image.functions import iter_instruction_spans
+def _sweep(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], int]], dict]:
+    """section -> (bytes -> [first address, occurrences], instructions) over ``functions``,
+    and iced-x86's answer for each distinct valid string, from the sweep's own decode."""
+    from ..image.functions import _function_bytes  # the bytes iter_instruction_spans sweeps
+    from ..x86.decoders.iced import sweep_facts
 
     out: dict[str, tuple[dict[bytes, list[int]], int]] = {}
+    facts: dict = {}
     for function in functions:
         samples, count = out.get(function.section, ({}, 0))
         get = samples.get
-        for address, raw in iter_instruction_spans(image, function):
+        for address, raw, fact in sweep_facts(_function_bytes(image, function), function.start):
             count += 1
             seen = get(raw)
             if seen is None:
                 samples[raw] = [address, 1]
+                if fact is not None:
+                    facts[raw] = fact
             else:
                 seen[1] += 1
         out[function.section] = (samples, count)
-    return out
+    return out, facts
 
 
 def corpus_units(paths: list[str]) -> list[Unit]:

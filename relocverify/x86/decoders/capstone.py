@@ -81,6 +81,68 @@ def gate_facts(raw: bytes, address: int):
         _cs.cs_free(_GATE_INSN, n)
 
 
+_BATCH = 512
+
+
+def gate_facts_many(items) -> list:
+    """``gate_facts`` for each ``(address, raw)``, decoding many per ``cs_disasm`` call.
+
+    The strings are laid end to end and capstone sweeps them in one call;
+    an instruction is taken only where it starts at its string's first byte
+    and ends at its last, so capstone read exactly that string (its answer
+    is then the one ``gate_facts`` gives: same bytes, and the branch target
+    kept relative).  The string where the sweep stops or desynchronises is
+    decoded alone by ``gate_facts`` and the sweep resumes after it; after
+    ``_MAX_RESUMES`` such stops in a batch (fuzzed bytes) the rest go one by one."""
+    out: list = []
+    for start in range(0, len(items), _BATCH):
+        batch = items[start:start + _BATCH]
+        k = resumes = 0
+        while k < len(batch):
+            if resumes > _MAX_RESUMES:
+                out += [gate_facts(raw, address) for address, raw in batch[k:]]
+                break
+            done = _sweep_batch(batch[k:])
+            out += done
+            k += len(done)
+            if k < len(batch):
+                out.append(gate_facts(batch[k][1], batch[k][0]))
+                k += 1
+                resumes += 1
+    return out
+
+
+_MAX_RESUMES = 8
+
+
+def _sweep_batch(items) -> list:
+    """Facts for the leading strings capstone's one sweep decodes exactly."""
+    blob = b"".join(raw for _, raw in items)
+    facts: list = []
+    insn = ctypes.POINTER(_cs_insn)()
+    n = _cs.cs_disasm(_CS_GATE.csh, blob, len(blob), 0, 0, ctypes.byref(insn))
+    try:
+        offset = 0
+        for j in range(min(n, len(items))):
+            ins = insn[j]
+            size = len(items[j][1])
+            if ins.address != offset or ins.size != size:
+                break
+            x86 = ins.detail.contents.arch.x86
+            enc = x86.encoding
+            target = None
+            if ins.id in _BRANCH_IDS and x86.op_count == 1 and x86.operands[0].type == x86_const.X86_OP_IMM:
+                target = (x86.operands[0].imm - offset) & 0xFFFFFFFFFFFFFFFF
+            facts.append(Facts(ins.size, None,
+                               enc.disp_offset if enc.disp_size else None, enc.disp_size,
+                               enc.imm_offset if enc.imm_size else None, enc.imm_size, target))
+            offset += size
+    finally:
+        if n:
+            _cs.cs_free(insn, n)
+    return facts
+
+
 class CapstoneAdapter:
     """capstone 5 behind ``protocol.Adapter``."""
 
@@ -91,4 +153,4 @@ class CapstoneAdapter:
         return version()
 
     def decode_many(self, items):
-        return [gate_facts(raw, address) for address, raw in items]
+        return gate_facts_many(list(items))

@@ -158,3 +158,38 @@ class IcedAdapter:
 
     def decode_many(self, items):
         return [gate_facts(raw, address) for address, raw in items]
+
+
+def sweep_facts(data: bytes, ip: int):
+    """``(address, raw, Facts | None)`` for each instruction of a linear sweep of ``data`` at ``ip``.
+
+    The spans are exactly ``image.functions.iter_instruction_spans``'s (the
+    same decoder, the same loop).  ``Facts`` is ``gate_facts(raw, address)``
+    computed from the sweep's own decode, which is sound because iced-x86
+    decodes an instruction from its own bytes alone; for an invalid span it
+    is None (``gate_facts`` on the span's bytes alone may say why differently)."""
+    decoder = iced_x86.Decoder(64, data, ip=ip)
+    ins = iced_x86.Instruction()
+    position = 0
+    while decoder.can_decode:
+        decoder.decode_out(ins)
+        length = ins.len
+        raw = data[position:position + length]
+        address = ip + position
+        position += length
+        if ins.is_invalid:
+            yield address, raw, None
+            continue
+        yield address, raw, _sweep_fact(decoder, ins, address)
+
+
+def _sweep_fact(decoder, ins, address: int):
+    co = decoder.get_constant_offsets(ins)
+    target = None
+    if ins.flow_control in _GATE_BRANCH_FLOW or ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
+        if ins.op0_kind in _NEAR_BRANCH_KINDS:
+            target = (ins.near_branch_target - address) & MASK64
+    return Facts(ins.len, None,
+                 co.displacement_offset if co.has_displacement else None, co.displacement_size,
+                 co.immediate_offset if co.has_immediate else None, co.immediate_size,
+                 target)
