@@ -3,7 +3,9 @@ changes, instruction by instruction and by function.
 
 Instructions are matched by (function name, offset in the function), so a
 baseline may be another build of the kernel; a function whose name is not in
-the baseline is new, and its rows count as new, not as changes.
+the baseline is new, and its rows count as new, not as changes.  Functions
+sharing a name (static functions in several files) are matched as one name:
+a change among them is shown on the first of that name.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ LISTED = 2000  # rows listed per kind of change; the counts are always complete
 
 
 def _weak(store: Store, image: int) -> dict[tuple[str, int], tuple]:
-    return {(r.function, r.address - r.function_start): (r.verdict, r.reason_key, r.address)
-            for r in data.weak_rows(store, image)}
+    out: dict[tuple[str, int], tuple] = {}
+    for r in data.weak_rows(store, image):
+        out.setdefault((r.function, r.address - r.function_start), (r.verdict, r.reason_key, r.address))
+    return out
 
 
 def _starts(store: Store, image: int) -> dict[str, int]:
@@ -26,6 +30,26 @@ def _starts(store: Store, image: int) -> dict[str, int]:
     for f in store.iter_functions(image):
         out.setdefault(f.name, f.start)
     return out
+
+
+class _Verdicts:
+    """(function name, offset) -> verdict in one store, reading a function's rows once when first asked
+    (the first function of that name: same-named static functions are matched by their order)."""
+
+    def __init__(self, store: Store, image: int):
+        self.store = store
+        self.ids: dict[str, int] = {}
+        for f in store.iter_functions(image):
+            self.ids.setdefault(f.name, f.id)
+        self._rows: dict[str, dict[int, str]] = {}
+
+    def get(self, name: str, offset: int) -> str | None:
+        rows = self._rows.get(name)
+        if rows is None:
+            fid = self.ids.get(name)
+            rows = self._rows[name] = {} if fid is None else {
+                r.address - r.function_start: r.verdict for r in self.store.function_rows(fid)}
+        return rows.get(offset)
 
 
 def compare(store: Store, image: int, baseline_path: str) -> dict:
@@ -39,11 +63,13 @@ def compare(store: Store, image: int, baseline_path: str) -> dict:
                                     "decoder_changes": []}
         by_function: dict[str, Counter] = {}
 
+        before_all, now_all = _Verdicts(base, bimage), _Verdicts(store, image)
+
         def was(key):
             hit = before.get(key)
             if hit is not None:
                 return hit[0]
-            return data.verdict_at(base, bimage, key[0], key[1], before_starts)
+            return before_all.get(*key)
 
         def add(kind, key, old, new, address):
             fid = ids.get((now_starts.get(key[0], 0), key[0]))
@@ -60,8 +86,7 @@ def compare(store: Store, image: int, baseline_path: str) -> dict:
                 add("lost_proofs", key, old, f"{verdict}: {reason_key}", address)
         for key, (verdict, reason_key, _) in sorted(before.items()):
             if key not in now and key[0] in now_starts:
-                row = data.verdict_at(store, image, key[0], key[1], now_starts)
-                if row == "proved":
+                if now_all.get(*key) == "proved":
                     add("gained_proofs", key, f"{verdict}: {reason_key}", "proved", now_starts[key[0]] + key[1])
         a_now, a_before = data.answer_rows(store, image), data.answer_rows(base, bimage)
         for key in sorted(set(a_now) | set(a_before)):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import InputError
-from ..store.store import FunctionRecord, InstructionRow, Store, unsigned
+from ..store.store import FunctionRecord, InstructionRow, Store
 
 VERDICTS = ("proved", "opaque", "unknown", "rejected", "refuted")  # strongest first, as proof.verdict orders them
 
@@ -97,15 +97,6 @@ def weak_rows(store: Store, image: int) -> Iterator[InstructionRow]:
 
 def function_ids(store: Store, image: int) -> dict[tuple[int, str], int]:
     return {(f.start, f.name): f.id for f in store.iter_functions(image)}
-
-
-def verdict_at(store: Store, image: int, function: str, offset: int, starts: dict[str, int]) -> str | None:
-    """The verdict of the instruction at ``offset`` in the function named ``function`` (None if it has none)."""
-    start = starts.get(function)
-    if start is None:
-        return None
-    row = store.instruction_at(image, unsigned(start + offset))
-    return None if row is None or row.function != function else row.verdict
 
 
 def answer_rows(store: Store, image: int) -> dict[tuple[str, int], str]:
