@@ -3,13 +3,15 @@ changes, instruction by instruction and by function.
 
 Instructions are matched by (function name, offset in the function), so a
 baseline may be another build of the kernel; a function whose name is not in
-the baseline is new, and its rows count as new, not as changes.  Functions
+the baseline is new, and its rows count as new, not as changes.  A decoder
+change is the same bytes at the same place with other decoder answers.  Functions
 sharing a name (static functions in several files) are matched as one name:
 a change among them is shown on the first of that name.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from ..store.store import Store
@@ -33,7 +35,7 @@ def _starts(store: Store, image: int) -> dict[str, int]:
 
 
 class _Verdicts:
-    """(function name, offset) -> verdict in one store, reading a function's rows once when first asked
+    """(function name, offset) -> verdict (``get``) or bytes (``raw``) in one store, reading a function's rows once when first asked
     (the first function of that name: same-named static functions are matched by their order)."""
 
     def __init__(self, store: Store, image: int):
@@ -41,15 +43,38 @@ class _Verdicts:
         self.ids: dict[str, int] = {}
         for f in store.iter_functions(image):
             self.ids.setdefault(f.name, f.id)
-        self._rows: dict[str, dict[int, str]] = {}
+        self._rows: dict[str, dict[int, tuple[str, bytes]]] = {}
 
-    def get(self, name: str, offset: int) -> str | None:
+    def _row(self, name: str, offset: int) -> tuple[str, bytes] | None:
         rows = self._rows.get(name)
         if rows is None:
             fid = self.ids.get(name)
             rows = self._rows[name] = {} if fid is None else {
-                r.address - r.function_start: r.verdict for r in self.store.function_rows(fid)}
+                r.address - r.function_start: (r.verdict, r.raw) for r in self.store.function_rows(fid)}
         return rows.get(offset)
+
+    def get(self, name: str, offset: int) -> str | None:
+        row = self._row(name, offset)
+        return None if row is None else row[0]
+
+    def raw(self, name: str, offset: int) -> bytes | None:
+        row = self._row(name, offset)
+        return None if row is None else row[1]
+
+
+def _decoded(answers: str | None):
+    """The decoders' answers without their disassembly text: a cached finding's answers carry the text of
+    the instance first proved under its key (which zeroes displacements), not this one's."""
+    if answers is None:
+        return None
+    try:
+        value = json.loads(answers)
+    except ValueError:
+        return answers
+    for answer in (value.get("answers") or {}).values() if isinstance(value, dict) else ():
+        if isinstance(answer, dict):
+            answer.pop("text", None)
+    return value
 
 
 def compare(store: Store, image: int, baseline_path: str) -> dict:
@@ -57,7 +82,7 @@ def compare(store: Store, image: int, baseline_path: str) -> dict:
     base, bimage = data.open_store(baseline_path)
     try:
         now, before = _weak(store, image), _weak(base, bimage)
-        now_starts, before_starts = _starts(store, image), _starts(base, bimage)
+        now_starts = _starts(store, image)
         ids = data.function_ids(store, image)
         changes: dict[str, list] = {"new_rejections": [], "lost_proofs": [], "gained_proofs": [],
                                     "decoder_changes": []}
@@ -90,7 +115,10 @@ def compare(store: Store, image: int, baseline_path: str) -> dict:
                     add("gained_proofs", key, f"{verdict}: {reason_key}", "proved", now_starts[key[0]] + key[1])
         a_now, a_before = data.answer_rows(store, image), data.answer_rows(base, bimage)
         for key in sorted(set(a_now) | set(a_before)):
-            if key[0] in before_starts and key[0] in now_starts and a_now.get(key) != a_before.get(key):
+            if _decoded(a_now.get(key)) == _decoded(a_before.get(key)):
+                continue
+            raw = now_all.raw(*key)
+            if raw is not None and raw == before_all.raw(*key):  # the same bytes, decoded differently
                 add("decoder_changes", key, a_before.get(key) or "agree", a_now.get(key) or "agree",
                     now_starts[key[0]] + key[1])
         info = base.image_info(bimage)
