@@ -102,7 +102,7 @@ def _sweep(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], in
     for function in functions:
         samples, count = out.get(function.section, ({}, 0))
         get = samples.get
-        for address, raw, fact in sweep_facts(_function_bytes(image, function), function.start):
+        for address, raw, fact in sweep_facts(_function_bytes(image, function), function.start, samples):
             count += 1
             seen = get(raw)
             if seen is None:

@@ -160,14 +160,16 @@ class IcedAdapter:
         return [gate_facts(raw, address) for address, raw in items]
 
 
-def sweep_facts(data: bytes, ip: int):
+def sweep_facts(data: bytes, ip: int, known):
     """``(address, raw, Facts | None)`` for each instruction of a linear sweep of ``data`` at ``ip``.
 
     The spans are exactly ``image.functions.iter_instruction_spans``'s (the
     same decoder, the same loop).  ``Facts`` is ``gate_facts(raw, address)``
     computed from the sweep's own decode, which is sound because iced-x86
-    decodes an instruction from its own bytes alone; for an invalid span it
-    is None (``gate_facts`` on the span's bytes alone may say why differently)."""
+    decodes an instruction from its own bytes alone.  It is None for an
+    invalid span (``gate_facts`` on the span's bytes alone may say why
+    differently) and for a ``raw`` already in ``known`` (a container: its
+    answer is not needed twice)."""
     decoder = iced_x86.Decoder(64, data, ip=ip)
     ins = iced_x86.Instruction()
     position = 0
@@ -177,10 +179,10 @@ def sweep_facts(data: bytes, ip: int):
         raw = data[position:position + length]
         address = ip + position
         position += length
-        if ins.is_invalid:
+        if raw in known or ins.is_invalid:
             yield address, raw, None
-            continue
-        yield address, raw, _sweep_fact(decoder, ins, address)
+        else:
+            yield address, raw, _sweep_fact(decoder, ins, address)
 
 
 def _sweep_fact(decoder, ins, address: int):
