@@ -176,11 +176,10 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
         totals = Totals(coverage=[Counter() for _ in range(coverage_cells(text_bounds)[0])] if text_bounds else [])
         sources = SourceNames.open(info.get("path"))
         variants = data.variants(store, image)
+        # the baseline first: a file that is not a store is refused before the long pass
+        comparison = None if baseline is None else baseline_mod.compare(store, image, baseline)
         table = _gather(store, image, out_dir, index, outcomes, tramp, all_plans, totals, sources, variants,
                         text_bounds)
-        comparison = None
-        if baseline is not None:
-            comparison = baseline_mod.compare(store, image, baseline)
         meta = {"outcomes": [[o.verdict, o.method, o.plan_kind, o.rule, o.klass, o.reason_key, o.reason]
                              for o in outcome_list],
                 "sites": list(SITE_KINDS), "tramp": None if tramp is None else f"{tramp:#x}",
