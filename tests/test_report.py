@@ -169,6 +169,11 @@ def test_cli_writes_a_self_contained_directory(small_report):
 def test_cli_refuses_a_missing_store(tmp_path):
     with pytest.raises(InputError, match="no such store"):
         report_cli.command(_parse([str(tmp_path / "none.sqlite"), "-o", str(tmp_path / "o")]), io.StringIO())
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("not a store\n")
+    with pytest.raises(InputError, match="not a relocverify store"):
+        report_cli.command(_parse([str(foreign), "-o", str(tmp_path / "o")]), io.StringIO())
+    assert foreign.read_text() == "not a store\n"
     with pytest.raises(InputError, match="baseline"):
         db, _ = _store_of(tmp_path, SMALL_ASM)
         report_cli.command(_parse([str(db), "--baseline", str(tmp_path / "b"), "-o", str(tmp_path / "o")]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from ..errors import InputError
+from ..errors import InputError, StoreError
 from .render import escape
 
 
@@ -31,7 +31,10 @@ def command(args, out: TextIO) -> int:
     limit = PLAN_LIMIT if args.plan_limit is None else args.plan_limit
     if limit < 0:
         raise InputError("--plan-limit must be at least 0")
-    done = build_report(args.db, args.output, args.baseline, limit)
+    try:
+        done = build_report(args.db, args.output, args.baseline, limit)
+    except StoreError as exc:  # DB or --baseline is not a relocverify store: the user's input
+        raise InputError(str(exc)) from None
     out.write(f"report: {escape(done['index'])}\n")
     out.write(f"{done['instructions']:,} instructions in {done['functions']:,} functions, {done['shards']:,} shards, "
               f"{done['plans']:,} plans recomputed, {done['bytes'] / 1e6:.1f} MB, {done['seconds']} s\n")
