@@ -6,7 +6,6 @@ import os
 from typing import TextIO
 
 from ..errors import InputError, StoreError
-from .render import escape
 
 
 def add_parser(sub) -> None:
@@ -25,6 +24,7 @@ def add_parser(sub) -> None:
 
 def command(args, out: TextIO) -> int:
     from ..report.build import PLAN_LIMIT, build_report
+    from .render import escape
 
     if not os.path.isfile(args.db):
         raise InputError(f"{args.db}: no such store")
