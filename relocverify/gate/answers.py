@@ -13,48 +13,30 @@ from typing import Sequence
 
 from ..x86.decoders.protocol import Adapter, Facts
 
-_CACHE: dict[tuple[str, str, bytes], Facts] = {}
+_CACHE: dict[tuple[str, str], dict[bytes, Facts]] = {}  # (decoder, version) -> bytes -> answer
 _POOL_MIN = 40_000  # below this a pool costs more than it saves
 _ADAPTERS: list[Adapter] = []  # read by forked workers
 
 
 def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
             jobs: int | None = None) -> dict[str, dict[bytes, Facts]]:
-    """decoder name -> bytes -> Facts, for every ``(address, bytes)`` in ``items``."""
-    out: dict[str, dict[bytes, Facts]] = {}
-    work: list[tuple[int, list[tuple[int, bytes]]]] = []
-    keys = []
-    for k, adapter in enumerate(adapters):
-        version = adapter.version()
-        keys.append(version)
-        known = out[adapter.name] = {}
-        missing = []
-        for address, raw in items:
-            hit = _CACHE.get((adapter.name, version, raw))
-            if hit is None:
-                missing.append((address, raw))
-            else:
-                known[raw] = hit
-        work.append((k, missing))
+    """decoder name -> bytes -> Facts, for (at least) every ``(address, bytes)`` in ``items``."""
+    tables = [_CACHE.setdefault((a.name, a.version()), {}) for a in adapters]
+    work = [(k, [(address, raw) for address, raw in items if raw not in table])
+            for k, table in enumerate(tables)]
     jobs = jobs or os.cpu_count() or 1
-    total = sum(len(m) for _, m in work)
-    if jobs > 1 and total >= _POOL_MIN:
+    if jobs > 1 and sum(len(m) for _, m in work) >= _POOL_MIN:
         results = _pooled(adapters, work, jobs)
     else:
         results = [(k, adapters[k].decode_many(m)) for k, m in work]
     for (k, missing), (_, facts) in zip(work, results):
-        adapter = adapters[k]
-        known = out[adapter.name]
-        for (_, raw), f in zip(missing, facts):
-            known[raw] = f
-            _CACHE[(adapter.name, keys[k], raw)] = f
-    return out
+        tables[k].update(zip((raw for _, raw in missing), facts))
+    return {a.name: t for a, t in zip(adapters, tables)}
 
 
 def remember(name: str, version: str, facts: dict[bytes, Facts]) -> None:
     """Record answers obtained elsewhere (iced-x86's, from the image sweep) as the adapter's own."""
-    for raw, f in facts.items():
-        _CACHE[(name, version, raw)] = f
+    _CACHE.setdefault((name, version), {}).update(facts)
 
 
 def _pooled(adapters, work, jobs):

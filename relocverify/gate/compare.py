@@ -129,7 +129,11 @@ def compare(unit: str, samples: dict[bytes, list[int]], tested: Adapter, others:
     mine = answers[tested.name]
     theirs = [(o, answers[o.name], tested.fields & o.fields) for o in others]
     findings = []
-    for raw, (address, count) in samples.items():
+    suspects = set()
+    for _, table, _ in theirs:
+        suspects.update(raw for raw in samples if mine[raw] != table[raw])
+    for raw in sorted(suspects, key=lambda r: samples[r][0]):
+        address, count = samples[raw]
         a = mine[raw]
         diffs = []
         for o, table, fields in theirs:
