@@ -255,6 +255,9 @@ def test_instruction_view_shows_an_opaque_plan_and_the_baseline(small_report, br
     p.page.wait_for_selector("#view-baseline:not([hidden])")
     assert p.page.inner_text("#b-lost_proofs") == "1"
     assert "f_plain" in p.page.inner_text("#view-baseline")
+    p.page.click("#view-baseline table:nth-of-type(2) a:text-is('f_plain')")
+    p.page.wait_for_selector("#fn-name")
+    assert p.page.inner_text("#fn-name") == "f_plain"
     assert p.problems == []
 
 

@@ -127,5 +127,6 @@ def compare(store: Store, image: int, baseline_path: str) -> dict:
     return {"baseline": baseline_path, "baseline_sha256": info.get("sha256", ""),
             "counts": {k: len(v) for k, v in changes.items()},
             "rows": {k: v[:LISTED] for k, v in changes.items()},
-            "by_function": sorted(((name, dict(c)) for name, c in by_function.items()),
+            "by_function": sorted(((name, dict(c), ids.get((now_starts.get(name, 0), name)))
+                                   for name, c in by_function.items()),
                                   key=lambda p: -sum(p[1].values()))[:LISTED]}

@@ -114,7 +114,7 @@ def _baseline(comparison) -> str:
                                                      for k, v in counts.items()]))
     parts.append("<h3>By function</h3>" + _table(
         ["function", *[k.replace("_", " ") for k in counts]],
-        [[_link(name, None, None), *[_n(c.get(k, 0)) for k in counts]] for name, c in comparison["by_function"]]))
+        [[_link(name, fid, None), *[_n(c.get(k, 0)) for k in counts]] for name, c, fid in comparison["by_function"]]))
     for kind, rows in comparison["rows"].items():
         if not rows:
             continue
@@ -128,6 +128,8 @@ def _baseline(comparison) -> str:
 def _link(name: str, fid, off) -> str:
     if fid is None:
         return escape(name)
+    if off is None:
+        return f'<a href="#f={int(fid)}">{escape(name)}</a>'
     return f'<a href="#i={int(fid)}:{int(off)}">{escape(name)}</a>'
 
 
