@@ -6,7 +6,7 @@ often it occurs: every decoder is asked about each distinct string once.
 
 Instruction boundaries in an image come from a linear sweep by iced-x86
 over each function (``image.functions.iter_instruction_spans``, int3
-padding left out; ``x86.decoders.iced.sweep_facts`` makes the same spans and
+padding left out; ``x86.decoders.iced.sweep_into`` makes the same spans and
 keeps iced-x86's answers on the way, so iced does not decode twice); each decoder is then asked about exactly those bytes, so
 a decoder that reads a different length differs at that instruction rather
 than desynchronising everything after it.  Fuzz samples are whole 15-byte
@@ -95,22 +95,13 @@ def _sweep(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], in
     """section -> (bytes -> [first address, occurrences], instructions) over ``functions``,
     and iced-x86's answer for each distinct valid string, from the sweep's own decode."""
     from ..image.functions import _function_bytes  # the bytes iter_instruction_spans sweeps
-    from ..x86.decoders.iced import sweep_facts
+    from ..x86.decoders.iced import sweep_into
 
     out: dict[str, tuple[dict[bytes, list[int]], int]] = {}
     facts: dict = {}
     for function in functions:
         samples, count = out.get(function.section, ({}, 0))
-        get = samples.get
-        for address, raw, fact in sweep_facts(_function_bytes(image, function), function.start, samples):
-            count += 1
-            seen = get(raw)
-            if seen is None:
-                samples[raw] = [address, 1]
-                if fact is not None:
-                    facts[raw] = fact
-            else:
-                seen[1] += 1
+        count += sweep_into(_function_bytes(image, function), function.start, samples, facts)
         out[function.section] = (samples, count)
     return out, facts
 

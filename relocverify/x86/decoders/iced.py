@@ -160,29 +160,37 @@ class IcedAdapter:
         return [gate_facts(raw, address) for address, raw in items]
 
 
-def sweep_facts(data: bytes, ip: int, known):
-    """``(address, raw, Facts | None)`` for each instruction of a linear sweep of ``data`` at ``ip``.
+def sweep_into(data: bytes, ip: int, samples: dict, facts: dict) -> int:
+    """Sweep ``data`` at ``ip`` linearly, counting each instruction's bytes into
+    ``samples`` (bytes -> [first address, occurrences]); returns how many.
 
     The spans are exactly ``image.functions.iter_instruction_spans``'s (the
-    same decoder, the same loop).  ``Facts`` is ``gate_facts(raw, address)``
+    same decoder, the same loop: the decoder's position is ``position``).
+    For each new valid string, ``facts`` gets ``gate_facts(raw, address)``
     computed from the sweep's own decode, which is sound because iced-x86
-    decodes an instruction from its own bytes alone.  It is None for an
-    invalid span (``gate_facts`` on the span's bytes alone may say why
-    differently) and for a ``raw`` already in ``known`` (a container: its
-    answer is not needed twice)."""
+    decodes an instruction from its own bytes alone.  An invalid span gets
+    none (``gate_facts`` on its bytes alone may say why differently)."""
     decoder = iced_x86.Decoder(64, data, ip=ip)
+    decode_out = decoder.decode_out
     ins = iced_x86.Instruction()
-    position = 0
-    while decoder.can_decode:
-        decoder.decode_out(ins)
-        length = ins.len
-        raw = data[position:position + length]
-        address = ip + position
-        position += length
-        if raw in known or ins.is_invalid:
-            yield address, raw, None
+    get = samples.get
+    position = count = 0
+    size = len(data)
+    while position < size:
+        decode_out(ins)
+        end = position + ins.len
+        raw = data[position:end]
+        seen = get(raw)
+        if seen is None:
+            address = ip + position
+            samples[raw] = [address, 1]
+            if not ins.is_invalid:
+                facts[raw] = _sweep_fact(decoder, ins, address)
         else:
-            yield address, raw, _sweep_fact(decoder, ins, address)
+            seen[1] += 1
+        position = end
+        count += 1
+    return count
 
 
 def _sweep_fact(decoder, ins, address: int):
