@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import run as run_command
 
     run_command.add_parser(sub)
+    from . import report as report_command
+
+    report_command.add_parser(sub)
     return p
 
 
