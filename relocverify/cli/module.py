@@ -39,7 +39,9 @@ def command(args, out: TextIO) -> int:
     from ..engine.run import RunOptions, run
     from ..environment import default_proof_cache_dir
     from ..image.loader import load_image
+    from ..image.functions import find_functions
     from ..image.module import MODULE_BASE, load_module
+    from .package import empty_summary
 
     kernel = load_image(args.kernel, args.system_map)
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
@@ -50,7 +52,8 @@ def command(args, out: TextIO) -> int:
         image = load_module(path, kernel, base)
         end = max((s.end for s in image.sections), default=base)
         base = (end + 0xFFFFF) & ~0xFFFFF  # the next module on the next MiB, as module_alloc spreads them
-        summary = run(image, args.db, options, Progress(enabled=not args.no_progress))
+        summary = run(image, args.db, options, Progress(enabled=not args.no_progress)) if find_functions(image) \
+            else empty_summary(image)
         results[path] = summary
         for verdict, n in summary["by_verdict"].items():
             totals[verdict] = totals.get(verdict, 0) + n

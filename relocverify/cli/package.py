@@ -27,6 +27,15 @@ def add_parser(sub, types) -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
 
 
+def empty_summary(image) -> dict:
+    """The summary of an image with no function to verify: zero instructions, totals that add up."""
+    from ..proof.verdict import Verdict
+
+    return {"image": {"path": image.path, "identity": image.identity}, "instructions": 0,
+            "instructions_expected": 0, "functions": 0, "by_verdict": {v.value: 0 for v in Verdict},
+            "totals_add_up": True}
+
+
 def command(args, out: TextIO) -> int:
     import sys
     import time
@@ -37,6 +46,7 @@ def command(args, out: TextIO) -> int:
     from ..environment import default_proof_cache_dir
     from ..image.fetch import KERNELS, extract_modules, fetch
     from ..image.loader import load_image
+    from ..image.functions import find_functions
     from ..image.module import MODULE_BASE, load_module
 
     if args.name not in KERNELS:
@@ -54,7 +64,11 @@ def command(args, out: TextIO) -> int:
     for k, path in enumerate(modules):
         image = load_module(path, vmlinux, base)
         base = (max((s.end for s in image.sections), default=base) + 0xFFFFF) & ~0xFFFFF
-        images[str(path).split("/modules/", 1)[-1]] = summary = run(image, args.db, options, quiet)
+        name = str(path).split("/modules/", 1)[-1]
+        if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
+            images[name] = summary = empty_summary(image)
+            continue
+        images[name] = summary = run(image, args.db, options, quiet)
         if (k + 1) % 50 == 0:
             say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
         if not summary["totals_add_up"]:
