@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
     g.add_argument("--prove", type=int, default=3, metavar="N",
                    help="per class of new difference, build and check the plan of at most N instructions "
                         "(default 3)")
+    g.set_defaults(func=command)
 
 
 def command(args, out: TextIO) -> int:
