@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import report as report_command
 
     report_command.add_parser(sub)
+    from . import gate as gate_command
+
+    gate_command.add_parser(sub)
     return p
 
 
