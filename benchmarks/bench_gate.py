@@ -43,8 +43,7 @@ def main(argv=None) -> int:
 
         args.vmlinux = fetch(args.kernel).vmlinux
     with tempfile.TemporaryDirectory() as tmp:
-        gate = [sys.executable, "-c", "import sys; from relocverify.cli.gate import standalone as m; "
-                "sys.exit(m(sys.argv[1:]))", "--decoder", "iced", "--image", args.vmlinux,
+        gate = [sys.executable, "-m", "relocverify", "gate", "--decoder", "iced", "--image", args.vmlinux,
                 "--baseline", os.path.join(tmp, "baseline.json"), "--update-baseline"]
         if args.jobs:
             gate += ["--jobs", str(args.jobs)]

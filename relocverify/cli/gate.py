@@ -95,19 +95,3 @@ def _write(path: str, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise InputError(f"cannot write {path}: {e}") from None
-
-
-def standalone(argv=None, out: TextIO | None = None) -> int:
-    """``relocverify gate ARGV`` without the other commands (for benchmarks, before ``cli.main`` lists it)."""
-    import sys
-
-    from ..errors import RelocverifyError
-    from .main import EXIT_USAGE, _Parser
-
-    parser = _Parser(prog="relocverify")
-    add_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    try:
-        return command(parser.parse_args(["gate", *(sys.argv[1:] if argv is None else argv)]), out or sys.stdout)
-    except RelocverifyError as e:
-        sys.stderr.write(f"relocverify: error: {str(e).splitlines()[0]}\n")
-        return EXIT_USAGE
