@@ -3,10 +3,10 @@ by the user-space policy table (``plan.policy.USER_RULES``: fasttrap and uprobes
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TextIO
 
+from .finish import finish
 from .render import escape
 from .vmlinux import KERNEL_HALF
 
@@ -58,11 +58,5 @@ def command(args, out: TextIO) -> int:
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
     out.write(render_summary(summary, escape))
     out.write(f"trampoline: {tramp:#x}; policy: user space\nstore: {escape(db)}\n")
-    if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump(summary, fh, indent=2)
-    failing = {v: n for v, n in summary["by_verdict"].items() if v in args.fail_on and n}
-    if failing:
-        out.write("fails on: " + ", ".join(f"{n:,} {v}" for v, n in failing.items()) + "\n")
-        return 1
-    return 0 if summary["totals_add_up"] else 3
+    return finish(out, args, summary, summary["by_verdict"],
+                  summary["totals_add_up"] and summary["run"]["status"] == "complete")

@@ -3,10 +3,10 @@ and relocated against the vmlinux's symbols (``image.module``), into one store."
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TextIO
 
+from .finish import finish
 from .render import escape
 
 
@@ -65,9 +65,4 @@ def command(args, out: TextIO) -> int:
     out.write(f"all {len(results)} modules: {sum(totals.values()):,} instructions; "
               + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}\n")
     out.write(f"store: {escape(args.db)}\n")
-    if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump({"modules": results, "totals": totals, "totals_add_up": adds_up}, fh, indent=2)
-    if any(totals.get(v) for v in args.fail_on):
-        return 1
-    return 0 if adds_up else 3
+    return finish(out, args, {"modules": results, "totals": totals, "totals_add_up": adds_up}, totals, adds_up)

@@ -3,10 +3,10 @@ module, into one store, with a summary per image and totals that add up per imag
 
 from __future__ import annotations
 
-import json
 from typing import TextIO
 
 from ..errors import InputError
+from .finish import finish
 from .render import escape
 
 
@@ -86,9 +86,4 @@ def command(args, out: TextIO) -> int:
         out.write(f"modules: {sum(s['instructions'] for s in mods):,} instructions; "
                   + ", ".join(f"{v} {sum(s['by_verdict'][v] for s in mods):,}" for v in totals) + "\n")
     out.write(f"store: {escape(args.db)}\n")
-    if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump({"images": images, "totals": totals, "totals_add_up": adds_up}, fh, indent=2)
-    if any(totals.get(v) for v in args.fail_on):
-        return 1
-    return 0 if adds_up else 3
+    return finish(out, args, {"images": images, "totals": totals, "totals_add_up": adds_up}, totals, adds_up)

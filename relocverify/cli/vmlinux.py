@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TextIO
 
 from ..errors import InputError
+from .finish import finish
 from .render import escape
 
 DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
@@ -48,14 +48,6 @@ def command(args, out: TextIO) -> int:
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
     out.write(render_summary(summary, escape))
     out.write(f"store: {escape(db)}\n")
-    if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump(summary, fh, indent=2)
-    failing = {v: n for v, n in summary["by_verdict"].items() if v in args.fail_on and n}
-    if failing:
-        out.write("fails on: " + ", ".join(f"{n:,} {v}" for v, n in failing.items()) + "\n")
-        return 1
-    if not summary["totals_add_up"] or summary["run"]["status"] != "complete":
-        out.write("incomplete: the totals do not add up\n")
-        return 3
+    return finish(out, args, summary, summary["by_verdict"],
+                  summary["totals_add_up"] and summary["run"]["status"] == "complete")
     return 0

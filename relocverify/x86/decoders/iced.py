@@ -131,15 +131,7 @@ def gate_facts(raw: bytes, address: int):
     ins = dec.decode()
     if ins.is_invalid or dec.last_error != 0:
         return error(f"iced: {_ICED_ERRORS.get(dec.last_error, 'invalid instruction')}")
-    co = dec.get_constant_offsets(ins)
-    target = None
-    if ins.flow_control in _GATE_BRANCH_FLOW or ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
-        if ins.op0_kind in _NEAR_BRANCH_KINDS:
-            target = (ins.near_branch_target - address) & MASK64
-    return Facts(ins.len, None,
-                 co.displacement_offset if co.has_displacement else None, co.displacement_size,
-                 co.immediate_offset if co.has_immediate else None, co.immediate_size,
-                 target)
+    return _sweep_fact(dec, ins, address)
 
 
 _NEAR_BRANCH_KINDS = frozenset({iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
