@@ -108,14 +108,14 @@ def _with_code(kind: PlanKind, rule: str, reason: str, insn: Instruction, b: _Bu
                 tracer_memory=((b.tramp, len(b.code)),) + kw.pop("extra_memory", ()), **kw)
 
 
-def _copy(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _copy(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     b = _Builder(t)
     b.emit(insn.raw)
-    b.jump(insn.end)
+    b.jump(_resume(insn, resume))
     return _with_code(PlanKind.COPY, rule, reason, insn, b)
 
 
-def _rip_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _rip_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     if insn.disp_size != 4:
         return _reject(rule, f"RIP-relative displacement of {insn.disp_size} bytes", insn.address, insn.length, t)
     target = insn.rip_target
@@ -128,10 +128,10 @@ def _rip_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
     if fits_s32(d):
         b = _Builder(t)
         b.emit(patch_disp(insn.raw, insn.disp_offset, d))
-        b.jump(insn.end)
+        b.jump(_resume(insn, resume))
         return _with_code(PlanKind.REWRITE, rule,
                           f"{reason}: disp {insn.displacement:#x} -> {d:#x}, still addressing {target:#x}", insn, b)
-    return _scratch_rewrite(insn, t, rule, reason, target)
+    return _scratch_rewrite(insn, t, rule, reason, target, resume)
 
 
 def _clear_rex_b(insn: Instruction, raw: bytearray) -> None:
@@ -142,7 +142,8 @@ def _clear_rex_b(insn: Instruction, raw: bytearray) -> None:
         raw[insn.opcode_offset - len(insn.vex) + 1] |= 0x20
 
 
-def _scratch_rewrite(insn: Instruction, t: int, rule: str, reason: str, target: int) -> Plan:
+def _scratch_rewrite(insn: Instruction, t: int, rule: str, reason: str, target: int,
+                     resume: int | None = None) -> Plan:
     used = set(insn.regs_read) | set(insn.regs_written)
     scratch = next((r for r in SCRATCH_CANDIDATES if r not in used), None)
     if scratch is None:
@@ -160,7 +161,7 @@ def _scratch_rewrite(insn: Instruction, t: int, rule: str, reason: str, target: 
     restore = bytes([0x48, 0x8B, 0x05 | (num << 3)])
     b = _Builder(t)
     # Layout: save(7) movabs(10) insn restore(7) jump-back; then the 8-byte slot, 8-aligned.
-    back = jump(t + 7 + 10 + len(raw) + 7, insn.end)
+    back = jump(t + 7 + 10 + len(raw) + 7, _resume(insn, resume))
     code_len = 7 + 10 + len(raw) + 7 + len(back)
     slot = (t + code_len + 7) & ~7 & MASK64
     b.emit(save + struct.pack("<i", rel_from(t + 7, slot)))
@@ -179,16 +180,16 @@ def _cc_nibble(insn: Instruction) -> int:
     return (op[-1] & 0x0F)
 
 
-def _branch_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _branch_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     target = insn.branch_target
     if insn.flow == "conditional_branch":
         d = rel_from(t + 6, target)
         if not fits_s32(d):
-            return _emulate(insn, (Branch(insn.condition, target, insn.end),), t, rule,
+            return _emulate(insn, (Branch(insn.condition, target, _resume(insn, resume)),), t, rule,
                             f"{reason}: target {target:#x} out of rel32 reach of T, emulated")
         b = _Builder(t)
         b.emit(bytes([0x0F, 0x80 | _cc_nibble(insn)]) + struct.pack("<i", d))
-        b.jump(insn.end)
+        b.jump(_resume(insn, resume))
         return _with_code(PlanKind.REWRITE, rule, f"{reason}: j{insn.condition} rel32 -> {target:#x}", insn, b)
     d = rel_from(t + 5, target)
     if not fits_s32(d):
@@ -198,7 +199,7 @@ def _branch_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
     return _with_code(PlanKind.REWRITE, rule, f"{reason}: jmp rel32 -> {target:#x}", insn, b)
 
 
-def _loop_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _loop_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     target = insn.branch_target
     b = _Builder(t)
     head = insn.raw[:insn.opcode_offset] + insn.opcode
@@ -206,20 +207,20 @@ def _loop_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
     to_target = jump(b.here + 2, target)
     b.emit(bytes([0xEB, len(to_target)]))  # not taken: skip the jump to the target
     b.emit(to_target)
-    b.jump(insn.end)
+    b.jump(_resume(insn, resume))
     return _with_code(PlanKind.REWRITE, rule, f"{reason}: {insn.opname} -> {target:#x} via a local rel8", insn, b)
 
 
-def _xbegin_rewrite(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _xbegin_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     target = insn.branch_target
     head = insn.raw[:insn.opcode_offset] + insn.opcode + insn.raw[insn.opcode_offset + 1:insn.imm_offset]
     b = _Builder(t)
     d = rel_from(t + len(head) + 4, target)
     if fits_s32(d):
         b.emit(head + struct.pack("<i", d))
-        b.jump(insn.end)
+        b.jump(_resume(insn, resume))
     else:
-        back = jump(t + len(head) + 4, insn.end)
+        back = jump(t + len(head) + 4, _resume(insn, resume))
         b.emit(head + struct.pack("<i", len(back)))
         b.emit(back)
         b.jump(target)
@@ -245,11 +246,16 @@ def _target_value(insn: Instruction):
     return Load(_memory_address(insn), 8)
 
 
+def _resume(insn: Instruction, resume: int | None) -> int:
+    """Where the relocation continues after the instruction: A+len, or a block's next relocation."""
+    return insn.end if resume is None else resume & MASK64
+
+
 def _emulate(insn: Instruction, effects: tuple[Effect, ...], t: int, rule: str, reason: str) -> Plan:
     return Plan(PlanKind.EMULATE, rule, reason, insn.address, insn.length, t, effects=effects)
 
 
-def _emulate_call(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _emulate_call(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     if insn.branch_target is not None and insn.flow == "call":
         prog = (Push(Const(insn.end)), Jump(Const(insn.branch_target)))
     else:
@@ -257,11 +263,11 @@ def _emulate_call(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
     return _emulate(insn, prog, t, rule, reason)
 
 
-def _emulate_jmp(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _emulate_jmp(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     return _emulate(insn, (Jump(_target_value(insn)),), t, rule, reason)
 
 
-def _emulate_ret(insn: Instruction, t: int, rule: str, reason: str) -> Plan:
+def _emulate_ret(insn: Instruction, t: int, rule: str, reason: str, resume: int | None = None) -> Plan:
     extra = int.from_bytes(insn.raw[insn.imm_offset:insn.imm_offset + insn.imm_size], "little") if insn.imm_size else 0
     prog = (Let("target", Load(Address(base="rsp"), 8)), AddRsp(8 + extra), Jump(Temp("target")))
     return _emulate(insn, prog, t, rule, reason)
@@ -286,9 +292,14 @@ def _overlaps(a: int, n: int, t: int) -> bool:
     return (t - a) & MASK64 < n or (a - t) & MASK64 < TRAMPOLINE_MAX
 
 
-def make_plan(decoded: Decoded, tramp: int, rules=None) -> Plan:
+def make_plan(decoded: Decoded, tramp: int, rules=None, resume: int | None = None) -> Plan:
     """Plan the relocation of ``decoded`` (at its own address) to ``tramp``, by the policy table
-    ``rules`` (``policy.POLICIES``; the kernel's by default)."""
+    ``rules`` (``policy.POLICIES``; the kernel's by default).
+
+    ``resume`` is where the relocation continues after the instruction (A+len when None): a block
+    plan (``plan.block``) links each instruction to the next one's relocation.  It replaces every
+    continuation, never a value the instruction computes from A+len (an emulated call's return
+    address, a scratch register's stand-in for RIP)."""
     tramp &= MASK64
     if isinstance(decoded, Undecodable):
         return _reject("undecodable", f"undecodable: {decoded.reason}", decoded.address, decoded.length, tramp)
@@ -301,4 +312,4 @@ def make_plan(decoded: Decoded, tramp: int, rules=None) -> Plan:
     rule = classify(decoded) if rules is None else classify(decoded, rules)
     if rule.strategy == "reject":
         return _reject(rule.name, rule.reason, decoded.address, decoded.length, tramp)
-    return _STRATEGIES[rule.strategy](decoded, tramp, rule.name, rule.reason)
+    return _STRATEGIES[rule.strategy](decoded, tramp, rule.name, rule.reason, resume)
