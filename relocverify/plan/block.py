@@ -129,7 +129,7 @@ def patched_run(decoded: Sequence[Decoded]) -> list[Decoded] | NoBlock:
 
 
 def _refusal(insn: Instruction, a: int, end: int) -> NoBlock | None:
-    if insn.flow in ("call", "indirect_call"):
+    if insn.opname == "call" and insn.flow in ("call", "indirect_call"):
         return NoBlock(f"a call in the range ({insn.text} at {insn.address:#x}): its copy would return into "
                        f"the trampoline, and emulating it needs the trap handler a jump probe has not",
                        "call-in-range")
@@ -201,7 +201,7 @@ def plan_block(decoded: Sequence[Decoded], tramp: int, rules=None) -> BlockPlan 
                            f"runs in the int3 handler, which a jump probe does not have", "emulated")
         starts.append(t)
         plans.append(plan)
-        nxt = _next_start(plan) if i < len(run) - 1 else (t + len(plan.trampoline)) & MASK64
+        nxt = _next_start(plan)
         code += plan.trampoline + bytes(nxt - t - len(plan.trampoline))
         t = nxt
     if (tramp - a) & MASK64 < length or (a - tramp) & MASK64 < len(code):

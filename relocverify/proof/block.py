@@ -1,0 +1,418 @@
+"""Prove a jump probe's trampoline equivalent to the run of instructions it replaces, or refute it.
+
+The obligation generalises ``prove.py``'s from one instruction to the
+patched range [A, A+L) of a ``plan.block.BlockPlan``: instructions
+A_0 = A < A_1 < ... < A_{k-1}, relocated at T_0 = T < T_1 < ... < T_{k-1}.
+
+  From one arbitrary machine state (registers, flags, all of memory, as in
+  ``semantics.py``) run
+
+  * the ORIGINAL run from A_s: each instruction lifted on its own at A_i; a
+    concrete transfer to a later boundary A_j (j > i) is followed (fall
+    through, a jcc over the next instruction); a transfer to A_j with j <= i
+    (a rep string iteration, a loop back to A) is a final exit reported as
+    A_j; every other transfer (A+L, a branch target outside) is final;
+  * the RELOCATED trampoline from T_s: followed through its own bytes; a
+    concrete transfer to T_j is followed when j is later than the piece it
+    comes from, and otherwise is final and reported as A_j (the
+    correspondence T_j <-> A_j generalises A <-> T); other targets inside the
+    trampoline are followed; everything else is final.
+
+  The two must end as in ``prove._check``: the same registers (RFLAGS as
+  flags), the same bytes outside tracer memory, the same reads and the same
+  writes in program order, the same fences, the same next RIP; and the
+  relocation must never leave to an address strictly inside (A, A+L), whose
+  bytes the probe's jump has overwritten (``patched-range exit``).
+
+  s = 0 is the probe's own entry.  Every A_j (j > 0) that either side
+  reports as a final exit is a point where the run starts over inside the
+  range (a rep at A_j), so the obligation is proved from s = j too, until
+  no new start appears: by induction over the exits, every way through
+  the trampoline then matches a way through the original.
+
+Kept from the single-instruction checker, per instruction i against its own
+relocation (the trampoline from T_i to T_{i+1}): atomicity
+(``check_atomicity``), the lift gaps (``opaque_lift_reason``: the block is
+``unknown``), the lifter's known looseness (an instruction VEX models
+loosely is trusted only if its relocation re-executes it, and a flag VEX
+writes where the decoders say the instruction does not is found by
+``smt.clobbered_flags``), and a SAT answer is ``refuted`` only when unicorn,
+running the whole original range and the whole trampoline
+(``replay_block``), sees a difference too; otherwise ``unknown``.  A
+difference in ``patched-range exit`` alone is refuted without a replay, like
+atomicity: the replay runs without the patch, where the jump's bytes are not.
+
+Not modelled, as for single instructions: faults, other CPUs, and reads of
+the range's own bytes by other code (every probe changes them; a RIP-relative
+operand aimed into the range is refused by the planner).  Whether other code
+jumps into (A, A+L) is ``kernel.patch_range``'s question, not this one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from types import SimpleNamespace
+
+import claripy
+import pyvex
+
+from ..concrete.machine import MAX_STEPS, RELOCATION_MARGIN, _execute, _Machine, _page_image, in_ranges, is_rep_string
+from ..concrete.outcome import Difference, MachineState, with_code
+from ..concrete.replay import Replay, compare
+from ..plan.block import BlockPlan
+from ..x86.registers import MASK64
+from . import semantics as S
+from . import smt
+from .atomicity import atomic, check_atomicity
+from .fast_path import NotApplicable, _canon_block, pure_jump_target
+from .lift_gaps import opaque_lift_reason
+from .lifter_checks import flag_names, loose_reasons, reexecutes, unaffected_flags
+from .verdict import Counterexample, ProofResult, Verdict
+
+DEFAULT_TIMEOUT_MS = 10_000
+MAX_BLOCKS = 64
+ESCAPE = "patched-range exit"
+
+
+# ---------------------------------------------------------------------------
+# The shape of a block
+# ---------------------------------------------------------------------------
+
+
+def _validate(block: BlockPlan) -> None:
+    """A caller mistake (not a verdict) when the block's fields do not describe one range."""
+    insns, starts = block.instructions, block.starts
+    if not insns or len(insns) != len(starts):
+        raise ValueError("a block needs one start T_i per instruction")
+    if starts[0] != block.tramp or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ValueError("block starts must begin at the trampoline and increase")
+    if starts[-1] >= block.tramp + len(block.trampoline):
+        raise ValueError("every block start must lie inside the trampoline")
+    at = block.address
+    for insn in insns:
+        if insn.address != at:
+            raise ValueError(f"instruction at {insn.address:#x} where {at:#x} was expected")
+        at += insn.length
+    if at - block.address != block.length:
+        raise ValueError("the instructions do not cover the block's length")
+
+
+def _run_bytes(block: BlockPlan) -> bytes:
+    return b"".join(insn.raw for insn in block.instructions)
+
+
+def _code(block: BlockPlan, i: int) -> bytes:
+    """Instruction i's relocation: the plan's own bytes when the trampoline holds them there,
+    else the whole piece up to T_{i+1} (a hand-made or mutated block)."""
+    piece = block.piece(i)
+    own = block.plans[i].trampoline if i < len(block.plans) else b""
+    return own if own and piece.startswith(own) else piece
+
+
+def _slots(block: BlockPlan) -> list[tuple[int, int]]:
+    return [(p.save_slot, 8) for p in block.plans if p.save_slot is not None]
+
+
+def _tracer_bytes(block: BlockPlan) -> dict[int, int]:
+    slots = _slots(block)
+    return {block.tramp + k: b for k, b in enumerate(block.trampoline)
+            if not in_ranges(block.tramp + k, slots)}
+
+
+# ---------------------------------------------------------------------------
+# Running one side
+# ---------------------------------------------------------------------------
+
+
+def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], reports: tuple[int, ...],
+              first: int, one_insn: bool, forbidden: tuple[int, int] | None = None):
+    """Run ``code`` (at ``base``) from ``starts[first]``; see the module doc for what is followed.
+
+    Returns (final outcomes, escape guards, restarts): the guards under which a final target
+    lies strictly inside ``forbidden`` = (lo, hi), and the indices j > 0 reported as final."""
+    end = base + len(code)
+    index = {t: j for j, t in enumerate(starts)}
+    interp = S._Interp(world, starts[first])
+    work = [(starts[first], S._Path(claripy.true()), first)]
+    finals, escapes, restarts = [], [], set()
+    blocks = 0
+    while work:
+        pc, path, piece = work.pop()
+        blocks += 1
+        if blocks > MAX_BLOCKS:
+            raise S.Gap(f"the run went through more than {MAX_BLOCKS} blocks without leaving")
+        if one_insn:
+            n = (starts[piece + 1] if piece + 1 < len(starts) else end) - pc
+            irsb = S.lift(code[pc - base:pc - base + n], pc, max_inst=1)
+            if irsb.size != n:
+                raise S.Gap(f"VEX decoded {irsb.size} bytes at {pc:#x} where the decoders decoded {n}")
+        else:
+            irsb = S.lift(code[pc - base:], pc)
+        for p, tgt, jk in interp.run_block(irsb, path):
+            if claripy.is_false(p.guard):
+                continue
+            normal = jk in S.NORMAL_JUMPKINDS
+            if tgt.op == "BVV":
+                v = tgt.args[0]
+                j = index.get(v)
+                if j is not None:
+                    if j > piece and normal:
+                        p.temps = {}
+                        work.append((v, p, j))
+                    else:
+                        finals.append(S._finish(p, claripy.BVV(reports[j], 64), jk))
+                        if j:
+                            restarts.add(j)
+                    continue
+                if not one_insn and base < v < end and normal:
+                    p.temps = {}
+                    work.append((v, p, bisect.bisect_right(starts, v) - 1))
+                    continue
+            finals.append(S._finish(p, tgt, jk))
+            if forbidden is not None:
+                lo, hi = forbidden
+                inside = claripy.And(claripy.UGT(tgt, lo), claripy.ULT(tgt, hi))
+                if not claripy.is_false(inside):
+                    escapes.append(claripy.And(p.guard, inside))
+    return finals, escapes, restarts
+
+
+# ---------------------------------------------------------------------------
+# The concrete replay of a block
+# ---------------------------------------------------------------------------
+
+
+def replay_block(block: BlockPlan, state: MachineState, first: int = 0) -> Replay:
+    """Run the original range from A_first and the trampoline from T_first on unicorn, on ``state``.
+
+    Each side stops when control leaves its code, or comes to a boundary that is not later than
+    the instruction it comes from (reported as that A_j; a rep string instruction iterating on
+    itself keeps running, as in ``concrete.machine``)."""
+    _validate(block)
+    a, t = block.address, block.tramp
+    bounds, starts = block.boundaries, block.starts
+    run = _run_bytes(block)
+    reps = [is_rep_string(insn.raw) for insn in block.instructions]
+    a_index = {x: j for j, x in enumerate(bounds)}
+    t_index = {x: j for j, x in enumerate(starts)}
+
+    def piece_of(address: int, points) -> int:
+        return bisect.bisect_right(points, address) - 1
+
+    def leave_original(address: int, previous: int | None) -> int | None:
+        j = a_index.get(address)
+        if j is None:
+            return None if in_ranges(address, ((a, block.length),)) else address
+        if previous is not None and (j > piece_of(previous, bounds) or (reps[j] and previous == address)):
+            return None
+        return address
+
+    def leave_relocated(address: int, previous: int | None) -> int | None:
+        j = t_index.get(address)
+        if j is None:
+            return None if in_ranges(address, ((t, len(block.trampoline)),)) else address
+        if previous is not None and (j > piece_of(previous, starts) or (reps[j] and previous == address)):
+            return None
+        return bounds[j]
+
+    image = with_code(state, a, run)
+    both = with_code(image, t, block.trampoline)
+    start_a, start_t = bounds[first], starts[first]
+    original = _execute(_Machine(_page_image(image.memory), (start_a, a + block.length - start_a),
+                                 leave_original, MAX_STEPS), image, ())
+    relocated = _execute(_Machine(_page_image(both.memory), (start_t, t + len(block.trampoline) - start_t),
+                                  leave_relocated, MAX_STEPS + RELOCATION_MARGIN * len(starts)),
+                         both, block.tracer_memory)
+    return Replay(original, relocated, tuple(compare(original, relocated, block.tracer_memory)))
+
+
+# ---------------------------------------------------------------------------
+# The fast path
+# ---------------------------------------------------------------------------
+
+
+def block_fast_path(block: BlockPlan) -> bool:
+    """Prove the block by IR identity, instruction by instruction, or return False (no conclusion).
+
+    Argument.  For each i, instruction i lifted alone at A_i and the
+    trampoline lifted at T_i must have the same canonical IR
+    (``fast_path._canon_block``: temps renamed, rip never read, writes of
+    rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
+    target inside the trampoline through the blocks there that only jump
+    (``pure_jump_target``, then mapped again), and a target strictly inside
+    (A, A+L) to no value at all (the identity fails).  Then by induction on
+    the number of instructions executed, the original at A_i and the
+    relocation at T_i, from equal states, run the same statements (the same
+    reads, writes, fences and exit guards in the same order) and reach equal
+    states at corresponding points: the same A_j / T_j pair, or the same
+    address outside both codes.  This covers every start s and every
+    forward or backward transfer of the module doc's obligation at once.
+    """
+    t, end = block.tramp, block.tramp + len(block.trampoline)
+    a, a_end = block.address, block.address + block.length
+    to_a = dict(zip(block.starts, block.boundaries))
+
+    def resolve(v: int):
+        if v in to_a:
+            return to_a[v]
+        if t < v < end:
+            v = pure_jump_target(block.trampoline, t, v)
+            if v in to_a:
+                return to_a[v]
+        if a < v < a_end:
+            raise NotApplicable("the relocation leaves into the patched range")
+        return v
+
+    try:
+        for i, insn in enumerate(block.instructions):
+            orig = S.lift(insn.raw, insn.address, max_inst=1)
+            if orig.size != insn.length:
+                return False
+            off = block.starts[i] - t
+            reloc = S.lift(block.trampoline[off:], block.starts[i])
+            if _canon_block(orig, lambda v: v) != _canon_block(reloc, resolve):
+                return False
+    except NotApplicable:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# The obligation
+# ---------------------------------------------------------------------------
+
+
+def _elapsed(t0: float) -> float:
+    return time.perf_counter() - t0
+
+
+def _lock_result(block: BlockPlan, i: int, reason: str, t0: float) -> ProofResult:
+    insn = block.instructions[i]
+    cex = Counterexample((), (), (Difference("lock", "locked" if atomic(insn) else "unlocked",
+                                             "unlocked" if atomic(insn) else "locked"),),
+                         _run_bytes(block).hex(), block.address, block.tramp, block.trampoline.hex(),
+                         replayed=None, replay_note="atomicity is not observable in a sequential replay")
+    return ProofResult(Verdict.REFUTED, f"instruction {i} ({insn.text}): {reason}", "atomicity", cex, _elapsed(t0))
+
+
+def _suffix(block: BlockPlan, s: int, timeout_ms: int):
+    """The obligation from A_s / T_s: (world, orig outcomes, solver or None, items, conditions, restarts)."""
+    run = _run_bytes(block)
+    a_s = block.boundaries[s]
+    world = S.World(_tracer_bytes(block), block.tracer_memory)
+    orig, _, r1 = _run_side(world, run[a_s - block.address:], a_s, block.boundaries[s:],
+                            block.boundaries[s:], 0, one_insn=True)
+    r1 = {j + s for j in r1}
+    starts = block.starts
+    reloc, escapes, r2 = _run_side(world, block.trampoline, block.tramp, starts, block.boundaries, s,
+                                   one_insn=False, forbidden=(block.address, block.address + block.length))
+    x = claripy.BVS("x", 64, explicit_name=True)
+    items = smt.items(world, orig, reloc, a_s, starts[s], x)
+    if escapes:
+        items.append(smt._Item(ESCAPE, claripy.BVV(0, 1),
+                               claripy.If(claripy.Or(*escapes), claripy.BVV(1, 1), claripy.BVV(0, 1))))
+    conds = smt.read_conditions(world, orig, reloc) + smt.write_conditions(world, orig, reloc)
+    solver = smt.solve(world, items, conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
+    return world, orig, solver, items, conds, x, (r1 | r2)
+
+
+def _refutation(block: BlockPlan, s: int, world, orig, solver, items, conds, x, timeout_ms: int,
+                t0: float) -> ProofResult:
+    a_s, t_s = block.boundaries[s], block.starts[s]
+    run = _run_bytes(block)[a_s - block.address:]
+    who = SimpleNamespace(raw=run, address=a_s)
+    cex = smt.counterexample(world, solver, items, conds, x, who, t_s, block.trampoline.hex(), ())
+    if [d.what for d in cex.differences] == [ESCAPE]:
+        cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
+                             cex.reloc_hex, "", None, "a jump into the patched range is not observable in a "
+                             "replay without the patch")
+        return ProofResult(Verdict.REFUTED, "the relocation leaves into the patched range, whose bytes are "
+                           "the probe's jump", "smt", cex, _elapsed(t0))
+    rep = replay_block(block, cex.state(), s)
+    if not rep.replayable and "rcx" in world.reg_syms:
+        small = smt.solve(world, items, conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
+                          precondition=smt.private_tracer_memory(world, orig))
+        if small is not None:
+            cex = smt.counterexample(world, small, items, conds, x, who, t_s, block.trampoline.hex(), ())
+            rep = replay_block(block, cex.state(), s)
+    note = (f"not replayable: {rep.limit}" if not rep.replayable else
+            ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in rep.differences[:4])
+            or "unicorn saw no difference")
+    note = f"block replay (proof.block.replay_block, from instruction {s}): {note}"
+    cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
+                         cex.reloc_hex, "", rep.differ, note)
+    if not rep.differ:
+        why = "depends on an uninterpreted helper and " if world.uf_results else ""
+        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that {why}unicorn did not confirm "
+                           f"({note})", "smt", cex, _elapsed(t0))
+    what = ", ".join(d.what for d in cex.differences) or "reads"
+    return ProofResult(Verdict.REFUTED, f"differs in {what} (from instruction {s})", "smt", cex, _elapsed(t0))
+
+
+def _clobbered(block: BlockPlan, i: int, timeout_ms: int) -> str | None:
+    insn = block.instructions[i]
+    world = S.World()
+    outs = S.execute_original(world, insn.raw, insn.address)
+    bits = smt.clobbered_flags(world, outs, insn.address, unaffected_flags(insn), timeout_ms)
+    return (f"is lifted writing {flag_names(bits)}, which the decoders say it leaves alone") if bits else None
+
+
+def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast_path: bool = True) -> ProofResult:
+    """The verdict for a block plan (ours, or a hand-made one); see the module doc.
+
+    ``use_fast_path=False`` goes straight to the SMT obligation (the tests use it to check both)."""
+    _validate(block)
+    t0 = time.perf_counter()
+    timeout_ms = int(timeout_ms)
+    insns = block.instructions
+    codes = [_code(block, i) for i in range(len(insns))]
+    for i, insn in enumerate(insns):
+        lock = check_atomicity(insn, block.piece(i), block.starts[i], block.tracer_memory)
+        if lock is not None:
+            return _lock_result(block, i, lock, t0)
+    for i, insn in enumerate(insns):
+        gap = opaque_lift_reason(insn)
+        if gap is not None:
+            return ProofResult(Verdict.UNKNOWN, f"not proved: instruction {i} ({insn.text}): {gap}", "smt",
+                               seconds=_elapsed(t0))
+    untrusted = []
+    for i, insn in enumerate(insns):
+        loose = loose_reasons(insn)
+        if loose and not reexecutes(insn, codes[i], block.starts[i]):
+            untrusted.append((i, loose[0]))
+    try:
+        if use_fast_path and not untrusted and block_fast_path(block):
+            return ProofResult(Verdict.PROVED, "each relocation's IR is its original's up to A_i <-> T_i",
+                               "fast-path", seconds=_elapsed(t0))
+        todo, done = [0], set()
+        while todo:
+            s = todo.pop()
+            if s in done:
+                continue
+            done.add(s)
+            world, orig, solver, items, conds, x, restarts = _suffix(block, s, timeout_ms)
+            if solver is not None:
+                return _refutation(block, s, world, orig, solver, items, conds, x, timeout_ms, t0)
+            todo.extend(sorted(restarts - done))
+        if not untrusted:
+            for i, insn in enumerate(insns):
+                if reexecutes(insn, codes[i], block.starts[i]):
+                    continue
+                clobbered = _clobbered(block, i, timeout_ms)
+                if clobbered:
+                    untrusted.append((i, clobbered))
+                    break
+    except S.Gap as gap:
+        return ProofResult(Verdict.UNKNOWN, gap.reason, "smt", seconds=_elapsed(t0))
+    except (claripy.errors.ClaripyError, pyvex.PyVEXError) as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
+                           seconds=_elapsed(t0))
+    if untrusted:
+        i, why = untrusted[0]
+        return ProofResult(Verdict.UNKNOWN, f"not proved: instruction {i} ({insns[i].text}) {why}, and its "
+                           f"relocation does not re-execute it, so VEX's values for it are not the CPU's", "smt",
+                           seconds=_elapsed(t0))
+    starts = f" (and from instructions {', '.join(map(str, sorted(done - {0})))})" if len(done) > 1 else ""
+    return ProofResult(Verdict.PROVED, f"z3: the negated obligation is unsatisfiable{starts}", "smt",
+                       seconds=_elapsed(t0))

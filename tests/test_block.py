@@ -1,0 +1,223 @@
+"""Jump-probe blocks: plan_block's layout and refusals, prove_block's proofs and refutations.
+
+Every mutant below must never be proved; those with an observable difference
+must be refuted with a counterexample unicorn replayed (the lock mutant is
+refuted by the atomicity obligation, which a replay cannot see)."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relocverify.concrete.outcome import MachineState
+from relocverify.plan.block import JUMP_SIZE, BlockPlan, NoBlock, plan_block
+from relocverify.plan.plan import PlanKind
+from relocverify.proof.block import prove_block, replay_block
+from relocverify.proof.verdict import Verdict
+from relocverify.x86.decode import decode
+from relocverify.x86.encoding import jump
+
+A = 0xFFFFFFFF81000000
+T = 0xFFFFFFFFA0000000
+
+
+def decode_run(hexes: str, at: int = A) -> list:
+    raw, out, off = bytes.fromhex(hexes.replace(" ", "")), [], 0
+    while off < len(raw):
+        d = decode(raw[off:], at + off)
+        out.append(d)
+        off += d.length
+    return out
+
+
+def block(hexes: str, tramp: int = T) -> BlockPlan:
+    b = plan_block(decode_run(hexes), tramp)
+    assert isinstance(b, BlockPlan), b
+    return b
+
+
+def relink(b: BlockPlan, pieces: list[bytes]) -> BlockPlan:
+    """A hand-made block over the same instructions: ``pieces`` back to back from T, each
+    piece given as a function of (its start, the next start) -> bytes."""
+    starts, code, t = [], b"", b.tramp
+    sizes = [len(p(0, 0)) for p in pieces]
+    for i, p in enumerate(pieces):
+        starts.append(t)
+        nxt = t + sizes[i]
+        code += p(t, nxt)
+        t = nxt
+    return dataclasses.replace(b, starts=tuple(starts), trampoline=code, tracer_memory=((b.tramp, len(code)),))
+
+
+def copy_of(raw: bytes, last_to: int | None = None):
+    return lambda t, nxt: raw + jump(t + len(raw), nxt if last_to is None else last_to)
+
+
+# --- plan_block ----------------------------------------------------------------------------------
+
+def test_a_block_covers_the_jump_with_whole_instructions_and_links_them():
+    b = block("55 4889e5 53 4883ec08")  # push %rbp; mov %rsp,%rbp; push %rbx; (not needed)
+    assert b.length == 5 and len(b.instructions) == 3 and b.length >= JUMP_SIZE
+    assert b.starts[0] == T and list(b.starts) == sorted(b.starts)
+    for i, plan in enumerate(b.plans):
+        assert plan.kind is PlanKind.COPY and plan.tramp == b.starts[i]
+        assert b.piece(i).startswith(plan.trampoline)
+        resume = b.starts[i + 1] if i + 1 < len(b.plans) else A + 5
+        assert plan.trampoline[-5:] == jump(b.starts[i] + len(plan.trampoline) - 5, resume)
+    assert b.tracer_memory == ((T, len(b.trampoline)),)
+    assert b.as_json()["starts"][0] == hex(T)
+
+
+def test_refusals_are_values_with_stable_keys():
+    cases = {
+        "e8 00000000": "call-in-range",
+        "53 ff d0 90 90": "call-in-range",        # push; call *%rax
+        "53 c3 90 90 90": "emulated",             # push; ret
+        "53 ff e0 90 90": "emulated",             # push; jmp *%rax
+        "53 0f0b 90 90": "rejected",              # push; ud2
+        "53 cc 90 90 90": "rejected",             # push; int3
+        "53 f4 90 90 90": "rejected",             # push; hlt
+        "53 0f05 90 90": "rejected",              # push; syscall
+        "55 4889e5": "past-function-end",
+        "55 0f": "undecodable",
+        "74 01 90 90 90 90": "branch-into-range",  # je to A+3, inside [A, A+5)
+    }
+    for hexes, key in cases.items():
+        out = plan_block(decode_run(hexes), T)
+        assert isinstance(out, NoBlock) and out.key == key, (hexes, out)
+        assert out.reason
+    assert "return into the trampoline" in plan_block(decode_run("e8 00000000"), T).reason
+
+
+def test_a_trampoline_on_the_range_is_refused():
+    out = plan_block(decode_run("55 4889e5 53"), A + 2)
+    assert isinstance(out, NoBlock)
+
+
+# --- proofs ------------------------------------------------------------------------------------------
+
+PROVABLE = [
+    "55 4889e5 53",                      # push %rbp; mov %rsp,%rbp; push %rbx
+    "488b0510000000 4801c3",             # mov 0x10(%rip),%rax; add %rax,%rbx
+    "75 10 4889e5",                      # jne (out of the range); mov %rsp,%rbp
+    "4889e5 f3a4",                       # mov; rep movsb
+    "31c9 ffc1 f3a4",                    # xor %ecx,%ecx; inc %ecx; rep movsb (iterates at A_2)
+    "f0ff00 4889e5",                     # lock incl (%rax); mov
+    "488703 4889e5",                     # xchg %rax,(%rbx): implicitly locked
+    "4883c001 4883d800",                 # add; sbb: flags flow from one into the next
+    "8b05f0ffffff 01c8",                 # mov -0x10(%rip),%eax; add %ecx,%eax
+]
+
+
+@pytest.mark.parametrize("hexes", PROVABLE)
+def test_blocks_of_real_instructions_are_proved_fast_and_by_smt(hexes):
+    b = block(hexes)
+    for fast in (True, False):
+        result = prove_block(b, use_fast_path=fast)
+        assert result.verdict is Verdict.PROVED, (hexes, fast, result.reason)
+        if not fast:
+            assert result.method == "smt"
+
+
+def test_a_rep_inside_the_block_is_proved_from_where_it_restarts():
+    result = prove_block(block("31c9 ffc1 f3a4"), use_fast_path=False)
+    assert result.verdict is Verdict.PROVED and "from instructions 2" in result.reason
+
+
+def test_a_far_trampoline_uses_absolute_exits_and_still_proves():
+    b = block("488b0510000000 4801c3", tramp=0x7FFF00000000)  # rip-relative out of reach: scratch register
+    assert b.plans[0].rule == "rip-scratch" and b.plans[0].save_slot is not None
+    assert prove_block(b, use_fast_path=False).verdict is Verdict.PROVED
+
+
+# --- mutants -------------------------------------------------------------------------------------------
+
+def assert_refuted_with_replay(result):
+    assert result.verdict is Verdict.REFUTED, result.reason
+    assert result.counterexample is not None and result.counterexample.replayed is True, result.render()
+
+
+def test_a_dropped_instruction_is_refuted():
+    b = block("55 4889e5 53")
+    raws = [i.raw for i in b.instructions]
+    mutant = relink(b, [copy_of(raws[0]), lambda t, nxt: jump(t, nxt), copy_of(raws[2], A + 5)])
+    assert_refuted_with_replay(prove_block(mutant))
+
+
+def test_swapped_instructions_that_do_not_commute_are_refuted():
+    b = block("55 4889e5 53")
+    raws = [i.raw for i in b.instructions]
+    mutant = relink(b, [copy_of(raws[1]), copy_of(raws[0]), copy_of(raws[2], A + 5)])
+    assert_refuted_with_replay(prove_block(mutant))
+
+
+def test_an_exit_one_byte_short_is_refuted():
+    b = block("55 4889e5 53")
+    raws = [i.raw for i in b.instructions]
+    mutant = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 4)])
+    result = prove_block(mutant)
+    assert_refuted_with_replay(result)
+    assert any(d.what == "rip" for d in result.counterexample.differences)
+
+
+def test_a_truncated_displacement_is_refuted():
+    b = block("488b0510000000 4801c3")
+    piece = bytearray(b.piece(0))
+    disp = struct.unpack_from("<i", piece, 3)[0]
+    struct.pack_into("<i", piece, 3, disp & 0xFFFF)  # the high half of the re-targeted disp lost
+    code = bytes(piece) + b.trampoline[len(piece):]
+    mutant = dataclasses.replace(b, trampoline=code)
+    assert_refuted_with_replay(prove_block(mutant))
+
+
+def test_a_dropped_lock_is_refuted_by_atomicity():
+    b = block("f0ff00 4889e5")
+    raws = [i.raw for i in b.instructions]
+    mutant = relink(b, [copy_of(raws[0][1:]), copy_of(raws[1], A + 5)])
+    result = prove_block(mutant)
+    assert result.verdict is Verdict.REFUTED and result.method == "atomicity"
+    assert "LOCK dropped" in result.reason
+
+
+def test_a_jump_back_into_the_patched_range_is_refuted():
+    b = block("31c9 ffc1 f3a4")  # xor %ecx,%ecx; inc %ecx; rep movsb: the rep iterates at A_2
+    raws = [i.raw for i in b.instructions]
+    a2 = b.instructions[2].address
+
+    def rep_by_hand(t, nxt):
+        # jrcxz out; movsb; lea -1(%rcx),%rcx; jmp A_2 (raw: the jump's bytes once patched); out: jmp A+L
+        body = bytes.fromhex("e30a a4 488d49ff")
+        return body + jump(t + 7, a2) + jump(t + 12, A + b.length)
+
+    mutant = relink(b, [copy_of(raws[0]), copy_of(raws[1]), rep_by_hand])
+    result = prove_block(mutant)
+    assert result.verdict is Verdict.REFUTED and "patched range" in result.reason, result.render()
+
+
+def test_the_block_replay_runs_both_sides_to_the_same_exit():
+    b = block("55 4889e5 53")
+    rep = replay_block(b, MachineState({"rsp": 0x10000, "rbp": 0x1234}, {}))
+    assert rep.replayable and not rep.differences
+    assert rep.original.next_rip == A + 5 == rep.relocated.next_rip
+    assert rep.original.registers["rsp"] == 0x10000 - 16
+
+
+# --- hypothesis: any run of simple instructions is proved; its one-byte-short exit never is ---------
+
+SIMPLE = ["55", "53", "4889e5", "4883ec08", "31c0", "4801d8", "4885c0", "480fafc1", "f7d0", "4c89e7",
+          "488b4708", "48894310", "0f1f00", "90", "4883c001", "4819c8"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(SIMPLE), min_size=1, max_size=4))
+def test_any_run_of_simple_instructions_is_proved(parts):
+    hexes = "".join(parts) + "90" * 5
+    b = block(hexes)
+    assert prove_block(b).verdict is Verdict.PROVED
+    raws = [i.raw for i in b.instructions]
+    pieces = [copy_of(r) for r in raws[:-1]] + [copy_of(raws[-1], A + b.length - 1)]
+    assert prove_block(relink(b, pieces)).verdict is not Verdict.PROVED
