@@ -221,3 +221,23 @@ def test_any_run_of_simple_instructions_is_proved(parts):
     raws = [i.raw for i in b.instructions]
     pieces = [copy_of(r) for r in raws[:-1]] + [copy_of(raws[-1], A + b.length - 1)]
     assert prove_block(relink(b, pieces)).verdict is not Verdict.PROVED
+
+
+# --- block_key ----------------------------------------------------------------------------------------
+
+def test_block_key_is_position_independent_and_tells_shapes_apart():
+    from relocverify.proof.block import block_key
+
+    hexes = "488b0510000000 4801c3"
+    here, there = block(hexes), plan_block(decode_run(hexes, A + 0x1000), T + 0x2040)
+    assert block_key(here) is not None and block_key(here) == block_key(there)
+    other = block("488b0550000000 4801c3")  # another displacement, the same alignment mod 64: the same key
+    assert block_key(other) == block_key(here)
+    assert block_key(block("55 4889e5 53")) != block_key(block("55 4889e5 51"))
+    b = block("55 4889e5 53")
+    raws = [i.raw for i in b.instructions]
+    short = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 4)])
+    assert block_key(short) not in (None, block_key(b))  # an exit to A_2 instead of A+L
+    mid = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 3)])
+    assert block_key(mid) is None  # an exit to A+3, a role nothing in the original has
+    assert block_key(block("488b0560000000 4801c3")) != block_key(here)  # another alignment

@@ -65,6 +65,7 @@ from ..x86.registers import MASK64
 from . import semantics as S
 from . import smt
 from .atomicity import atomic, check_atomicity
+from .cache_key import _role_of, _shape, cache_tag, pc_fields
 from .fast_path import NotApplicable, _canon_block, pure_jump_target
 from .lift_gaps import opaque_lift_reason
 from .lifter_checks import flag_names, loose_reasons, reexecutes, unaffected_flags
@@ -241,7 +242,9 @@ def block_fast_path(block: BlockPlan) -> bool:
     rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
     target inside the trampoline through the blocks there that only jump
     (``pure_jump_target``, then mapped again), and a target strictly inside
-    (A, A+L) to no value at all (the identity fails).  Then by induction on
+    (A, A+L) to no value at all (the identity fails); an exit the
+    relocation computes (not a constant) is not taken here, since it might
+    land inside (A, A+L).  Then by induction on
     the number of instructions executed, the original at A_i and the
     relocation at T_i, from equal states, run the same statements (the same
     reads, writes, fences and exit guards in the same order) and reach equal
@@ -270,12 +273,56 @@ def block_fast_path(block: BlockPlan) -> bool:
             if orig.size != insn.length:
                 return False
             off = block.starts[i] - t
-            reloc = S.lift(block.trampoline[off:], block.starts[i])
-            if _canon_block(orig, lambda v: v) != _canon_block(reloc, resolve):
-                return False
+            reloc = _canon_block(S.lift(block.trampoline[off:], block.starts[i]), resolve)
+            if reloc[-1][0] == "next" or _canon_block(orig, lambda v: v) != reloc:
+                return False  # a computed exit may land inside (A, A+L): left to the SMT obligation
     except NotApplicable:
         return False
     return True
+
+
+def block_key(block: BlockPlan) -> bytes | None:
+    """A position-independent key for a block's fast-path proof, or None.
+
+    The block's *shape* in the sense of ``cache_key.cache_key`` case 2: the
+    run's bytes and the trampoline's bytes with every address-valued field
+    zeroed (``pc_fields``), the role of each field's value (the boundary
+    A_i, the end A+L, one of the original's own targets f_k, a trampoline
+    offset; data addresses with their alignment mod 64), the offsets
+    T_i - T, the save slots' offsets, and the tool versions.  Roles must be
+    unambiguous, else no key.  Why reuse is sound: the lifter invariance
+    argument of ``cache_key`` (VEX's IR depends on the address only through
+    PC constants, each of which has the same role in both instances), so
+    the per-instruction IR identity of ``block_fast_path`` holds for one
+    instance exactly when it holds for the other; atomicity and the lifter
+    checks read only bytes.  Store only fast-path proofs under it
+    (``cache_key.reusable``'s rule for shape keys): an SMT answer may
+    depend on the particular addresses."""
+    a, t = block.address, block.tramp
+    run = _run_bytes(block)
+    ofields = pc_fields(run, a)
+    tfields = pc_fields(block.trampoline, t)
+    if ofields is None or tfields is None:
+        return None
+    roles = {(a + block.length) & MASK64: "end"}
+    for i, x in enumerate(block.boundaries):
+        roles[x] = f"a{i}"
+    for k, f in enumerate(ofields):
+        if f.value in roles:
+            return None
+        roles[f.value] = _role_of(f.value, f.data, f"f{k}")
+    sig = []
+    for f in tfields:
+        internal = (f.value - t) & MASK64 < len(block.trampoline) + 16
+        if internal and f.value in roles:
+            return None
+        role = _role_of(f.value, f.data, f"t+{(f.value - t) & MASK64}") if internal else roles.get(f.value)
+        if role is None:
+            return None
+        sig.append(role)
+    layout = ",".join(str(x - t) for x in block.starts) + "|" + ",".join(str(x - t) for x, _ in _slots(block))
+    return (b"block|" + cache_tag() + _shape(run, ofields) + b"|" + _shape(block.trampoline, tfields) + b"|"
+            + ",".join(sig).encode() + b"|" + layout.encode())
 
 
 # ---------------------------------------------------------------------------
