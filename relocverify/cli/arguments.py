@@ -100,3 +100,22 @@ def verdicts(text: str) -> frozenset[str]:
     if not names or bad:
         raise InputError(f"--fail-on takes verdicts from {', '.join(known)}, comma-separated; not {text!r}")
     return frozenset(names)
+
+
+def scheduler_address(text: str) -> str:
+    """A Dask scheduler's address: [tcp://|tls://]HOST:PORT."""
+    import re
+
+    if not re.fullmatch(r"(?:(?:tcp|tls|ucx|inproc)://)?[\w.\-\[\]:]+:\d{1,5}", text):
+        raise InputError(f"--scheduler takes a Dask scheduler's address, e.g. tcp://10.0.0.5:8786; not {text!r}")
+    return text
+
+
+def add_dask(parser, types: dict) -> None:
+    """--scheduler and --dask-local: where a batch's tasks run instead of the local process pool."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--scheduler", type=types["SCHEDULER"], default=None, metavar="ADDRESS",
+                       help="run the tasks on the Dask cluster whose scheduler is at ADDRESS (workers need "
+                            "relocverify installed and the image files at the same paths)")
+    group.add_argument("--dask-local", type=types["COUNT"], default=None, metavar="N",
+                       help="run the tasks on a Dask LocalCluster of N worker processes")

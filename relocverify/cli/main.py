@@ -51,7 +51,7 @@ CODE, TRAMP, RANGE = _typed(A.code_address), _typed(A.trampoline_address), _type
 ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_file), _typed(A.output_file), _typed(A.verdicts)
 #: The argument types, for commands that add their own subparser (``add_parser(sub, TYPES)``).
 TYPES = {"SECONDS": SECONDS, "COUNT": COUNT, "CODE": CODE, "TRAMP": TRAMP, "RANGE": RANGE, "ADDRESS": ADDRESS,
-         "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS}
+         "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS, "SCHEDULER": _typed(A.scheduler_address)}
 
 
 def cmd_check(args, out: TextIO) -> int:
@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the persistent proof cache's directory (default: $RELOCVERIFY_PROOF_CACHE, else "
                         "$RELOCVERIFY_CACHE or ~/.cache/relocverify)")
     v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    A.add_dask(v, TYPES)
     v.set_defaults(func=cmd_vmlinux)
 
     from . import elf, module

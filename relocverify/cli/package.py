@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..errors import InputError
+from .arguments import add_dask
 from .finish import finish
 from .render import escape
 
@@ -25,6 +26,7 @@ def add_parser(sub, types) -> None:
     p.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    add_dask(p, types)
 
 
 def empty_summary(image) -> dict:
@@ -42,7 +44,7 @@ def command(args, out: TextIO) -> int:
 
     from ..engine.executors import default_jobs
     from ..engine.progress import Progress
-    from ..engine.run import RunOptions, run
+    from ..engine.run import RunOptions, Session, run
     from ..environment import default_proof_cache_dir
     from ..image.fetch import KERNELS, extract_modules, fetch
     from ..image.loader import load_image
@@ -55,24 +57,29 @@ def command(args, out: TextIO) -> int:
     kernel = fetch(args.name, progress=say)
     modules = extract_modules(args.name, progress=say)[:args.limit_modules]
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(0xFFFFFFFFC0001000, args.jobs or default_jobs(), args.timeout, None, True, cache_dir)
+    options = RunOptions(0xFFFFFFFFC0001000, args.jobs or default_jobs(), args.timeout, None, True, cache_dir,
+                         scheduler=args.scheduler, dask_local=args.dask_local)
     quiet = Progress(enabled=False)
     t0 = time.monotonic()
     vmlinux = load_image(kernel.vmlinux)
-    images = {"vmlinux": run(vmlinux, args.db, options, Progress(enabled=not args.no_progress))}
-    base = MODULE_BASE
-    for k, path in enumerate(modules):
-        image = load_module(path, vmlinux, base)
-        base = (max((s.end for s in image.sections), default=base) + 0xFFFFF) & ~0xFFFFF
-        name = str(path).split("/modules/", 1)[-1]
-        if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
-            images[name] = summary = empty_summary(image)
-            continue
-        images[name] = summary = run(image, args.db, options, quiet)
-        if (k + 1) % 50 == 0:
-            say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
-        if not summary["totals_add_up"]:
-            say(f"{path}: totals do not add up")
+    timing: dict[str, float] = {}
+    with Session(options) as session:  # one pool for every image: workers keep what they learn
+        images = {"vmlinux": run(vmlinux, args.db, options, Progress(enabled=not args.no_progress), session)}
+        timing["vmlinux_s"] = time.monotonic() - t0
+        base = MODULE_BASE
+        for k, path in enumerate(modules):
+            image = load_module(path, vmlinux, base)
+            base = (max((s.end for s in image.sections), default=base) + 0xFFFFF) & ~0xFFFFF
+            name = str(path).split("/modules/", 1)[-1]
+            if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
+                images[name] = summary = empty_summary(image)
+                continue
+            images[name] = summary = run(image, args.db, options, quiet, session)
+            if (k + 1) % 50 == 0:
+                say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
+            if not summary["totals_add_up"]:
+                say(f"{path}: totals do not add up")
+    timing["modules_s"] = time.monotonic() - t0 - timing["vmlinux_s"]
     totals: dict[str, int] = {}
     for s in images.values():
         for verdict, n in s["by_verdict"].items():
@@ -86,4 +93,6 @@ def command(args, out: TextIO) -> int:
         out.write(f"modules: {sum(s['instructions'] for s in mods):,} instructions; "
                   + ", ".join(f"{v} {sum(s['by_verdict'][v] for s in mods):,}" for v in totals) + "\n")
     out.write(f"store: {escape(args.db)}\n")
-    return finish(out, args, {"images": images, "totals": totals, "totals_add_up": adds_up}, totals, adds_up)
+    report = {"images": images, "totals": totals, "totals_add_up": adds_up,
+              "wall_s": {k: round(v, 1) for k, v in timing.items()}}
+    return finish(out, args, report, totals, adds_up)

@@ -108,6 +108,34 @@ class LocalPool:
     def items_done(self) -> int:
         return self.done_items if self.inline else sum(self.progress)
 
+    def set_job(self, job: Job) -> None:
+        """The next image of a session (``engine.run.Session``): every worker keeps what it learned
+        (keys, findings, proofs) and takes the new job; what the last run taught is forgotten."""
+        self.job = job
+        self._replay = []
+        light = _without_cached(job)
+        if self.inline:
+            self.worker.reset(light)
+            return
+        self.broadcast("reset", lambda i: (light,))
+
+    def close_shards(self) -> list[str]:
+        """Every worker's shard closed (the run merges them); their paths."""
+        paths: list[str] = []
+        self.run([[Task("close_shard", ())] for _ in range(self.n)], lambda task, path: paths.append(path))
+        return [p for p in paths if p]
+
+    def harvest(self) -> tuple[dict, dict, dict]:
+        """What the workers proved since the last harvest: (findings, proofs, derivations)."""
+        out: tuple[dict, dict, dict] = ({}, {}, {})
+
+        def got(task, value):
+            for mine, theirs in zip(out, value):
+                mine.update(theirs)
+
+        self.run([[Task("harvest", ())] for _ in range(self.n)], got)
+        return out
+
     def remember(self, method: str, args: tuple) -> None:
         """A call every worker started from now on gets first (what the run has learned)."""
         self._replay.append((method, args))
@@ -199,6 +227,13 @@ class LocalPool:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _without_cached(job: Job) -> Job:
+    """The job as sent to live workers: the persistent cache's findings, which they hold, left out."""
+    from dataclasses import replace
+
+    return replace(job, cached=None)
 
 
 def default_jobs() -> int:

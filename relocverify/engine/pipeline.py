@@ -10,8 +10,11 @@ goes on with an ``unknown`` finding.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -109,15 +112,46 @@ class Prover:
 
     def _prove(self, decoded, plan) -> tuple[ProofResult, int]:
         t0 = time.perf_counter()
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.timeout_s + WATCHDOG_MARGIN_S)
+        try:
+            with _watchdog(self.timeout_s + WATCHDOG_MARGIN_S):
+                result = self._prove_now(decoded, plan)
+        except _Timeout:  # landed between the proof's end and the watchdog's
+            result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
+        return result, max(1, int((time.perf_counter() - t0) * 1e6))
+
+    def _prove_now(self, decoded, plan) -> ProofResult:
         try:
             result = prove_plan(decoded, plan, timeout_ms=int(self.timeout_s * 1000))
         except _Timeout:
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a bug in a third-party library must not stop the run
             result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {str(exc)[:100]}", "error")
+        return result
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float):
+    """Raise ``_Timeout`` in this thread after ``seconds``: SIGALRM in the main thread (local
+    workers); in another thread (a Dask worker runs tasks in a thread pool), an asynchronous
+    exception set from a timer thread.  Both land between Python bytecodes, so neither stops
+    a hang inside native code; z3's own timeout covers the solver."""
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-        return result, max(1, int((time.perf_counter() - t0) * 1e6))
+        return
+    tid = threading.get_ident()
+    raise_in = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    timer = threading.Timer(seconds, lambda: raise_in(ctypes.c_ulong(tid), ctypes.py_object(_Timeout)))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        raise_in(ctypes.c_ulong(tid), None)  # one set after the work ended, not yet raised: withdrawn

@@ -56,6 +56,58 @@ class RunOptions:
     with_sites: bool = True
     cache_dir: str | None = None  # None: no persistent proof cache
     policy: str = "kernel"  # plan.policy.POLICIES: "kernel", or "user" for user-space ELF
+    scheduler: str | None = None  # a Dask scheduler's address: run the tasks on its cluster
+    dask_local: int | None = None  # run the tasks on a Dask LocalCluster of this many worker processes
+
+
+class Session:
+    """What consecutive runs share (``relocverify package``: a vmlinux and a thousand modules into
+    one store): one pool of workers, which keep what they learn from image to image (instance
+    keys, findings, the proof cache's full-key proofs, read once per worker), and the persistent
+    cache's findings, read once.  ``run`` makes a session of its own when given none."""
+
+    def __init__(self, options: RunOptions):
+        self.options = options
+        self.pool = None
+        self.cache: ProofCache | None = None
+        self.cached: dict[bytes, CachedFinding] = {}
+
+    def findings(self, tag: bytes) -> tuple[ProofCache, dict[bytes, CachedFinding]]:
+        if self.cache is None:
+            self.cache = ProofCache(self.options.cache_dir)
+            self.cached = self.cache.findings(tag)
+        return self.cache, self.cached
+
+    def pool_for(self, job: Job):
+        if self.pool is None:
+            self.pool = make_pool(job, self.options)
+        else:
+            self.pool.set_job(job)
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def make_pool(job: Job, options: RunOptions):
+    """The run's executor: the local process pool (the default), or a Dask cluster."""
+    if options.scheduler is not None or options.dask_local is not None:
+        from .dask_pool import DaskPool
+
+        return DaskPool(job, scheduler=options.scheduler, local_workers=options.dask_local)
+    return LocalPool(job, options.jobs)
 
 
 def _chunks(items: list, n: int) -> list[list]:
@@ -78,8 +130,10 @@ def overlaps(image: Image, functions: list[tuple[int, Function]]) -> dict[int, f
     return {fid: frozenset(a) for fid, a in skip.items()}
 
 
-def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None) -> dict:
-    """Verify every instruction of ``image`` (its first ``limit`` functions) into the store at ``store_path``."""
+def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None,
+        session: Session | None = None) -> dict:
+    """Verify every instruction of ``image`` (its first ``limit`` functions) into the store at
+    ``store_path``, on ``session``'s workers if given (else on a pool of its own)."""
     progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -123,20 +177,25 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     alternatives = None
     try:
         phases["setup_s"] = time.monotonic() - t0
-        cache = ProofCache(options.cache_dir)
-        cached = cache.findings(tag)
-        skip = overlaps(image, list(by_id.items()))
-        job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag, store_path,
-                  config_id, store.outcome_ids_now(), skip, stale, rules)
-        with LocalPool(job, options.jobs) as pool:
+        own = session is None
+        if own:
+            session = Session(options)
+        try:
+            cache, cached = session.findings(tag)
+            skip = overlaps(image, list(by_id.items()))
+            job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
+                      store_path, config_id, store.outcome_ids_now(), skip, stale, rules)
+            pool = session.pool_for(job)
             expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
             expected += _count_done(pool, job, sorted(done))
             if sites is not None:
                 t1 = time.monotonic()
                 alternatives = _replacements(pool, job, store, image_id, progress)
                 phases["replacements_s"] = time.monotonic() - t1
-            _harvest(pool, cache, tag)
-        cache.close()
+            _harvest(pool, cache, tag, cached)
+        finally:
+            if own:
+                session.close()
     except KeyboardInterrupt:
         status = "interrupted"
         store.finish_run(run_id, status, None)
@@ -218,9 +277,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     def merge() -> None:
         """At the end of a phase: every worker's shard into the store, and the store's ids of the
         provisional outcome ids to every worker."""
-        paths: list[str] = []
-        pool.run([[Task("close_shard", ())] for _ in range(pool.n)], lambda task, path: paths.append(path))
-        paths += [w.close_shard() for w in fallback]
+        paths = pool.close_shards() + [w.close_shard() for w in fallback]
         final = store.merge_shards([p for p in paths if p] + leftover_shards(job.store_path))
         if final:
             pool.broadcast("learn_ids", lambda w: (final,))
@@ -305,7 +362,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     t1 = time.monotonic()
     pool.broadcast("accept", lambda w: ({k: learned[k] for k in owned[w] if k in learned},))
     pool.remember("accept", (learned,))
-    _harvest(pool, cache, tag)
+    _harvest(pool, cache, tag, job.cached)
 
     queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
 
@@ -347,20 +404,12 @@ def _replacements(pool: LocalPool, job: Job, store: Store, image_id: int, progre
     return replacement_summary(store.replacement_rows(image_id), len(indexes))
 
 
-def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes) -> None:
-    """Collect what the workers proved since the last harvest into the persistent cache."""
-    findings: dict = {}
-    proofs: dict = {}
-    derivations: dict = {}
-
-    def got(task, value):
-        f, p, d = value
-        findings.update(f)
-        proofs.update(p)
-        derivations.update(d)
-
-    pool.run([[Task("harvest", ())] for _ in range(pool.n)], got)
+def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> None:
+    """Collect what the workers proved since the last harvest into the persistent cache (and into
+    ``cached``, the session's copy, which a worker started later is given)."""
+    findings, proofs, derivations = pool.harvest()
     cache.add(tag, findings, proofs, derivations)
+    cached.update(findings)
 
 
-__all__ = ["RunOptions", "run", "render_summary", "overlaps"]
+__all__ = ["RunOptions", "Session", "make_pool", "run", "render_summary", "overlaps"]

@@ -46,7 +46,8 @@ class Job:
     tramp: int
     timeout_s: float
     sites: SiteIndex | None
-    cached: dict[bytes, CachedFinding]  # instance key -> finding, from the persistent cache
+    cached: dict[bytes, CachedFinding] | None  # instance key -> finding, from the persistent cache
+    #                                            (None only in ``Worker.reset``: keep the worker's)
     cache_dir: str | None  # the persistent cache (its full-key proofs are read when first wanted)
     tag: bytes  # the cache tag (versions and policy)
     store_path: str = ""  # workers write shards next to it (store.shard)
@@ -102,6 +103,28 @@ class Worker:
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
         self.current = None  # a callable(i) told of the item in hand, if any
+
+    def reset(self, job: Job) -> None:
+        """Take the next image of a session.  What this worker learned stays (instance keys are
+        image-independent, as the persistent cache's are, and the store's outcome ids stay valid
+        in the same store); what belongs to the last image goes.  ``job.cached`` None: keep ours."""
+        if job.cached is None:
+            job = replace(job, cached=self.job.cached)
+        self.close_shard()
+        old, self.job = self.job, job
+        if (job.tramp, job.timeout_s, job.rules, job.tag) != (old.tramp, old.timeout_s, old.rules, old.tag):
+            self.keys = KeyMaker(job.tramp)
+            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
+            self.learned = {}
+        else:
+            moved = job.store_path != old.store_path
+            for learned in self.learned.values():
+                if learned.ids is not None and (moved or learned.ids[0] < 0):
+                    learned.ids = learned.plain = None
+        self.surveyed = {}
+        self.variants = VariantFinder(job.image) if job.sites is not None else None
+        self.ids = OutcomeIds(job.outcomes)
+        self.__dict__.pop("_alts", None)
 
     # -- helpers -------------------------------------------------------------------
     def _load_proofs(self) -> dict[bytes, CachedProof]:

@@ -94,6 +94,7 @@ class Image:
     symbols: tuple[Symbol, ...]
     symbol_source: str  # 'elf' | 'system.map' | 'none'
     notes: tuple[str, ...] = ()
+    source: object = field(default=None, compare=False)  # image.source.ImageSource: how to load it again
     _by_name: dict = field(init=False, repr=False, compare=False)
     _mapped: tuple = field(init=False, repr=False, compare=False)
     _mapped_starts: list = field(init=False, repr=False, compare=False)

@@ -70,7 +70,10 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
+    from .source import ImageSource
+
     return Image(path=path, identity=identity, format=format_, compression=compression,
                  sections=elf.sections, symbols=symbols, symbol_source=source,
-                 notes=tuple(notes))
+                 notes=tuple(notes), source=ImageSource("image", os.path.abspath(path), identity,
+                                                        None if system_map is None else os.path.abspath(system_map)))
 

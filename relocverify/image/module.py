@@ -150,6 +150,10 @@ def _load(path: str, data: bytearray, kernel: Image | None, base: int) -> Image:
         notes.append(f"{len(unresolved)} symbol(s) of other modules taken at {UNRESOLVED:#x}: "
                      f"{', '.join(sorted(set(unresolved))[:5])}{' ...' if len(set(unresolved)) > 5 else ''}")
     identity = hashlib.sha256(bytes(data) + base.to_bytes(8, "little")).hexdigest()
+    from .source import ImageSource
+
+    source = ImageSource("module", os.path.abspath(path), identity, kernel=None if kernel is None else kernel.source,
+                         base=base)
     return Image(path=path, identity=identity, format="module", compression=None, sections=tuple(sections),
-                 symbols=tuple(symbols), symbol_source="elf", notes=tuple(notes))
+                 symbols=tuple(symbols), symbol_source="elf", notes=tuple(notes), source=source)
 

@@ -1,0 +1,229 @@
+"""Where a run's tasks execute on Dask distributed: ``--scheduler ADDRESS`` or ``--dask-local N``.
+
+``DaskPool`` has the local pool's interface (``executors.LocalPool``), so
+``engine.run`` drives both the same way; only where the work happens moves.
+
+* **The client keeps the store.**  The run's own process deals the tasks,
+  takes their results in, merges rows into the store and writes the proof
+  cache, as with the local pool.  Workers never open the store: a task's
+  rows come back as the bytes of the shard it wrote in a directory of its
+  own, and the client writes them next to the store and merges them like a
+  local worker's shard (``store.shard``), so one store serves workers on
+  other machines.
+* **Workers load the image themselves.**  A task gets a ``JobSpec``: the
+  job without the image and its site index, plus the image's source (path
+  and sha256, ``image.source``).  The worker loads the image once, checks
+  its identity, finds the sites again, and keeps the ``Worker`` it built
+  for every later task of the run.  The spec is scattered to every worker
+  once, so tasks carry a reference to it.
+* **What a run learns reaches every worker.**  ``remember``/``broadcast``
+  (outcome ids, the proofs phase's findings) scatter the call once; every
+  task carries the list of references, and a worker makes the calls it has
+  not made yet before its task.  A fresh worker (one started to replace a
+  killed one) makes them all.
+* **Nothing is lost with a worker.**  Each task returns its rows and what
+  it proved (the worker's harvest) together with its value, so nothing
+  held only by a worker is needed later.  Dask reschedules the tasks of a
+  worker that dies, and a rescheduled task gives the same rows: merging a
+  function twice replaces its rows.  A task that kills worker after worker
+  (``KilledWorker``) is split into one task per item, and an item that
+  still kills is handed to ``on_crash``, as with the local pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..store.shard import shard_path
+from .executors import Task, WorkerError
+from .worker import Job, Worker
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as a Dask worker rebuilds it: everything but the image and its sites."""
+
+    token: str
+    source: object  # image.source.ImageSource
+    with_sites: bool
+    job: Job  # image and sites left out (None)
+
+    def build(self, images: dict) -> Job:
+        from ..kernel.sites import find_sites
+
+        image = images.get(self.source.identity)
+        if image is None:
+            images.clear()  # one image at a time: a package run moves from module to module
+            image = images[self.source.identity] = self.source.load()
+        sites = find_sites(image) if self.with_sites else None
+        cache_dir = self.job.cache_dir if self.job.cache_dir and os.path.isdir(self.job.cache_dir) else None
+        return replace(self.job, image=image, sites=sites, cache_dir=cache_dir,
+                       store_path=os.path.join(_private_dir(), "store"))
+
+
+# What a worker process keeps between tasks: its Worker, the job it was built for, the replays made.
+_STATE: dict = {"worker": None, "token": None, "applied": 0, "images": {}, "dir": None}
+
+
+def _private_dir() -> str:
+    if _STATE["dir"] is None:
+        _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-dask-")
+    return _STATE["dir"]
+
+
+def run_task(spec: JobSpec, method: str, args: tuple, replays: list) -> tuple:
+    """One task on a Dask worker: (value, shard bytes or None, harvest, items done)."""
+    worker = _STATE["worker"]
+    if worker is None or _STATE["token"] != spec.token:
+        job = spec.build(_STATE["images"])
+        if worker is None:
+            worker = Worker(job)
+        else:
+            worker.reset(job)
+        _STATE.update(worker=worker, token=spec.token, applied=0)
+    for m, a in replays[_STATE["applied"]:]:
+        getattr(worker, m)(*a)
+    _STATE["applied"] = len(replays)
+    done = [0]
+    worker.progress = lambda n: done.__setitem__(0, done[0] + n)
+    value = getattr(worker, method)(*args)
+    shard = None
+    path = worker.close_shard()
+    if path:
+        with open(path, "rb") as f:
+            shard = f.read()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+    return value, shard, worker.harvest(), done[0]
+
+
+class DaskPool:
+    """``LocalPool``'s interface over a Dask cluster (a scheduler's address, or a LocalCluster)."""
+
+    def __init__(self, job: Job, scheduler: str | None = None, local_workers: int | None = None):
+        import distributed
+
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+        self._cluster = None
+        if scheduler is None:
+            self._cluster = distributed.LocalCluster(n_workers=local_workers or 1, threads_per_worker=1,
+                                                     processes=True, dashboard_address=None, memory_limit=0,
+                                                     silence_logs=logging.ERROR)
+            scheduler = self._cluster.scheduler_address
+        try:
+            self.client = distributed.Client(scheduler, timeout="30s")
+        except OSError as exc:
+            if self._cluster is not None:
+                self._cluster.close()
+            raise WorkerError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        self.n = max(1, len(self.client.scheduler_info()["workers"]) or (local_workers or 1))
+        self._counter = itertools.count(1)
+        self._done = 0
+        self._shards: list[str] = []
+        self._harvested: tuple[dict, dict, dict] = ({}, {}, {})
+        self.set_job(job)
+
+    # -- the job and what the run learns ----------------------------------------------------
+    def set_job(self, job: Job) -> None:
+        if job.image.source is None:
+            raise WorkerError(f"{job.image.path}: the image has no source to load it from on a Dask worker")
+        self.job = job
+        spec = JobSpec(uuid.uuid4().hex, job.image.source, job.sites is not None, replace(job, image=None, sites=None))
+        self._spec = self.client.scatter(spec, broadcast=True, hash=False)
+        self._replays: list = []
+
+    def remember(self, method: str, args: tuple) -> None:
+        self._replays.append(self.client.scatter((method, args), broadcast=True, hash=False))
+
+    def broadcast(self, method: str, args_for: Callable[[int], tuple]) -> None:
+        """Every worker makes the call before its next task (a worker is not addressed by index here)."""
+        for i in range(self.n):
+            self.remember(method, args_for(i))
+
+    # -- tasks ------------------------------------------------------------------------------
+    def items_done(self) -> int:
+        return self._done
+
+    def run(self, queues: list[list[Task]], on_result: Callable[[Task, object], None],
+            on_crash: Callable[[Task, int, int | None], list[Task]] | None = None,
+            tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
+        """Every task of every queue, in any order and on any worker; ``on_result(task, value)`` for each."""
+        import distributed
+
+        pending: dict = {}
+
+        def submit(task: Task) -> None:
+            future = self.client.submit(run_task, self._spec, task.method, task.args, list(self._replays),
+                                        key=f"{task.method}-{next(self._counter)}-{uuid.uuid4().hex[:8]}",
+                                        pure=False)
+            pending[future] = task
+
+        for task in itertools.chain.from_iterable(queues):
+            submit(task)
+        while pending:
+            try:
+                done = distributed.wait(list(pending), timeout=tick_s, return_when="FIRST_COMPLETED").done
+            except TimeoutError:
+                done = ()
+            if tick:
+                tick()
+            for future in done:
+                task = pending.pop(future)
+                if future.status == "finished":
+                    value, shard, harvest, n = future.result()
+                    self._done += n
+                    self._keep(shard, harvest)
+                    on_result(task, value)
+                    continue
+                exc = future.exception()
+                if isinstance(exc, distributed.KilledWorker):
+                    items = task.args[0] if task.args and isinstance(task.args[0], list) else None
+                    if items is not None and len(items) > 1:  # find the item that kills: one task each
+                        for item in items:
+                            submit(Task(task.method, ([item],) + tuple(task.args[1:]), task.tag))
+                        continue
+                    if on_crash is None:
+                        raise WorkerError(f"Dask workers died in {task.method}: {exc}")
+                    for again in on_crash(task, 0, None):
+                        submit(again)
+                    continue
+                raise WorkerError(f"a Dask worker failed in {task.method}: {type(exc).__name__}: {exc}")
+
+    def _keep(self, shard: bytes | None, harvest: tuple[dict, dict, dict]) -> None:
+        if shard:
+            path = shard_path(self.job.store_path, os.getpid(), next(self._counter))
+            with open(path, "wb") as f:
+                f.write(shard)
+            self._shards.append(path)
+        for mine, theirs in zip(self._harvested, harvest):
+            mine.update(theirs)
+
+    def close_shards(self) -> list[str]:
+        paths, self._shards = self._shards, []
+        return [p for p in paths if os.path.exists(p)]  # a crash handler may have merged some already
+
+    def harvest(self) -> tuple[dict, dict, dict]:
+        out, self._harvested = self._harvested, ({}, {}, {})
+        return out
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+

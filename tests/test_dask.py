@@ -1,0 +1,104 @@
+"""The Dask engine: a run on a real LocalCluster of worker processes equals the local run,
+instruction for instruction, and a worker killed mid-run loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import distributed
+import pytest
+
+from relocverify.engine.run import RunOptions, run
+from relocverify.image.fetch import fetch
+from relocverify.image.loader import load_image
+from relocverify.store.store import Store
+
+
+TRAMP = 0xFFFFFFFFC0001000
+LIMIT = 160  # functions: about 10,000 instructions, a few hundred distinct proofs
+
+
+@pytest.fixture(scope="module")
+def vmlinux():
+    return load_image(fetch("debian-6.1-cloud").vmlinux)
+
+
+@pytest.fixture(scope="module")
+def local_rows(vmlinux, tmp_path_factory):
+    db = tmp_path_factory.mktemp("local") / "store.sqlite"
+    summary = run(vmlinux, str(db), RunOptions(TRAMP, 2, 10.0, LIMIT, True, None))
+    assert summary["totals_add_up"]
+    return summary, _rows(db)
+
+
+def _rows(db) -> list[tuple]:
+    store = Store(str(db), readonly=True)
+    try:
+        image = store.find_image()
+        return [(r.address, r.length, r.raw, r.verdict, r.method, r.plan_kind, r.rule, r.klass, r.reason, r.sites)
+                for r in store.iter_rows(image)]
+    finally:
+        store.close()
+
+
+@pytest.fixture()
+def cluster():
+    import logging
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  memory_limit=0, silence_logs=logging.ERROR) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_a_dask_local_cluster_run_equals_the_local_run(vmlinux, local_rows, tmp_path):
+    summary, expected = local_rows
+    db = tmp_path / "dask.sqlite"
+    got = run(vmlinux, str(db), RunOptions(TRAMP, 2, 10.0, LIMIT, True, None, dask_local=2))
+    assert got["totals_add_up"] and got["run"]["status"] == "complete"
+    assert got["by_verdict"] == summary["by_verdict"]
+    assert _rows(db) == expected  # instruction for instruction: verdict, method, plan, rule, reason, sites
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_loses_nothing(vmlinux, local_rows, cluster, tmp_path):
+    summary, expected = local_rows
+    client = distributed.Client(cluster.scheduler_address)
+    before = client.run(os.getpid)  # worker address -> pid
+    killed: list[int] = []
+
+    def kill_one_busy_worker():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            busy = [addr for addr, keys in client.processing().items() if keys and addr in before]
+            if busy and any(k.startswith(("survey", "prove")) for k in client.processing()[busy[0]]):
+                os.kill(before[busy[0]], signal.SIGKILL)
+                killed.append(before[busy[0]])
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one_busy_worker, daemon=True)
+    killer.start()
+    db = tmp_path / "dask.sqlite"
+    got = run(vmlinux, str(db), RunOptions(TRAMP, 2, 10.0, LIMIT, True, None,
+                                           scheduler=cluster.scheduler_address))
+    killer.join(timeout=5)
+    assert killed, "no worker was busy to kill: the run ended before the test could kill one"
+    after = client.run(os.getpid)
+    assert killed[0] not in after.values()  # the nanny started a new process in its place
+    client.close()
+    assert got["totals_add_up"] and got["run"]["status"] == "complete"
+    assert got["by_verdict"] == summary["by_verdict"]
+    assert _rows(db) == expected
+
+
+def test_a_bad_scheduler_address_is_a_one_line_error(capsys):
+    from relocverify.cli import main
+
+    code = main(["vmlinux", "--scheduler", "not an address", "--db", "x.sqlite"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--scheduler" in err and "Traceback" not in err
