@@ -226,7 +226,7 @@ def test_debian_functions_give_sensible_answers(debian):
     assert ranges.refusal(nofault, nofault.start + 9, 5).key == "exception-table"
     assert ranges.refusal(functions["do_syscall_64"], functions["do_syscall_64"].start, 5).key == "site:noinstr"
     with_jump = next(f for f in functions.values() if ranges.indirect_jump(f) is not None
-                     and not find_sites(image).kinds_at(f.start, 5) and f.size > 16)
+                     and not ranges.sites.kinds_at(f.start, 5) and f.size > 16)
     assert ranges.refusal(with_jump, with_jump.start, 5).key in ("indirect-jump-in-function", "jump-table",
                                                                  "exception-table", "branch-target-inside")
     schedule = functions["__schedule"]  # notrace: no fentry; safe, and its block proves
