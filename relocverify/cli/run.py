@@ -29,6 +29,10 @@ def add_parser(sub) -> None:
     r.add_argument("--seed", type=int, default=0, metavar="N", help="trial i draws its inputs with seed N+i")
     r.add_argument("--probe-all", action="store_true",
                    help="probe every instruction of the function (default: only its first)")
+    r.add_argument("--jump-probes", action="store_true",
+                   help="place jump probes (a jmp rel32 over the instructions covering 5 bytes, patched by "
+                        "the cross-modifying-code protocol) where the block is proved and the range safe, "
+                        "int3 probes elsewhere")
     r.add_argument("--cpu-features", default=None, metavar="LIST",
                    help="CPU features for boot patching: comma-separated names, 'default', -NAME to drop one")
     r.add_argument("--budget", type=int, default=None, metavar="N",
@@ -49,6 +53,8 @@ def replay_line(args) -> str:
         words += ["--cpu-features", args.cpu_features]
     if args.probe_all:
         words.append("--probe-all")
+    if getattr(args, "jump_probes", False):
+        words.append("--jump-probes")
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -82,13 +88,22 @@ def command(args, out: TextIO) -> int:
     image = load_image(args.image, args.system_map)
     find_function(image, args.function)  # an unknown name is exit 2 before the machines are built
     sites = find_sites(image)
-    diff = Differential(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
+    jump = getattr(args, "jump_probes", False)
+    if jump:
+        from ..runtime.jump_probes import JumpDifferential
+    diff = (JumpDifferential if jump else Differential)(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
     report = diff.run(args.function, specs, args.trials, args.seed, args.probe_all, replay_line(args))
     if args.json:
-        json.dump(report.as_json(), out, indent=2)
+        doc = report.as_json()
+        if jump:
+            doc["jump_probes"] = dict(diff.summary)
+        json.dump(doc, out, indent=2)
         out.write("\n")
     else:
         _render(report, out)
+        if jump:
+            from ..runtime.jump_probes import jump_summary_lines
+            out.write("".join(line + "\n" for line in jump_summary_lines(diff.summary)))
     if report.divergences:
         return 1
     return 3 if report.stopped else 0
