@@ -40,6 +40,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..image.image import ImageSource
 from ..store.shard import shard_path
 from .executors import Task, WorkerError
 from .worker import Job, Worker
@@ -50,17 +51,21 @@ class JobSpec:
     """A job as a Dask worker rebuilds it: everything but the image and its sites."""
 
     token: str
-    source: object  # image.source.ImageSource
+    source: ImageSource
     with_sites: bool
     job: Job  # image and sites left out (None)
 
     def build(self, images: dict) -> Job:
+        from ..image.source import load_source
         from ..kernel.sites import find_sites
 
         image = images.get(self.source.identity)
         if image is None:
-            images.clear()  # one image at a time: a package run moves from module to module
-            image = images[self.source.identity] = self.source.load()
+            # A package run moves from module to module: keep the current image and kernels only.
+            kernels = images.setdefault("kernels", {})
+            for k in [k for k in images if k != "kernels"]:
+                del images[k]
+            image = images[self.source.identity] = load_source(self.source, kernels)
         sites = find_sites(image) if self.with_sites else None
         cache_dir = self.job.cache_dir if self.job.cache_dir and os.path.isdir(self.job.cache_dir) else None
         return replace(self.job, image=image, sites=sites, cache_dir=cache_dir,

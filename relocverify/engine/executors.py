@@ -230,10 +230,13 @@ class LocalPool:
 
 
 def _without_cached(job: Job) -> Job:
-    """The job as sent to live workers: the persistent cache's findings, which they hold, left out."""
+    """The job as sent to live workers: the persistent cache's findings and the policy table, which
+    they hold, left out."""
     from dataclasses import replace
 
-    return replace(job, cached=None)
+    from .worker import KEEP
+
+    return replace(job, cached=None, rules=KEEP)
 
 
 def default_jobs() -> int:

@@ -34,6 +34,7 @@ from ..store.store import RowBatch, site_mask
 from .keys import KeyMaker, per_instance
 from .pipeline import Prover
 
+KEEP = "keep"  # Job.rules in a job sent to a live worker: keep the policy table it has
 NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
 
 
@@ -107,9 +108,13 @@ class Worker:
     def reset(self, job: Job) -> None:
         """Take the next image of a session.  What this worker learned stays (instance keys are
         image-independent, as the persistent cache's are, and the store's outcome ids stay valid
-        in the same store); what belongs to the last image goes.  ``job.cached`` None: keep ours."""
+        in the same store); what belongs to the last image goes.  ``job.cached`` None and
+        ``job.rules`` KEEP: keep ours (a session's images share both; the policy table holds
+        predicates, which do not pickle)."""
         if job.cached is None:
             job = replace(job, cached=self.job.cached)
+        if job.rules == KEEP:
+            job = replace(job, rules=self.job.rules)
         self.close_shard()
         old, self.job = self.job, job
         if (job.tramp, job.timeout_s, job.rules, job.tag) != (old.tramp, old.timeout_s, old.rules, old.tag):

@@ -77,6 +77,19 @@ class Symbol:
 
 
 @dataclass(frozen=True)
+class ImageSource:
+    """How to load an image again, elsewhere (``image.source.load_source``): a Dask worker gets
+    this instead of the image, loads it from the same path, and checks its sha256."""
+
+    kind: str  # "image" (vmlinux, bzImage or user-space ELF) | "module"
+    path: str
+    identity: str  # the sha256 the loaded image must have
+    system_map: str | None = None
+    kernel: "ImageSource | None" = None  # a module's kernel
+    base: int = 0  # where a module is laid out
+
+
+@dataclass(frozen=True)
 class Image:
     """A loaded kernel image.
 
@@ -94,7 +107,7 @@ class Image:
     symbols: tuple[Symbol, ...]
     symbol_source: str  # 'elf' | 'system.map' | 'none'
     notes: tuple[str, ...] = ()
-    source: object = field(default=None, compare=False)  # image.source.ImageSource: how to load it again
+    source: ImageSource | None = field(default=None, compare=False)  # how to load it again
     _by_name: dict = field(init=False, repr=False, compare=False)
     _mapped: tuple = field(init=False, repr=False, compare=False)
     _mapped_starts: list = field(init=False, repr=False, compare=False)

@@ -33,7 +33,7 @@ import stat
 from ..errors import ImageError
 from . import bzimage
 from .elf import read_elf
-from .image import Image, OpenInput
+from .image import Image, ImageSource, OpenInput
 from .symbols import load_system_map
 
 # --- entry point ---------------------------------------------------------
@@ -70,8 +70,6 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
-    from .source import ImageSource
-
     return Image(path=path, identity=identity, format=format_, compression=compression,
                  sections=elf.sections, symbols=symbols, symbol_source=source,
                  notes=tuple(notes), source=ImageSource("image", os.path.abspath(path), identity,

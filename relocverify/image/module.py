@@ -27,7 +27,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 
 from ..errors import ImageError
-from .image import SHF_ALLOC, SHF_EXECINSTR, Image, OpenInput, Section, Symbol, one_line
+from .image import SHF_ALLOC, SHF_EXECINSTR, Image, ImageSource, OpenInput, Section, Symbol, one_line
 
 MODULE_BASE = 0xFFFFFFFFC0100000  # module space (MODULES_VADDR is 0xffffffffc0000000 on x86-64)
 UNRESOLVED = 0xFFFFFFFFFF000000  # where a symbol of another module is taken to be
@@ -150,8 +150,6 @@ def _load(path: str, data: bytearray, kernel: Image | None, base: int) -> Image:
         notes.append(f"{len(unresolved)} symbol(s) of other modules taken at {UNRESOLVED:#x}: "
                      f"{', '.join(sorted(set(unresolved))[:5])}{' ...' if len(set(unresolved)) > 5 else ''}")
     identity = hashlib.sha256(bytes(data) + base.to_bytes(8, "little")).hexdigest()
-    from .source import ImageSource
-
     source = ImageSource("module", os.path.abspath(path), identity, kernel=None if kernel is None else kernel.source,
                          base=base)
     return Image(path=path, identity=identity, format="module", compression=None, sections=tuple(sections),

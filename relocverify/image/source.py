@@ -1,41 +1,36 @@
-"""How to load an image again, elsewhere: what a distributed worker is given instead of the image.
+"""Load an image again from its ``ImageSource``: what a distributed worker does instead of
+receiving the image's bytes.
 
-A Dask worker (``engine.dask_pool``) gets an ``ImageSource``, not the image's
-bytes: it loads the image itself, from the same path, and checks that what
-it loaded is what the run began with (the sha256 identity), so a file
-changed or missing on a worker is a clear error, never a silently different
-verdict.  Kernel modules carry their kernel's source and the base they were
-laid out at, so their relocations resolve the same way.
+A Dask worker (``engine.dask_pool``) is given the image's source: its path,
+its sha256 identity, and for a kernel module the kernel's source and the
+base the module was laid out at, so that its relocations resolve the same
+way.  It loads the image itself and checks that what it loaded is what the
+run began with, so a file changed or missing on a worker is a clear error,
+never a silently different verdict.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import ImageError
+from .image import Image, ImageSource
+from .loader import load_image
+from .module import load_module
 
 
-@dataclass(frozen=True)
-class ImageSource:
-    kind: str  # "image" (vmlinux, bzImage or user-space ELF) | "module"
-    path: str
-    identity: str  # the sha256 the loaded image must have
-    system_map: str | None = None
-    kernel: "ImageSource | None" = None  # a module's kernel
-    base: int = 0  # where a module is laid out
-
-    def load(self):
-        """The image, loaded from ``path`` and checked against ``identity``."""
-        if self.kind == "module":
-            from .module import load_module
-
-            kernel = None if self.kernel is None else self.kernel.load()
-            image = load_module(self.path, kernel, self.base)
-        else:
-            from .loader import load_image
-
-            image = load_image(self.path, self.system_map)
-        if image.identity != self.identity:
-            raise ImageError(f"{self.path}: this worker loaded an image with sha256 {image.identity[:12]}, "
-                             f"not the {self.identity[:12]} the run began with; give every worker the same files")
-        return image
+def load_source(source: ImageSource, kernels: dict[str, Image] | None = None) -> Image:
+    """The image ``source`` describes, checked against its identity.  ``kernels`` (identity ->
+    image) keeps a module's kernel loaded from one call to the next."""
+    if source.kind == "module":
+        kernel = None
+        if source.kernel is not None:
+            kernels = {} if kernels is None else kernels
+            kernel = kernels.get(source.kernel.identity)
+            if kernel is None:
+                kernel = kernels[source.kernel.identity] = load_source(source.kernel)
+        image = load_module(source.path, kernel, source.base)
+    else:
+        image = load_image(source.path, source.system_map)
+    if image.identity != source.identity:
+        raise ImageError(f"{source.path}: this worker loaded an image with sha256 {image.identity[:12]}, "
+                         f"not the {source.identity[:12]} the run began with; give every worker the same files")
+    return image
