@@ -50,11 +50,11 @@ class StandInPatchRanges:
         return None
 
 
-#: (function, SPEC, seed): short inputs, so that every fetch index of a call can be a stop point.
-FUNCTIONS = [("strlen", "str:6", 3), ("gcd", "u64:1-60,u64:1-60", 5), ("__sw_hweight64", "u64", 1),
-             ("memcmp", "buf:6,buf:6,u64:0-6", 2)]
-FULL_SWEEP_POINTS = 3  # points per function where every fetch index is a stop point; the others sample
-SAMPLED_STOPS = 6
+#: (function, SPEC, seed, full sweeps, sampled stops): short inputs, so that every fetch index of a
+#: call can be a stop point at ``full sweeps`` probe points; the other points stop around the first
+#: ``sampled stops`` fetches of their range and at as many random fetches.
+FUNCTIONS = [("strlen", "str:6", 3, 3, 6), ("gcd", "u64:1-60,u64:1-60", 5, 3, 6), ("__sw_hweight64", "u64", 1, 3, 6),
+             ("memcmp", "buf:6,buf:6,u64:0-6", 2, 3, 6), ("xxh64", "buf:64,u64:0-12,u64", 4, 1, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +84,19 @@ class Reference:
         return self.trace.count(address)  # no rep string instruction in these functions
 
 
-def _inputs(jd, spec, seed):
-    return jd.trial_inputs(parse_spec(spec), seed, context=1)
+def _inputs(jd, spec, seed, context=1):
+    return jd.trial_inputs(parse_spec(spec), seed, context=context)
 
 
-def _reference(jd, fn, spec, seed) -> Reference:
+def _reference(jd, fn, spec, seed, context=1) -> Reference:
     rt = jd.ref_runtime
-    regs, memory = _inputs(jd, spec, seed)
+    regs, memory = _inputs(jd, spec, seed, context)
     for a, data in memory.items():
         rt.write_memory(a, data)
     trace: list[int] = []
     hook = rt.uc.hook_add(UC_HOOK_CODE, lambda uc, a, n, d: trace.append(a), begin=fn.start, end=fn.end - 1)
     try:
-        t = rt.start(jd.reference.contexts[1], fn.start, regs)
+        t = rt.start(jd.reference.contexts[context], fn.start, regs)
         stop = rt.run(t, jd.budget)
     finally:
         rt.uc.hook_del(hook)
@@ -175,24 +175,27 @@ def _points(jd, fn) -> tuple[list[int], Counter]:
 STATS: Counter = Counter()
 
 
-@pytest.mark.parametrize("name,spec,seed", FUNCTIONS)
-def test_every_interleaving_of_the_protocol_is_untorn_and_changes_no_result(jd, image, name, spec, seed):
+@pytest.mark.parametrize("name,spec,seed,full_sweeps,sampled", FUNCTIONS)
+def test_every_interleaving_of_the_protocol_is_untorn_and_changes_no_result(jd, image, name, spec, seed, full_sweeps,
+                                                                            sampled):
     fn = find_function(image, name)
     ref = _reference(jd, fn, spec, seed)
     points, refused = _points(jd, fn)
     executed = [a for a in points if ref.executions(a)]
     assert len(executed) >= 5, (name, points, refused)
     rng = random.Random(name)
-    full = set(rng.sample(executed, min(FULL_SWEEP_POINTS, len(executed))))
+    full = set(rng.sample(executed, min(full_sweeps, len(executed))))
     n = len(ref.trace)
     t0 = time.time()
     for address in points:
         if address in full:  # every fetch, in the text and in the trampoline
             stops = range(n + 2 + ref.executions(address) * 4)
-        else:  # around each fetch of the range, and a few others
+        elif ref.executions(address):  # around the first fetches of the range, and a few others
             near = [i for i, a in enumerate(ref.trace) if address <= a < address + 15]
-            stops = sorted(set(near[:SAMPLED_STOPS] + [max(i - 1, 0) for i in near[:SAMPLED_STOPS]]
-                               + rng.sample(range(n + 1), min(SAMPLED_STOPS, n + 1))))
+            stops = sorted(set(near[:sampled] + [max(i - 1, 0) for i in near[:sampled]]
+                               + rng.sample(range(n + 1), min(sampled, n + 1))))
+        else:  # not run by this call: the protocol must still leave its results alone
+            stops = [rng.randrange(n + 1)]
         for direction in ("enable", "disable"):
             for s in range(5):
                 for k in stops:
@@ -212,6 +215,88 @@ def test_every_interleaving_of_the_protocol_is_untorn_and_changes_no_result(jd, 
         STATS["full sweeps"] += address in full
     STATS[f"{name} seconds"] += round(time.time() - t0, 1)
     print(f"\n{name}: {len(points)} jump points ({len(executed)} executed), refused {dict(refused)}; {dict(STATS)}")
+
+
+def test_the_protocol_is_five_explicit_steps_and_disable_restores_every_byte(jd, image):
+    fn = find_function(image, "__sw_hweight64")
+    address = _points(jd, fn)[0][0]
+    rt = jd.runtime
+    before = jd.kernel.read(address, 16)
+    patch = rt.begin_enable(address, _noop)
+    probe = patch.probe
+    assert [st.kind for st in patch.steps] == ["int3", "sync", "tail", "sync", "head"]
+    assert patch.steps[0].writes == ((address, b"\xcc"),) and patch.steps[4].writes == ((address, b"\xe9"),)
+    assert patch.steps[2].writes == ((address + 1, probe.jump[1:] + b"\xcc" * (probe.length - 5)),)
+    assert jd.kernel.read(address, 16) == before  # nothing in the text before the first step
+    seen = []
+    for i in range(5):
+        rt.apply_step(patch)
+        seen.append(jd.kernel.read(address, probe.length))
+    assert seen[0][:1] == b"\xcc" and seen[0][1:] == before[1:probe.length]
+    assert seen[2][:1] == b"\xcc" and seen[2][1:5] == probe.jump[1:]
+    assert seen[4][:5] == probe.jump and rt.jump_at(address).state == "enabled"
+    assert rt.read_live(address, 16) == before
+    # an int3 probe inside the range is refused; one at A shares the jump probe's callbacks
+    inside = probe.boundaries[1] if len(probe.boundaries) > 1 else None
+    if inside is not None:
+        assert "inside the jump probe" in rt.enable(inside, _noop).reason
+    other = lambda a, c: None  # noqa: E731
+    rt.enable(address, other)
+    rt.disable(address, other)
+    assert jd.kernel.read(address, 5) == probe.jump  # the first consumer still holds it
+    off = rt.begin_disable(address)
+    assert [st.kind for st in off.steps] == ["int3", "sync", "tail", "sync", "head"]
+    assert rt.finish(off) is off and rt.jump_at(address) is None
+    assert jd.kernel.read(address, 16) == before and not rt.is_enabled(address)
+
+
+@pytest.mark.parametrize("name,spec,seeds", [("__sw_hweight64", "u64", (1, 2)), ("memcmp", "buf:6,buf:6,u64:0-6", (2, 9))])
+def test_two_contexts_in_the_function_while_a_probe_is_enabled_and_disabled(jd, image, name, spec, seeds):
+    """Both contexts run the function one fetch at a time, the second started ``delay`` fetches
+    later; after every round the patcher tries its next step (enable, then disable)."""
+    fn = find_function(image, name)
+    refs = [_reference(jd, fn, spec, seed, context=i) for i, seed in enumerate(seeds)]
+    rt = jd.runtime
+    points = [a for a in _points(jd, fn)[0] if refs[0].executions(a) and refs[1].executions(a)][:4]
+    assert points
+    runs = 0
+    for address in points:
+        for delay in range(0, 10):
+            calls = []
+            patch = rt.begin_enable(address, lambda a, ctx: calls.append(ctx.index))
+            threads, ils = [], []
+            for i, seed in enumerate(seeds):
+                regs, memory = _inputs(jd, spec, seed, i)
+                for a, data in memory.items():
+                    rt.write_memory(a, data)
+                threads.append(rt.start(jd.kernel.contexts[i], fn.start, regs))
+                ils.append(Interleaving(rt, fn, patch.probe, threads[-1]))
+            try:
+                ils[0].run_until(delay)
+                while any(t.stop is None for t in threads) or not patch.done:
+                    for il in ils:
+                        if il.thread.stop is None:
+                            il.run_until(il.fetched + 1)
+                    if not patch.done:
+                        rt.apply_step(patch)  # a deferred sync is tried again next round
+                    elif patch.direction == "enable":
+                        patch = rt.begin_disable(address)
+            finally:
+                for il in ils:
+                    il.close()
+            written = rt.written()
+            rt.rollback()
+            assert rt.jump_at(address) is None
+            for il, ref in zip(ils, refs):
+                assert il.torn == [], il.torn[0]
+                registers_only = Execution(ref.execution.stop, ref.execution.registers, {}, {})
+                got = Execution(il.thread.stop, dict(il.thread.regs), {}, {})
+                assert first_difference(registers_only, got) is None, first_difference(registers_only, got)
+                assert sum(il.fetches_at_head.values()) == ref.executions(address)
+            assert written == {**refs[0].execution.writes, **refs[1].execution.writes}
+            assert len(calls) == sum(il.fetches_at_head["int3"] + il.fetches_at_head["jmp"] for il in ils)
+            runs += 1
+    print(f"\n{name}: {runs} two-context runs over {len(points)} points")
 
 
 # -- the checker can fail ------------------------------------------------------------------------

@@ -220,6 +220,7 @@ class JumpProbes(ProbeRuntime):
         self._threads: list[Thread] = []
         self._jump_hit: int | None = None
         self.paused = False  # set by a code hook that stopped the run on purpose (``Interleaving``)
+        self.running: Thread | None = None  # the call unicorn runs now
         self.uc.hook_add(UC_HOOK_CODE, self._on_tramp_code, begin=JUMP_TRAMP_BASE,
                          end=JUMP_TRAMP_BASE + JUMP_TRAMP_SIZE - 1)
 
@@ -455,6 +456,10 @@ class JumpProbes(ProbeRuntime):
         super().rollback()
         self._threads.clear()
 
+    def _load(self, t: Thread) -> None:
+        self.running = t
+        super()._load(t)
+
     def _on_tramp_code(self, uc, address: int, _size, _data) -> None:
         if address in self._entries:
             self._jump_hit = address
@@ -541,6 +546,8 @@ class Interleaving:
             self.runtime.uc.hook_del(h)
 
     def _on_code(self, uc, address: int, size: int, _data) -> None:
+        if self.runtime.running is not self.thread:
+            return  # another context's fetch: its own Interleaving checks it
         if self._pause_at is not None and self.fetched >= self._pause_at:
             self.runtime.paused = True
             uc.emu_stop()  # stops before this instruction: it is fetched again on resume
@@ -663,7 +670,9 @@ class JumpDifferential(Differential):
 
 def jump_summary_lines(summary: Counter) -> list[str]:
     refusals = sorted((k.split(": ", 1)[1], n) for k, n in summary.items() if k.startswith("jump refused"))
-    lines = [f"jump probes: {summary.get('jump', 0)} placed; int3 probes: {summary.get('int3', 0)} placed"]
+    lines = [f"jump probes: {summary.get('jump', 0)} placed; int3 probes: {summary.get('int3', 0)} placed"
+             + (" (the instructions after A in a jump probe's range run in its trampoline: not counted)"
+                if summary.get("jump") else "")]
     lines += [f"jump refused ({key}): {n}" for key, n in refusals]
     return lines
 
