@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the persistent proof cache's directory (default: $RELOCVERIFY_PROOF_CACHE, else "
                         "$RELOCVERIFY_CACHE or ~/.cache/relocverify)")
     v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    v.add_argument("--jump-probes", action="store_true",
+                   help="also answer, per instruction, whether a jump-optimized probe can sit there (a range "
+                        "safe to overwrite, a block plan, a block proof) and why not")
     A.add_dask(v, TYPES)
     v.set_defaults(func=cmd_vmlinux)
 

@@ -45,7 +45,7 @@ def command(args, out: TextIO) -> int:
     jobs = args.jobs or default_jobs()
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     options = RunOptions(args.trampoline_base, jobs, args.timeout, args.limit, True, cache_dir,
-                         scheduler=args.scheduler, dask_local=args.dask_local)
+                         scheduler=args.scheduler, dask_local=args.dask_local, jump_probes=args.jump_probes)
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
     out.write(render_summary(summary, escape))
     out.write(f"store: {escape(db)}\n")

@@ -58,6 +58,7 @@ class RunOptions:
     policy: str = "kernel"  # plan.policy.POLICIES: "kernel", or "user" for user-space ELF
     scheduler: str | None = None  # a Dask scheduler's address: run the tasks on its cluster
     dask_local: int | None = None  # run the tasks on a Dask LocalCluster of this many worker processes
+    jump_probes: bool = False  # also answer, per instruction, whether a jump probe can sit there
 
 
 class Session:
@@ -141,7 +142,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     tag = cache_tag(rules)
     config = json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites,
                          "policy": options.policy}, sort_keys=True)
-    again = _again(image, store_path, config, options, t0)
+    again = None if options.jump_probes else _again(image, store_path, config, options, t0)
     if again is not None:
         return again
     functions = find_functions(image)
@@ -173,6 +174,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         store.close()
         raise
     status, counts = "complete", {"keys": 0, "cached": 0, "proved": 0}
+    jump_proofs = None
     expected = 0
     alternatives = None
     try:
@@ -183,8 +185,13 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         try:
             cache, cached = session.findings(tag)
             skip = overlaps(image, list(by_id.items()))
+            ranges = None
+            if options.jump_probes:
+                from ..kernel.patch_range import PatchRanges
+
+                ranges = PatchRanges(image, functions, sites)
             job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
-                      store_path, config_id, store.outcome_ids_now(), skip, stale, rules)
+                      store_path, config_id, store.outcome_ids_now(), skip, stale, rules, ranges)
             pool = session.pool_for(job)
             expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
             expected += _count_done(pool, job, sorted(done))
@@ -192,6 +199,10 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
                 t1 = time.monotonic()
                 alternatives = _replacements(pool, job, store, image_id, progress)
                 phases["replacements_s"] = time.monotonic() - t1
+            if options.jump_probes:
+                t1 = time.monotonic()
+                jump_proofs = _jump_probes(pool, store, image_id, progress)
+                phases["jump_probes_s"] = time.monotonic() - t1
             _harvest(pool, cache, tag, cached)
         finally:
             if own:
@@ -216,6 +227,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         phases["summary_s"] = time.monotonic() - t1
         if alternatives is not None:
             summary["alternative_replacements"] = alternatives
+        if options.jump_probes:
+            summary["jump_probe"] = jump_summary(store, image_id, summary["instructions"], jump_proofs)
         wall = time.monotonic() - t0
         verified_now = counts.get("rows", 0)
         summary["run"] = {"id": run_id, "status": status, "verified_now": verified_now, "resumed": len(done),
@@ -402,6 +415,41 @@ def _replacements(pool: LocalPool, job: Job, store: Store, image_id: int, progre
     progress.end()
     store.write_replacements(image_id, rows)
     return replacement_summary(store.replacement_rows(image_id), len(indexes))
+
+
+JUMP_CHUNK = 32
+
+
+def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
+    """Every stored function without jump-probe answers gets them; returns the block proofs made."""
+    fids = store.functions_without_jump_probes(image_id)
+    chunks = _chunks(fids, JUMP_CHUNK)
+    made = [0]
+
+    def got(task, value):
+        rows, examples, proofs = value
+        store.write_jump_probes(rows, examples)
+        made[0] += proofs
+
+    base = pool.items_done()
+    progress.phase("jump probes", sum(pool.job.functions[f].size for f in fids) // 4 or 1, "instructions")
+    pool.run([[Task("jump_probes", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)], got,
+             tick=lambda: progress.update(pool.items_done() - base))
+    progress.end()
+    return made[0]
+
+
+def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | None) -> dict:
+    """The summary's ``jump_probe``: eligible, and refusals by bucket, adding up to the instructions."""
+    counts = store.jump_probe_counts(image_id)
+    eligible = counts.pop("eligible", 0)
+    out = {"eligible": eligible, "refused": counts, "instructions": instructions,
+           "totals_add_up": eligible + sum(counts.values()) == instructions,
+           "share": round(eligible / instructions, 4) if instructions else 0.0,
+           "examples": {k: v for k, v in store.jump_probe_examples().items() if k in counts}}
+    if proofs is not None:
+        out["block_proofs"] = proofs
+    return out
 
 
 def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> None:

@@ -106,6 +106,12 @@ def render_summary(s: dict, escape=lambda text: text) -> str:
         a = s["alternative_replacements"]
         lines.append(f"alternative replacements: {a['sites']:,} sites, {a['instructions']:,} instructions: "
                      + ", ".join(f"{k} {v:,}" for k, v in a["by_verdict"].items()))
+    if "jump_probe" in s:
+        j = s["jump_probe"]
+        lines.append(f"jump probes: {j['eligible']:,} eligible ({100 * j['share']:.1f}%), "
+                     f"{sum(j['refused'].values()):,} refused; totals add up: {j['totals_add_up']}")
+        for k, v in list(j["refused"].items())[:12]:
+            lines.append(f"  {v:>9,}  {escape(k)}")
     run = s.get("run", {})
     if run:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in run.get("phases", {}).items())

@@ -57,6 +57,7 @@ class Job:
     skip: dict[int, frozenset[int]] = field(default_factory=dict)  # function id -> addresses another one owns
     stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
+    ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
 
 
 class Learned:
@@ -130,6 +131,7 @@ class Worker:
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self.__dict__.pop("_alts", None)
+        self.__dict__.pop("_jumps", None)
 
     # -- helpers -------------------------------------------------------------------
     def _load_proofs(self) -> dict[bytes, CachedProof]:
@@ -384,6 +386,32 @@ class Worker:
         written = batch.n
         self.write(batch.done(self.ids))
         return written
+
+    # -- jump probes -----------------------------------------------------------------
+    def jump_probes(self, fids: list[int]) -> tuple[list[tuple[int, int, str]], dict[str, str], int]:
+        """Whether a jump probe can sit at each instruction of the functions (``engine.jumps``):
+        rows (function id, offset, bucket), an example reason per bucket, and the block proofs made."""
+        from .jumps import JumpProver
+
+        prover = self.__dict__.get("_jumps")
+        if prover is None or prover.ranges is not self.job.ranges:
+            prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules)
+        before = prover.proofs
+        rows: list[tuple[int, int, str]] = []
+        examples: dict[str, str] = {}
+        for i, fid in enumerate(fids):
+            if self.current is not None:
+                self.current(i)
+            fn = self.job.functions[fid]
+            skip = self.job.skip.get(fid, ())
+            spans = [(off, n) for off, n, _ in self.keys.keys(self._function_bytes(fn), fn.start)]
+            for off, bucket, reason in prover.function(fn, self._function_bytes(fn), spans):
+                if fn.start + off in skip:
+                    continue
+                rows.append((fid, off, bucket))
+                examples.setdefault(bucket, reason)
+            self._tell(len(spans))
+        return rows, examples, prover.proofs - before
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:

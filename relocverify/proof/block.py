@@ -256,13 +256,25 @@ def block_fast_path(block: BlockPlan) -> bool:
     a, a_end = block.address, block.address + block.length
     to_a = dict(zip(block.starts, block.boundaries))
 
+    bounds = sorted(set(block.starts) | {end})
+
+    def hop(v: int) -> int:
+        """Where the trampoline block at ``v``, which must only jump, goes: one hop, its code
+        being the bytes up to the next piece (a jump's qword sits there)."""
+        stop = bounds[bisect.bisect_right(bounds, v)]
+        return pure_jump_target(block.trampoline[v - t:stop - t], v, v)
+
     def resolve(v: int):
-        if v in to_a:
-            return to_a[v]
-        if t < v < end:
-            v = pure_jump_target(block.trampoline, t, v)
+        for _ in range(8):
             if v in to_a:
                 return to_a[v]
+            if not t < v < end:
+                break
+            v = hop(v)  # a link between pieces (``jmp T_j``), or a jump out
+        else:
+            raise NotApplicable("jump chain too long")
+        if t <= v < end:
+            raise NotApplicable("a trampoline-internal target that is not a piece's start")
         if a < v < a_end:
             raise NotApplicable("the relocation leaves into the patched range")
         return v

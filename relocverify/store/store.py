@@ -21,6 +21,9 @@ Tables (integer keys throughout; ``schema.sql`` is the exact text):
                    (names in ``variant_names``)
   replacements     every instruction of every alternative's replacement, at its live address
   counterexamples  concrete inputs, the differences, and the replay command line
+  jump_probes      (written by ``--jump-probes``) per instruction, whether a jump-optimized
+                   probe can sit there: a bucket in ``jump_buckets`` (``eligible``, or the
+                   refusal's key, with the first reason seen as its example)
 
 An instruction's address is its function's start plus its offset; its
 bytes are the function's bytes at that offset.
@@ -51,6 +54,15 @@ from ..errors import StoreError
 from . import shard
 
 SCHEMA_VERSION = 2
+
+#: Tables added to schema 2 without changing it (``CREATE ... IF NOT EXISTS``): a store written
+#: before them is still read, and gains them when first opened for writing.
+JUMP_TABLES = """
+CREATE TABLE IF NOT EXISTS jump_buckets (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, example TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jump_probes (
+    function INTEGER NOT NULL, offset INTEGER NOT NULL, bucket INTEGER NOT NULL,
+    PRIMARY KEY (function, offset)) WITHOUT ROWID;
+"""
 CACHE_KIB = 256 * 1024
 APPLICATION = "relocverify"
 MASK64 = (1 << 64) - 1
@@ -148,6 +160,8 @@ class Store:
             if not exists:
                 self._create()
             self._check_schema()
+            if not readonly:
+                self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
 
@@ -378,6 +392,37 @@ class Store:
                 "INSERT INTO replacements VALUES (?,?,?,?,?,?,?,?,?)",
                 [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
                   f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
+
+    # -- jump probes ----------------------------------------------------------------------
+    def write_jump_probes(self, rows: list[tuple[int, int, str]], examples: dict[str, str]) -> None:
+        """(function id, offset, bucket name) for instructions, in one transaction (replacing)."""
+        with self._transaction():
+            ids = dict(self.db.execute("SELECT name, id FROM jump_buckets"))
+            for name in {b for _, _, b in rows} - set(ids):
+                ids[name] = self.db.execute("INSERT INTO jump_buckets (name, example) VALUES (?, ?)",
+                                            (name, examples.get(name, ""))).lastrowid
+            self.db.executemany("INSERT OR REPLACE INTO jump_probes VALUES (?,?,?)",
+                                [(f, off, ids[b]) for f, off, b in rows])
+
+    def functions_without_jump_probes(self, image: int) -> list[int]:
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS "
+            "(SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
+
+    def jump_probe_counts(self, image: int) -> dict[str, int]:
+        """Bucket name -> instructions, over the image's instructions that have an answer."""
+        return dict(self.db.execute(
+            "SELECT b.name, count(*) FROM jump_probes j JOIN jump_buckets b ON b.id = j.bucket "
+            "JOIN functions f ON f.id = j.function WHERE f.image=? GROUP BY b.name ORDER BY count(*) DESC",
+            (image,)))
+
+    def jump_probe_at(self, function: int, offset: int) -> tuple[str, str] | None:
+        """(bucket, its example reason) of one instruction, or None when not analysed."""
+        return self.db.execute("SELECT b.name, b.example FROM jump_probes j JOIN jump_buckets b ON b.id = j.bucket "
+                               "WHERE j.function=? AND j.offset=?", (function, offset)).fetchone()
+
+    def jump_probe_examples(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT name, example FROM jump_buckets"))
 
     def merge_shards(self, paths: list[str]) -> dict[int, int]:
         """Move each shard (``store.shard``) into the store, one transaction each, and delete it.
