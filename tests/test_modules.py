@@ -78,3 +78,16 @@ def test_a_linked_vmlinux_is_not_a_module(tmp_path):
     linked = elfbuild.build_elf(tmp_path, test_engine.SMALL_ASM, test_engine.SMALL_LDS)
     with pytest.raises(ImageError, match="relocatable"):
         load_module(linked, None)
+
+
+def test_modules_past_the_end_of_module_space_start_over_at_its_base(kernel, modules):
+    """A package lays a thousand modules out one after the other; module space is 1 GiB, so a
+    module that would run past its end is laid out at its start again, never past 2^64."""
+    from relocverify.image.module import MODULE_BASE, MODULES_END, load_modules
+
+    paths = sorted(modules.values())[:2]
+    laid = list(load_modules(paths, load_image(kernel.vmlinux), MODULES_END - 0x1000))
+    assert [p for p, _ in laid] == paths
+    for _, image in laid:
+        placed = [s for s in image.sections if s.alloc and s.size]
+        assert MODULE_BASE <= min(s.address for s in placed) and max(s.end for s in placed) <= MODULES_END

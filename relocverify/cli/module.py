@@ -40,7 +40,7 @@ def command(args, out: TextIO) -> int:
     from ..environment import default_proof_cache_dir
     from ..image.loader import load_image
     from ..image.functions import find_functions
-    from ..image.module import MODULE_BASE, load_module
+    from ..image.module import MODULE_BASE, load_modules
     from .package import empty_summary
 
     kernel = load_image(args.kernel, args.system_map)
@@ -48,10 +48,7 @@ def command(args, out: TextIO) -> int:
     options = RunOptions(args.trampoline_base, args.jobs or default_jobs(), args.timeout, None, True, cache_dir)
     base = args.base or MODULE_BASE
     results, totals = {}, {}
-    for path in args.modules:
-        image = load_module(path, kernel, base)
-        end = max((s.end for s in image.sections), default=base)
-        base = (end + 0xFFFFF) & ~0xFFFFF  # the next module on the next MiB, as module_alloc spreads them
+    for path, image in load_modules(args.modules, kernel, base):
         summary = run(image, args.db, options, Progress(enabled=not args.no_progress)) if find_functions(image) \
             else empty_summary(image)
         results[path] = summary

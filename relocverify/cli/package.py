@@ -49,7 +49,7 @@ def command(args, out: TextIO) -> int:
     from ..image.fetch import KERNELS, extract_modules, fetch
     from ..image.loader import load_image
     from ..image.functions import find_functions
-    from ..image.module import MODULE_BASE, load_module
+    from ..image.module import load_modules
 
     if args.name not in KERNELS:
         raise InputError(f"unknown kernel {args.name!r}: choose one of {', '.join(sorted(KERNELS))}")
@@ -66,10 +66,7 @@ def command(args, out: TextIO) -> int:
     with Session(options) as session:  # one pool for every image: workers keep what they learn
         images = {"vmlinux": run(vmlinux, args.db, options, Progress(enabled=not args.no_progress), session)}
         timing["vmlinux_s"] = time.monotonic() - t0
-        base = MODULE_BASE
-        for k, path in enumerate(modules):
-            image = load_module(path, vmlinux, base)
-            base = (max((s.end for s in image.sections), default=base) + 0xFFFFF) & ~0xFFFFF
+        for k, (path, image) in enumerate(load_modules(modules, vmlinux)):
             name = str(path).split("/modules/", 1)[-1]
             if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
                 images[name] = summary = empty_summary(image)

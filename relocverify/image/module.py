@@ -56,6 +56,24 @@ def read_object(path: str) -> bytes:
     return data
 
 
+MODULES_END = UNRESOLVED  # module space ends where other modules' symbols are taken to be
+
+
+def load_modules(paths, kernel: Image | None, base: int = MODULE_BASE):
+    """``(path, image)`` of each module, laid out one after the other from ``base`` on the next
+    MiB, as module_alloc spreads them; when module space (1 GiB) runs out, the next module starts
+    at ``MODULE_BASE`` again.  Each module is verified on its own, so no two need coexist."""
+    for path in paths:
+        image = load_module(path, kernel, base)
+        end = max((s.end for s in image.sections), default=base)
+        if end > MODULES_END and base != MODULE_BASE:
+            base = MODULE_BASE
+            image = load_module(path, kernel, base)
+            end = max((s.end for s in image.sections), default=base)
+        yield path, image
+        base = (end + 0xFFFFF) & ~0xFFFFF
+
+
 def load_module(path: str | os.PathLike, kernel: Image | None, base: int = MODULE_BASE) -> Image:
     """The module at ``path`` laid out at ``base`` and relocated against ``kernel``'s symbols."""
     path = os.fspath(path)
