@@ -129,11 +129,13 @@ class JumpEnabled:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A sync step that could not complete: the contexts still inside the range or in a trampoline."""
+    """A sync step that could not complete: the contexts still inside the range or in a trampoline.
+    ``patch`` is the protocol in flight: run those contexts on, then ``finish(patch)``."""
 
     step: int
     contexts: tuple[int, ...]
     reason: str
+    patch: "Patch | None" = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -337,7 +339,7 @@ class JumpProbes(ProbeRuntime):
             if inside:
                 return Deferred(patch.next, tuple(t.context.index for t in inside),
                                 f"context(s) {', '.join(str(t.context.index) for t in inside)} inside "
-                                f"[{patch.probe.address:#x}, {patch.probe.end:#x}) or in a trampoline")
+                                f"[{patch.probe.address:#x}, {patch.probe.end:#x}) or in a trampoline", patch)
         for address, data in step.writes:
             self.kernel.write_code(address, data)
         if step.kind == "int3" and patch.probe.address not in self._probes:
@@ -646,7 +648,9 @@ class JumpDifferential(Differential):
                 covered.update(range(got.address + 1, got.address + got.length))
                 enabled.append(Enabled(got.address, got.length, "jump probe", ()))
                 continue
-            self.summary[f"jump refused: {got.key if isinstance(got, JumpRefused) else 'deferred'}"] += 1
+            if isinstance(got, Deferred):  # no call is in flight between trials
+                raise RuntimeError(f"placing a jump probe at {ins.ip:#x} with a call in flight: {got.reason}")
+            self.summary[f"jump refused: {got.key}"] += 1
             r = self.runtime.enable(ins.ip, self._count_hit)
             if isinstance(r, Enabled):
                 self.summary["int3"] += 1
