@@ -256,7 +256,8 @@ def test_the_protocol_is_five_explicit_steps_and_disable_restores_every_byte(jd,
     assert jd.kernel.read(address, 16) == before and not rt.is_enabled(address)
 
 
-@pytest.mark.parametrize("name,spec,seeds", [("__sw_hweight64", "u64", (1, 2)), ("memcmp", "buf:6,buf:6,u64:0-6", (2, 9))])
+@pytest.mark.parametrize("name,spec,seeds", [("__sw_hweight64", "u64", (1, 2)),
+                                             ("memcmp", "buf:6,buf:6,u64:0-6", (2, 9))])
 def test_two_contexts_in_the_function_while_a_probe_is_enabled_and_disabled(jd, image, name, spec, seeds):
     """Both contexts run the function one fetch at a time, the second started ``delay`` fetches
     later; after every round the patcher tries its next step (enable, then disable)."""
@@ -388,6 +389,31 @@ def test_the_single_instruction_plan_in_the_window_would_tear_so_the_trap_jumps_
     monkeypatch.setattr(rt, "_handle", single_instruction)
     torn = _interleave(jd, fn, spec, seed, probe.address, "enable", 1, at_head)
     assert torn.torn and torn.torn[0].address == probe.boundaries[1] and "tail" in torn.torn[0].step
+
+
+def test_a_wrong_trampoline_is_caught_by_the_differential(jd, image):
+    """The comparison with the unprobed run can fail: the first relocated instruction of a block
+    replaced by NOPs (the trampoline written behind the prover's back) diverges."""
+    from relocverify.runtime.jump_probes import HOOK_SLOT
+    from relocverify.runtime.kernel import nop_pad
+
+    fn = find_function(image, "__sw_hweight64")
+    ref = _reference(jd, fn, "u64", 1)
+    address = next(a for a in _points(jd, fn)[0] if ref.executions(a))
+    patch = jd.runtime.begin_enable(address, _noop)
+    probe = patch.probe
+    jd.runtime.finish(patch)
+    jd.runtime.disable_jump(address)
+    first = probe.block.piece(0)
+    size = len(probe.block.instructions[0].raw)
+    at = probe.tramp + len(HOOK_SLOT)
+    assert first[:size] == probe.block.instructions[0].raw  # a copy: the instruction verbatim
+    jd.kernel.write_code(at, nop_pad(size))
+    try:
+        out = _interleave(jd, fn, "u64", 1, address, "enable", 0, 0)
+    finally:
+        jd.kernel.write_code(at, first[:size])
+    assert out.torn == [] and first_difference(ref.execution, out.execution) is not None
 
 
 # -- refusals ----------------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def command(args, out: TextIO) -> int:
     jump = getattr(args, "jump_probes", False)
     if jump:
         from ..runtime.jump_probes import JumpDifferential
-    diff = (JumpDifferential if jump else Differential)(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
+    make = JumpDifferential if jump else Differential
+    diff = make(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
     report = diff.run(args.function, specs, args.trials, args.seed, args.probe_all, replay_line(args))
     if args.json:
         doc = report.as_json()
