@@ -349,3 +349,35 @@ def test_report_of_a_real_kernel_run(debian_kernels, tmp_path, browser):
     assert "live variants at this boot-patched site" in detail and "fentry" in detail
     assert all(name in detail for name, _, _ in live)
     assert p.problems == []
+
+
+@pytest.mark.slow
+def test_report_shows_jump_probe_answers(debian_kernels, tmp_path, browser):
+    """A run with --jump-probes: the summary counts each answer as the store does, the listing has a
+    jump-probe column with eligible and refused instructions, and the instruction view says why."""
+    kernel, _ = debian_kernels("debian-6.1-cloud")
+    image = load_image(str(kernel.vmlinux))
+    db = tmp_path / "j.sqlite"
+    summary = run(image, str(db), RunOptions(TRAMP, 2, 10.0, 40, True, None, jump_probes=True))
+    jump = summary["jump_probe"]
+    assert jump["totals_add_up"] and jump["eligible"] > 0 and jump["refused"]
+    out = tmp_path / "html"
+    _report([str(db), "-o", str(out)])
+    p = Page(browser, out / "index.html")
+    table = p.page.inner_text("table.jump-probes")
+    assert f"eligible\t{jump['eligible']:,}" in table
+    for bucket, n in jump["refused"].items():
+        assert f"{bucket}\t{n:,}" in table
+    store = Store(str(db), readonly=True)
+    image_id = store.find_image()
+    fid, refused_at = next((fid, off) for fid, off, b in store.db.execute(
+        "SELECT function, offset, b.name FROM jump_probes JOIN jump_buckets b ON b.id = bucket")
+        if b.startswith("range:"))
+    store.close()
+    p.go(f"i={fid}:{refused_at}")
+    p.page.wait_for_selector("#insn-detail")
+    assert "jump probe" in p.page.inner_text("table.listing thead")
+    listing = p.page.inner_text("table.listing")
+    assert "eligible" in listing or "range:" in listing
+    assert "refused: range:" in p.page.inner_text("#insn-detail")
+    assert p.problems == []

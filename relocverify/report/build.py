@@ -101,6 +101,8 @@ class Totals:
     functions: int = 0
     plans: int = 0
     shards: int = 0
+    jump: Counter = field(default_factory=Counter)  # jump-probe bucket name -> instructions
+    jump_names: dict = field(default_factory=dict)  # bucket id -> (index in the report, name, example)
 
 
 class _Shard:
@@ -174,6 +176,9 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
         os.makedirs(os.path.join(out_dir, "assets"), exist_ok=True)
         text_bounds = _text_bounds(functions)
         totals = Totals(coverage=[Counter() for _ in range(coverage_cells(text_bounds)[0])] if text_bounds else [])
+        buckets = data.jump_buckets(store)
+        if buckets:
+            totals.jump_names = {bid: (k, name, example) for k, (bid, name, example) in enumerate(buckets)}
         sources = SourceNames.open(info.get("path"))
         variants = data.variants(store, image)
         # the baseline first: a file that is not a store is refused before the long pass
@@ -183,7 +188,8 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
         meta = {"outcomes": [[o.verdict, o.method, o.plan_kind, o.rule, o.klass, o.reason_key, o.reason]
                              for o in outcome_list],
                 "sites": list(SITE_KINDS), "tramp": None if tramp is None else f"{tramp:#x}",
-                "all_plans": all_plans, "plan_limit": plan_limit, "instructions": totals.instructions}
+                "all_plans": all_plans, "plan_limit": plan_limit, "instructions": totals.instructions,
+                "jump": [[name, example] for _, name, example in sorted(totals.jump_names.values())] or None}
         _write(out_dir, "data/meta.js", js_data("RV.meta", meta))
         _write(out_dir, "data/functions.js", js_data("RV.functions", table))
         provenance = _provenance(info, run, db)
@@ -307,6 +313,19 @@ def _function_entry(store, shard, f, rows, index, outcomes, tramp, all_plans, to
         entry["g"] = gaps
     if extra:
         entry["x"] = extra
+    if totals.jump_names:
+        # one character per instruction: its jump-probe bucket's index + 48, "~" when not analysed
+        answers = data.jump_answers(store, f.id)
+        marks = []
+        for r, off in zip(rows, offsets):
+            bid = answers.get(off)
+            if bid is None:
+                marks.append("~")
+            else:
+                k, name, _ = totals.jump_names[bid]
+                totals.jump[name] += 1
+                marks.append(chr(48 + k))
+        entry["j"] = "".join(marks)
     return entry
 
 

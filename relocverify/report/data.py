@@ -104,3 +104,18 @@ def answer_rows(store: Store, image: int) -> dict[tuple[str, int], str]:
     return {(name, off): answers for name, off, answers in store.db.execute(
         "SELECT f.name, i.offset, i.answers FROM instructions i JOIN functions f ON f.id = i.function "
         "WHERE i.answers IS NOT NULL AND f.image=?", (image,))}
+
+
+def jump_buckets(store: Store) -> list[tuple[int, str, str]] | None:
+    """(id, name, example reason) of every jump-probe bucket, or None when the store has no
+    jump-probe answers (a run without ``--jump-probes``, or a store older than them)."""
+    try:
+        rows = list(store.db.execute("SELECT id, name, example FROM jump_buckets ORDER BY id"))
+    except Exception:  # sqlite3.OperationalError: no such table (a store read-only before the tables)
+        return None
+    return rows or None
+
+
+def jump_answers(store: Store, function: int) -> dict[int, int]:
+    """offset -> jump-probe bucket id of one function's instructions."""
+    return dict(store.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))

@@ -98,6 +98,19 @@ def _coverage(totals, bounds) -> str:
             + charts.share_legend() + charts.coverage_map(totals.coverage, bounds[0], span, ".text"))
 
 
+def _jump_probes(totals) -> str:
+    if not totals.jump:
+        return ""
+    n = sum(totals.jump.values())
+    examples = {name: example for _, name, example in totals.jump_names.values()}
+    rows = [[escape(k), _n(v), f"{100 * v / n:.1f}%", escape(examples.get(k, ""))]
+            for k, v in sorted(totals.jump.items(), key=lambda kv: (kv[0] != "eligible", -kv[1]))]
+    return ('<h2 id="jump-probes">Jump probes</h2><p>Whether a jump-optimized probe (a 5-byte jmp over the '
+            'instructions it covers) can sit at each instruction: <em>eligible</em> when the patched range is safe '
+            'to overwrite and its block is proved; otherwise the refusal, with an example reason.</p>'
+            + _table(["answer", "instructions", "share", "example reason"], rows, "jump-probes"))
+
+
 def _provenance(provenance: dict) -> str:
     rows = [[escape(k), f"<code>{escape(str(v))}</code>"] for k, v in provenance.items()]
     return "<h2>Provenance</h2>" + _table(["", ""], rows, "provenance")
@@ -161,8 +174,8 @@ def index_html(info, run, provenance, totals, source_kind, bounds, comparison, b
     nav = ('<nav><a href="#summary">Summary</a> <a href="#functions">Functions</a>'
            + (' <a href="#baseline">Baseline</a>' if comparison is not None else "") + "</nav>")
     summary = "".join([_summary(totals, run), _reasons(totals), _classes(totals), _sites(totals),
-                       _times(totals, buckets), _sources(totals, source_kind), _coverage(totals, bounds),
-                       _provenance(provenance)])
+                       _jump_probes(totals), _times(totals, buckets), _sources(totals, source_kind),
+                       _coverage(totals, bounds), _provenance(provenance)])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{escape(CSP)}">

@@ -127,6 +127,11 @@
     }
     return out;
   }
+  function m0() { return state.meta; }
+  function jumpOf(fe, i) {  // [bucket name, example reason] of instruction i, or null
+    if (!state.meta.jump || !fe.j || fe.j[i] === "~") return null;
+    return state.meta.jump[fe.j.charCodeAt(i) - 48];
+  }
   function unpacked(fe) {
     if (!fe.D) { fe.D = unpack(fe.d); fe.O = unpack(fe.o); fe.T = unpack(fe.t); }
     return fe;
@@ -168,6 +173,9 @@
       var kinds = m.sites.filter(function (k, b) { return Math.floor(x.s / Math.pow(2, b)) % 2 === 1; });
       kv(dl, "kernel sites", kinds.join(", "));
     }
+    var jb = jumpOf(fe, r.i);
+    if (jb) kv(dl, "jump probe", jb[0] === "eligible" ? "eligible: the range is safe to overwrite and its block is proved"
+                                 : "refused: " + jb[0] + " (for example: " + jb[1] + ")");
     kv(dl, "decoders", x.a ? pre(JSON.stringify(JSON.parse(x.a), null, 1)) : "capstone and iced-x86 agree");
     box.appendChild(dl);
     if (x.v) {
@@ -220,7 +228,9 @@
       rows.forEach(function (r) { if (r.off === off) selected = r; });
       if (selected) fn.appendChild(detail(s, fid, fe, selected));
       var t = el("table", null, "listing"), hr = el("tr");
-      ["address", "offset", "bytes", "disassembly", "verdict", "reason"].forEach(function (x) { hr.appendChild(el("th", x)); });
+      var jumps = m0().jump && fe.j;
+      ["address", "offset", "bytes", "disassembly", "verdict", "reason"].concat(jumps ? ["jump probe"] : [])
+        .forEach(function (x) { hr.appendChild(el("th", x)); });
       var thead = el("thead"); thead.appendChild(hr); t.appendChild(thead);
       var body = el("tbody"), frag = document.createDocumentFragment(), m = state.meta;
       rows.forEach(function (r) {
@@ -232,6 +242,11 @@
         tr.appendChild(el("td", s.S[fe.D[r.i]], "mono"));
         tr.appendChild(el("td", o[0] + (x.e ? " (counterexample)" : ""), "v-" + o[0]));
         tr.appendChild(el("td", o[0] === "proved" ? o[1] : (x.r !== undefined ? s.S[x.r] : o[6]), "reason"));
+        if (jumps) {
+          var jb = jumpOf(fe, r.i), td = el("td", jb ? jb[0] : "not analysed", jb && jb[0] === "eligible" ? "v-proved" : "jump");
+          if (jb) td.title = jb[1];
+          tr.appendChild(td);
+        }
         frag.appendChild(tr);
       });
       body.appendChild(frag); t.appendChild(body); fn.appendChild(t);
