@@ -20,36 +20,6 @@ from relocverify.runtime.differential import Execution, find_function, first_dif
 from relocverify.runtime.jump_probes import (Deferred, Interleaving, JumpDifferential, JumpEnabled, JumpRefused,
                                              Patch, PatchStep, jump_summary_lines)
 
-try:  # the teammate's patch-range checker; until it lands, a stand-in over the function's own branches
-    from relocverify.kernel.patch_range import PatchRanges
-except ImportError:  # pragma: no cover - removed once kernel.patch_range exists
-    PatchRanges = None
-
-
-@dataclass(frozen=True)
-class _StandInRefusal:
-    key: str
-    reason: str
-
-
-class StandInPatchRanges:
-    """STAND-IN for ``kernel.patch_range.PatchRanges`` (not yet in the tree): a branch of the
-    function itself aimed strictly inside (A, A+L) refuses the range."""
-
-    def __init__(self, image):
-        self.image = image
-
-    def refusal(self, function, address, length):
-        raw = self.image.read(function.start, function.end - function.start)
-        for ins in iced_x86.Decoder(64, raw, ip=function.start):
-            target = ins.near_branch_target
-            if ins.flow_control in (iced_x86.FlowControl.CONDITIONAL_BRANCH, iced_x86.FlowControl.UNCONDITIONAL_BRANCH):
-                if address < target < address + length:
-                    return _StandInRefusal("branch-target", f"{ins} at {ins.ip:#x} branches to {target:#x}, "
-                                                            f"inside [{address:#x}, {address + length:#x})")
-        return None
-
-
 #: (function, SPEC, seed, full sweeps, sampled stops): short inputs, so that every fetch index of a
 #: call can be a stop point at ``full sweeps`` probe points; the other points stop around the first
 #: ``sampled stops`` fetches of their range and at as many random fetches.
@@ -65,8 +35,7 @@ def image(debian_kernels):
 
 @pytest.fixture(scope="module")
 def jd(image):
-    ranges = None if PatchRanges is not None else StandInPatchRanges(image)
-    return JumpDifferential(image, patch_ranges=ranges)
+    return JumpDifferential(image)  # the real plan.block, proof.block and kernel.patch_range
 
 
 def _noop(address, context):
