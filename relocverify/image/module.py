@@ -114,6 +114,11 @@ def _load(path: str, data: bytearray, kernel: Image | None, base: int) -> Image:
             if address is None and name:
                 unresolved.append(name)
                 address = UNRESOLVED
+            elif name.startswith("__x86_"):
+                # the kernel's thunks a call site names (__x86_indirect_thunk_REG, __x86_return_thunk):
+                # kept as symbols of the module's image, not functions, so its retpoline sites know
+                # their register as the vmlinux's do
+                symbols.append(Symbol(name, address, 0, "other"))
             values.append(address or 0)
         elif shndx == "SHN_ABS":
             values.append(sym["st_value"])
