@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -95,6 +96,7 @@ def run_task(spec: JobSpec, method: str, args: tuple, replays: list) -> tuple:
     for m, a in replays[_STATE["applied"]:]:
         getattr(worker, m)(*a)
     _STATE["applied"] = len(replays)
+    gc.freeze()  # what the worker keeps only grows: out of the collector's way (as executors._serve)
     done = [0]
     worker.progress = lambda n: done.__setitem__(0, done[0] + n)
     value = getattr(worker, method)(*args)
