@@ -118,10 +118,20 @@ class Worker:
             job = replace(job, rules=self.job.rules)
         self.close_shard()
         old, self.job = self.job, job
-        if (job.tramp, job.timeout_s, job.rules, job.tag) != (old.tramp, old.timeout_s, old.rules, old.tag):
+        if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
             self.keys = KeyMaker(job.tramp)
             self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
             self.learned = {}
+        elif job.tramp != old.tramp:
+            # Another trampoline (user-space images each have their own): instance keys and full
+            # keys both say how an instruction relates to its trampoline, as in the persistent
+            # cache, so what is learned stays; the cache's proofs, once read, are kept.
+            loaded = self.prover._proofs
+            self.keys = KeyMaker(job.tramp)
+            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
+            self.prover._proofs = loaded
+            for learned in self.learned.values():
+                learned.ids = learned.plain = None
         else:
             moved = job.store_path != old.store_path
             for learned in self.learned.values():

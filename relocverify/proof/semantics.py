@@ -30,6 +30,7 @@ This is the checker's trust base.  What it models, and what it does not:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import archinfo
@@ -42,6 +43,11 @@ from ..plan.effects import AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Te
 from ..x86.registers import MASK64
 
 ARCH = archinfo.ArchAMD64()
+
+# angr's IR operations log a warning when a rounding mode is symbolic ("using default"): the
+# checker already treats every floating-point result as loose (``lifter_checks``), so the line
+# says nothing the verdict does not, and it would land in the middle of a command's output.
+logging.getLogger("angr.engines.vex.claripy.irop").setLevel(logging.ERROR)
 
 REG_BY_NAME = {r.name: (r.vex_offset, r.size) for r in ARCH.register_list}
 _REG_OF_BYTE: dict[int, tuple[str, int, int]] = {}
