@@ -89,3 +89,30 @@ def test_a_stripped_system_binary_is_covered_whole(tmp_path):
     summary = json.loads((tmp_path / "s.json").read_text())
     assert code == 0 and summary["totals_add_up"] and summary["instructions"] > 15_000
     assert summary["by_verdict"]["refuted"] == 0
+
+
+@pytest.mark.slow
+def test_a_directory_of_binaries_is_one_run_with_totals_per_file(tmp_path):
+    """A directory (as /usr/bin): every x86-64 ELF file in it gets its own summary with totals that add
+    up, into one store; scripts and data are skipped with why; a link to a file counts it once."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("true", "echo"):
+        shutil.copy(f"/usr/bin/{name}", bin_dir / name)
+    (bin_dir / "script").write_text("#!/bin/sh\necho hi\n")
+    (bin_dir / "true-again").symlink_to(bin_dir / "true")
+    out = io.StringIO()
+    code = main(["elf", str(bin_dir), "--db", str(tmp_path / "u.sqlite"), "--summary-json", str(tmp_path / "u.json"),
+                 "--no-progress", "--no-cache", "--jobs", "2"], out, io.StringIO())
+    doc = json.loads((tmp_path / "u.json").read_text())
+    assert code == 0, out.getvalue()
+    assert sorted(p.rsplit("/", 1)[-1] for p in doc["images"]) == ["echo", "true"]
+    assert list(doc["skipped"].values()) == ["not an ELF file (a script or data)"]
+    assert doc["totals_add_up"] and all(s["totals_add_up"] for s in doc["images"].values())
+    assert sum(doc["totals"].values()) == sum(s["instructions"] for s in doc["images"].values()) > 1000
+    assert doc["totals"]["refuted"] == 0
+    store = Store(str(tmp_path / "u.sqlite"), readonly=True)
+    assert store.db.execute("SELECT count(*) FROM images").fetchone()[0] == 2
+    store.close()
