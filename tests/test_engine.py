@@ -295,3 +295,23 @@ def test_progress_on_a_terminal_redraws_one_line():
     p.update(5)
     p.end()
     assert "\r" in stream.getvalue() and stream.getvalue().count("\n") == 1
+
+
+def test_a_worker_crashing_on_jump_probes_refuses_that_function_and_the_run_goes_on(small, tmp_path, monkeypatch):
+    """Fault injection for the jump-probe phase: answering for the function holding cpuid kills the
+    worker; its instructions are refused as error:crashed, every other function is answered."""
+    from relocverify.engine import jumps
+
+    real = jumps.JumpProver.function
+
+    def crash_on_cpuid(self, fn, data, spans):
+        if b"\x0f\xa2" in data:
+            os._exit(1)
+        return real(self, fn, data, spans)
+
+    monkeypatch.setattr(jumps.JumpProver, "function", crash_on_cpuid)
+    summary = run(small, str(tmp_path / "j.sqlite"), RunOptions(TRAMP, 2, 10.0, None, True, None, jump_probes=True))
+    jump = summary["jump_probe"]
+    assert jump["totals_add_up"] and jump["instructions"] == summary["instructions"] == 19
+    assert 0 < jump["refused"].get("error:crashed", 0) < 19
+    assert sum(n for k, n in jump["refused"].items() if k != "error:crashed") + jump["eligible"] > 0

@@ -38,6 +38,7 @@ from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
 from .executors import LocalPool, Task
+from .keys import KeyMaker
 from .progress import Progress
 from .summary import render_summary, replacement_summary, summarize
 from .worker import Job, Learned, Worker
@@ -431,9 +432,23 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
         store.write_jump_probes(rows, examples)
         made[0] += proofs
 
+    def crashed(task, at, pid):
+        """A worker died on function ``task.args[0][at]``: its instructions are refused as
+        ``error:crashed`` (the int3 verdicts stand), and the task's other functions go again."""
+        job = pool.job
+        fid = task.args[0][at]
+        fn = job.functions[fid]
+        skip = job.skip.get(fid, ())
+        rows = [(fid, off, "error:crashed") for off, _, _ in KeyMaker(job.tramp).keys(_bytes_of(job.image, fn),
+                                                                                         fn.start)
+                if fn.start + off not in skip]
+        store.write_jump_probes(rows, {"error:crashed": "the worker crashed while answering for this function"})
+        rest = task.args[0][:at] + task.args[0][at + 1:]  # the task's answers die with the worker
+        return [Task(task.method, (rest,))] if rest else []
+
     base = pool.items_done()
     progress.phase("jump probes", sum(pool.job.functions[f].size for f in fids) // 4 or 1, "instructions")
-    pool.run([[Task("jump_probes", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)], got,
+    pool.run([[Task("jump_probes", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)], got, crashed,
              tick=lambda: progress.update(pool.items_done() - base))
     progress.end()
     return made[0]
