@@ -281,3 +281,38 @@ def test_mutant_wrong_for_one_register_value():
     assert r.verdict is Verdict.REFUTED
     assert dict(r.counterexample.registers)["rax"] == 0x1122334455667788
     assert r.counterexample.replayed
+
+
+# --- indirect calls and jumps through memory: the fast path's address image ------------------------
+
+INDIRECT = [("ff5010", "call *0x10(%rax)"), ("ff14c8", "call *(%rax,%rcx,8)"), ("ff54c808", "call *0x8(%rax,%rcx,8)"),
+            ("ff24c560644a00", "jmp *0x4a6460(,%rax,8)"), ("41ff5508", "call *0x8(%r13)")]
+
+
+@pytest.mark.parametrize("hex_,text", INDIRECT)
+def test_indirect_transfers_through_memory_are_proved_by_ir_identity(hex_, text):
+    """An emulated call/jmp through base + index*scale + disp is proved by the fast path (so its proof is
+    shared by every instance of the shape), at a kernel and a user-space address."""
+    for at, tramp in ((0xFFFFFFFF81001000, 0xFFFFFFFFC0001000), (0x401000, 0x7F0000000)):
+        d = decode(bytes.fromhex(hex_), at)
+        r = prove_plan(d, make_plan(d, tramp))
+        assert (r.verdict.value, r.method) == ("proved", "fast-path"), (text, r.reason)
+
+
+@pytest.mark.parametrize("change", ["disp", "scale", "base", "index", "segment", "size32"])
+def test_a_wrong_address_in_an_indirect_call_is_never_proved(change):
+    """Each field of the load's address, changed, must fail the fast path's identity and be refuted
+    (or left unknown), never proved."""
+    from relocverify.plan.effects import Address, Let, Load
+
+    d = decode(bytes.fromhex("ff54c808"), 0xFFFFFFFF81001000)
+    plan = make_plan(d, 0xFFFFFFFFC0001000)
+    let = plan.effects[0]
+    assert isinstance(let, Let) and isinstance(let.value, Load)
+    a = let.value.address
+    wrong = {"disp": replace(a, disp=a.disp + 8), "scale": replace(a, scale=4), "base": replace(a, base="rdx"),
+             "index": replace(a, index="rdx"), "segment": replace(a, segment="gs"),
+             "size32": replace(a, address_size=32)}[change]
+    effects = (Let(let.name, Load(wrong, 8)),) + tuple(plan.effects[1:])
+    r = prove_effects(d, effects, plan.tramp)
+    assert r.verdict.value != "proved", (change, r.reason)

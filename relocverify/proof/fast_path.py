@@ -202,7 +202,9 @@ def _effects_image(effects) -> tuple | None:
     Each effect becomes the IR statements that mean exactly what effects.py
     says it means: Push(v) is ``t=GET(rsp); t'=Sub64(t,8); PUT(rsp)=t';
     STle(t')=v``; AddRsp(d) is ``PUT(rsp)=Add64(rsp,d)``; Let(n, Load(rsp))
-    is ``LDle:I64(rsp)``; Jump(v) ends the block at v.  A register's value
+    is ``LDle:I64(rsp)``; a 64-bit load from base + index*scale + disp (no
+    segment) is ``LDle:I64(Add64(Add64(base, Shl64(index, log2 scale)), disp))``
+    with the parts that are absent left out; Jump(v) ends the block at v.  A register's value
     is re-used from the last statement that produced it, as VEX's lifter
     does, so that an identical image means an identical computation.
     """
@@ -235,6 +237,25 @@ def _effects_image(effects) -> tuple | None:
         if (isinstance(v, Load) and v.size == 8 and v.address.base is None and v.address.index is None
                 and v.address.segment is None and v.address.address_size == 64):
             return wr(("ld", "Iend_LE", "Ity_I64", ("c", "Ity_I64", v.address.disp & MASK64)))
+        if (isinstance(v, Load) and v.size == 8 and v.address.segment is None and v.address.address_size == 64
+                and v.address.scale in (1, 2, 4, 8)):
+            # base + index*scale + disp, mod 2^64, in the statements VEX's lifter writes for it (the
+            # index read and scaled first, then the base, then the displacement): the exact meaning
+            # of the effect's address, so an identical image is an identical computation
+            a = v.address
+            addr = None
+            if a.index is not None:
+                addr = reg(a.index)
+                if a.scale > 1:
+                    addr = wr(("Iop_Shl64", addr, ("c", "Ity_I8", a.scale.bit_length() - 1)))
+            if a.base is not None:
+                base = reg(a.base)
+                addr = base if addr is None else wr(("Iop_Add64", base, addr))
+            if addr is None:
+                return None
+            if a.disp & MASK64:
+                addr = wr(("Iop_Add64", addr, ("c", "Ity_I64", a.disp & MASK64)))
+            return wr(("ld", "Iend_LE", "Ity_I64", addr))
         return None
 
     for k, e in enumerate(effects):
