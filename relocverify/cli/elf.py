@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from .finish import finish
+from .arguments import add_batch_options
+from .finish import finish, totals_over
 from .render import escape
 from .vmlinux import KERNEL_HALF
 
@@ -17,40 +18,16 @@ TRAMPOLINE_GAP = 1 << 20
 
 def add_parser(sub, types) -> None:
     e = sub.add_parser("elf", help="verify every instruction of a user-space executable or shared library")
-    e.add_argument("paths", nargs="+", metavar="PATH", type=_file_or_directory,
+    e.add_argument("paths", nargs="+", metavar="PATH", type=types["IN_PATH"],
                    help="x86-64 ELF executables or shared libraries, or directories of them (e.g. /usr/bin): "
                         "every ELF file directly inside is verified, other files are counted as skipped")
     e.add_argument("--db", default=None, metavar="FILE", type=types["OUT_FILE"],
                    help="the result store (default: relocverify-<sha>.sqlite for one file, relocverify-user.sqlite "
                         "for several, in the current directory)")
-    e.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N",
-                   help="worker processes (default: one per CPU)")
     e.add_argument("--trampoline-base", type=types["TRAMP"], default=None, metavar="ADDR",
                    help="the trampoline address (default: a page 1 MiB past the image's end, as the link "
                         "addresses lay it out)")
-    e.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"],
-                   help="also write the summary as JSON to FILE")
-    e.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S",
-                   help="solver timeout per proof (default 10)")
-    e.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}), metavar="VERDICT[,...]",
-                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
-    e.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
-    e.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
-    e.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
-
-
-def _file_or_directory(text: str) -> str:
-    import argparse
-
-    if os.path.isdir(text):
-        return text
-    from ..errors import InputError
-    from .arguments import input_file
-
-    try:
-        return input_file(text)
-    except InputError as exc:  # argparse names the argument
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    add_batch_options(e, types, "also write the summary (several files: each file's and the totals) as JSON")
 
 
 def expand(paths: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -143,11 +120,7 @@ def _many(args, out: TextIO) -> int:
             images[path] = run(image, db, replace(options, tramp=tramp), quiet, session)
             if (k + 1) % 50 == 0:
                 say(f"files: {k + 1:,}/{len(files):,}, {time.monotonic() - t0:.0f} s")
-    totals: dict[str, int] = {}
-    for summary in images.values():
-        for verdict, n in summary["by_verdict"].items():
-            totals[verdict] = totals.get(verdict, 0) + n
-    adds_up = all(s["totals_add_up"] for s in images.values())
+    totals, adds_up = totals_over(images.values())
     out.write(f"{len(images):,} ELF files, {sum(totals.values()):,} instructions in {time.monotonic() - t0:.0f} s; "
               + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}; policy: user space\n")
     if skipped:
@@ -166,7 +139,6 @@ def _one(args, out: TextIO) -> int:
     from ..engine.progress import Progress
     from ..engine.run import RunOptions, render_summary, run
     from ..environment import default_proof_cache_dir
-    from ..errors import InputError
     from ..image.loader import load_image
 
     image = load_image(args.path)

@@ -18,3 +18,13 @@ def finish(out, args, document: dict, by_verdict: dict[str, int], complete: bool
         out.write("incomplete: the totals do not add up\n")
         return 3
     return 0
+
+
+def totals_over(summaries) -> tuple[dict[str, int], bool]:
+    """Verdict counts summed over several images' summaries, and whether each one's totals add up."""
+    summaries = list(summaries)
+    totals: dict[str, int] = {}
+    for s in summaries:
+        for verdict, n in s["by_verdict"].items():
+            totals[verdict] = totals.get(verdict, 0) + n
+    return totals, all(s["totals_add_up"] for s in summaries)

@@ -51,7 +51,8 @@ CODE, TRAMP, RANGE = _typed(A.code_address), _typed(A.trampoline_address), _type
 ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_file), _typed(A.output_file), _typed(A.verdicts)
 #: The argument types, for commands that add their own subparser (``add_parser(sub, TYPES)``).
 TYPES = {"SECONDS": SECONDS, "COUNT": COUNT, "CODE": CODE, "TRAMP": TRAMP, "RANGE": RANGE, "ADDRESS": ADDRESS,
-         "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS, "SCHEDULER": _typed(A.scheduler_address)}
+         "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS, "SCHEDULER": _typed(A.scheduler_address),
+         "IN_PATH": _typed(A.file_or_directory)}
 
 
 def cmd_check(args, out: TextIO) -> int:
@@ -202,20 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="System.map or kallsyms (needed for a stripped vmlinux or a bzImage)")
     v.add_argument("--db", default=None, metavar="FILE", type=OUT_FILE,
                    help="the result store (default: relocverify-<sha>.sqlite next to the image)")
-    v.add_argument("--jobs", type=COUNT, default=None, metavar="N", help="worker processes (default: one per CPU)")
     v.add_argument("--trampoline-base", type=TRAMP, default=DEFAULT_TRAMP, metavar="ADDR",
                    help=f"the trampoline address every plan uses (default {DEFAULT_TRAMP:#x})")
-    v.add_argument("--summary-json", default=None, metavar="FILE", type=OUT_FILE,
-                   help="also write the summary as JSON to FILE")
-    v.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="solver timeout per proof (default 10)")
     v.add_argument("--limit", type=COUNT, default=None, metavar="N", help="verify only the first N functions")
-    v.add_argument("--fail-on", type=VERDICTS, default=frozenset({"refuted"}), metavar="VERDICT[,VERDICT...]",
-                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
-    v.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
-    v.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="the persistent proof cache's directory (default: $RELOCVERIFY_PROOF_CACHE, else "
-                        "$RELOCVERIFY_CACHE or ~/.cache/relocverify)")
-    v.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    A.add_batch_options(v, TYPES, "also write the summary as JSON to FILE")
     v.add_argument("--jump-probes", action="store_true",
                    help="also answer, per instruction, whether a jump-optimized probe can sit there (a range "
                         "safe to overwrite, a block plan, a block proof) and why not")

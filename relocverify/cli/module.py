@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from .finish import finish
+from .arguments import add_batch_options
+from .finish import finish, totals_over
 from .render import escape
 
 
@@ -20,17 +21,9 @@ def add_parser(sub, types) -> None:
     m.add_argument("--base", type=types["TRAMP"], default=None, metavar="ADDR",
                    help="where the first module is laid out (default 0xffffffffc0100000, module space)")
     m.add_argument("--db", required=True, metavar="FILE", type=types["OUT_FILE"], help="the result store")
-    m.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes")
     m.add_argument("--trampoline-base", type=types["TRAMP"], default=0xFFFFFFFFC0001000, metavar="ADDR",
                    help="the trampoline address every plan uses (default 0xffffffffc0001000)")
-    m.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S", help="solver timeout per proof")
-    m.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"],
-                   help="also write the per-module summaries and the totals as JSON")
-    m.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}), metavar="VERDICT[,...]",
-                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
-    m.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
-    m.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
-    m.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    add_batch_options(m, types, "also write the per-module summaries and the totals as JSON")
 
 
 def command(args, out: TextIO) -> int:
@@ -47,18 +40,16 @@ def command(args, out: TextIO) -> int:
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     options = RunOptions(args.trampoline_base, args.jobs or default_jobs(), args.timeout, None, True, cache_dir)
     base = args.base or MODULE_BASE
-    results, totals = {}, {}
+    results = {}
     for path, image in load_modules(args.modules, kernel, base):
         summary = run(image, args.db, options, Progress(enabled=not args.no_progress)) if find_functions(image) \
             else empty_summary(image)
         results[path] = summary
-        for verdict, n in summary["by_verdict"].items():
-            totals[verdict] = totals.get(verdict, 0) + n
         out.write(f"{escape(os.path.basename(path))}: {summary['instructions']:,} instructions in "
                   f"{summary['functions']:,} functions; " + ", ".join(f"{k} {v:,}" for k, v in
                                                                      summary["by_verdict"].items())
                   + f"; totals add up: {summary['totals_add_up']}\n")
-    adds_up = all(s["totals_add_up"] for s in results.values())
+    totals, adds_up = totals_over(results.values())
     out.write(f"all {len(results)} modules: {sum(totals.values()):,} instructions; "
               + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}\n")
     out.write(f"store: {escape(args.db)}\n")

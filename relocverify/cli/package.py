@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..errors import InputError
-from .arguments import add_dask
-from .finish import finish
+from .arguments import add_batch_options, add_dask
+from .finish import finish, totals_over
 from .render import escape
 
 
@@ -15,17 +15,9 @@ def add_parser(sub, types) -> None:
     p = sub.add_parser("package", help="verify a kernel package's vmlinux and all its modules")
     p.add_argument("name", help="a named kernel (debian-6.1-cloud, debian-6.1-amd64, debian-6.12-cloud)")
     p.add_argument("--db", required=True, metavar="FILE", type=types["OUT_FILE"], help="the result store")
-    p.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes")
     p.add_argument("--limit-modules", type=types["COUNT"], default=None, metavar="N",
                    help="verify only the first N modules (by path)")
-    p.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S", help="solver timeout per proof")
-    p.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"],
-                   help="also write every image's summary and the totals as JSON")
-    p.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}), metavar="VERDICT[,...]",
-                   help="exit 1 when any instruction has one of these verdicts (default: refuted)")
-    p.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
-    p.add_argument("--cache-dir", default=None, metavar="DIR", help="the persistent proof cache's directory")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    add_batch_options(p, types, "also write every image's summary and the totals as JSON")
     add_dask(p, types)
 
 
@@ -77,11 +69,7 @@ def command(args, out: TextIO) -> int:
             if not summary["totals_add_up"]:
                 say(f"{path}: totals do not add up")
     timing["modules_s"] = time.monotonic() - t0 - timing["vmlinux_s"]
-    totals: dict[str, int] = {}
-    for s in images.values():
-        for verdict, n in s["by_verdict"].items():
-            totals[verdict] = totals.get(verdict, 0) + n
-    adds_up = all(s["totals_add_up"] for s in images.values())
+    totals, adds_up = totals_over(images.values())
     out.write(f"{args.name}: vmlinux and {len(modules):,} modules, {sum(totals.values()):,} instructions in "
               f"{time.monotonic() - t0:.0f} s; " + ", ".join(f"{k} {v:,}" for k, v in totals.items())
               + f"; totals add up: {adds_up}\n")

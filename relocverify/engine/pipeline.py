@@ -70,7 +70,9 @@ class Verified:
 
 
 class Prover:
-    """Verifies instructions for one trampoline address; remembers the proofs it made."""
+    """Verifies instructions for one trampoline address (``tramp``, which may be changed between
+    images: the proofs it holds are under full keys, which say how each instruction relates to
+    its trampoline); remembers the proofs it made."""
 
     def __init__(self, tramp: int, timeout_s: float, proofs: Callable[[], dict[bytes, CachedProof]] | None = None,
                  rules=None):

@@ -122,17 +122,13 @@ class Worker:
             self.keys = KeyMaker(job.tramp)
             self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
             self.learned = {}
-        elif job.tramp != old.tramp:
-            # Another trampoline (user-space images each have their own): instance keys and full
-            # keys both say how an instruction relates to its trampoline, as in the persistent
-            # cache, so what is learned stays; the cache's proofs, once read, are kept.
-            loaded = self.prover._proofs
-            self.keys = KeyMaker(job.tramp)
-            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
-            self.prover._proofs = loaded
-            for learned in self.learned.values():
-                learned.ids = learned.plain = None
         else:
+            if job.tramp != old.tramp:
+                # Another trampoline (user-space images each have their own): instance keys and full
+                # keys both say how an instruction relates to its trampoline, as the persistent
+                # cache's do, so what is learned stays, and so do the cache's proofs once read.
+                self.keys = KeyMaker(job.tramp)
+                self.prover.tramp = job.tramp
             moved = job.store_path != old.store_path
             for learned in self.learned.values():
                 if learned.ids is not None and (moved or learned.ids[0] < 0):
@@ -414,8 +410,9 @@ class Worker:
                 self.current(i)
             fn = self.job.functions[fid]
             skip = self.job.skip.get(fid, ())
-            spans = [(off, n) for off, n, _ in self.keys.keys(self._function_bytes(fn), fn.start)]
-            for off, bucket, reason in prover.function(fn, self._function_bytes(fn), spans):
+            data = self._function_bytes(fn)
+            spans = [(off, n) for off, n, _ in self.keys.keys(data, fn.start)]
+            for off, bucket, reason in prover.function(fn, data, spans):
                 if fn.start + off in skip:
                     continue
                 rows.append((fid, off, bucket))
