@@ -240,8 +240,10 @@ def block_fast_path(block: BlockPlan) -> bool:
     trampoline lifted at T_i must have the same canonical IR
     (``fast_path._canon_block``: temps renamed, rip never read, writes of
     rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
-    target inside the trampoline through the blocks there that only jump
-    (``pure_jump_target``, then mapped again), and a target strictly inside
+    target inside the trampoline through the blocks there that only jump,
+    one hop at a time (``pure_jump_target`` over the bytes up to the next
+    piece), until it reaches some T_j or leaves the trampoline (a chain that
+    ends elsewhere inside it proves nothing), and a target strictly inside
     (A, A+L) to no value at all (the identity fails); an exit the
     relocation computes (not a constant) is not taken here, since it might
     land inside (A, A+L).  Then by induction on
