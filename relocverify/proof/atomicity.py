@@ -7,8 +7,8 @@ implicitly locked)."""
 from __future__ import annotations
 
 from ..x86.decode import decode
-from ..x86.encoding import iter_code
 from ..x86.instruction import Instruction
+from .reachable import reachable
 
 
 def atomic(insn: Instruction) -> bool:
@@ -16,13 +16,13 @@ def atomic(insn: Instruction) -> bool:
 
 
 def _relocated_instructions(code: bytes, tramp: int) -> list[Instruction]:
-    """The instructions of trampoline code, through the one trampoline walker."""
+    """The instructions of trampoline code that can run, each decoded where control lands on it
+    (``proof.reachable``: a jump into the middle of an instruction runs what starts there)."""
     out = []
-    for piece in iter_code(code, tramp):
-        if piece.kind == "insn":
-            d = decode(code[piece.offset:piece.offset + piece.length], tramp + piece.offset)
-            if isinstance(d, Instruction):
-                out.append(d)
+    for address, raw in reachable(code, tramp).instructions:
+        d = decode(raw, address)
+        if isinstance(d, Instruction):
+            out.append(d)
     return out
 
 

@@ -68,7 +68,8 @@ from .atomicity import atomic, check_atomicity
 from .cache_key import _role_of, _shape, cache_tag, pc_fields
 from .fast_path import NotApplicable, _canon_block, pure_jump_target
 from .lift_gaps import opaque_lift_reason
-from .lifter_checks import flag_names, loose_reasons, reexecutes, unaffected_flags
+from .admission import admit, reexecutes
+from .lifter_checks import flag_names, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
 DEFAULT_TIMEOUT_MS = 10_000
@@ -134,7 +135,7 @@ def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], r
     lies strictly inside ``forbidden`` = (lo, hi), and the indices j > 0 reported as final."""
     end = base + len(code)
     index = {t: j for j, t in enumerate(starts)}
-    interp = S._Interp(world, starts[first])
+    interp = S._Interp(world, starts[first], code, base)
     work = [(starts[first], S._Path(claripy.true()), first)]
     finals, escapes, restarts = [], [], set()
     blocks = 0
@@ -373,7 +374,10 @@ def _suffix(block: BlockPlan, s: int, timeout_ms: int):
     if escapes:
         items.append(smt._Item(ESCAPE, claripy.BVV(0, 1),
                                claripy.If(claripy.Or(*escapes), claripy.BVV(1, 1), claripy.BVV(0, 1))))
-    conds = smt.read_conditions(world, orig, reloc) + smt.write_conditions(world, orig, reloc)
+    conds = smt.event_conditions(world, orig, reloc)
+    self_writes = smt.code_writes(world, reloc, smt.code_spans(block.trampoline, block.tramp))
+    if self_writes:
+        items.append(smt.flag_item("writes its own code", self_writes))
     solver = smt.solve(world, items, conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
     return world, orig, solver, items, conds, x, (r1 | r2)
 
@@ -437,11 +441,13 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
         if gap is not None:
             return ProofResult(Verdict.UNKNOWN, f"not proved: instruction {i} ({insn.text}): {gap}", "smt",
                                seconds=_elapsed(t0))
-    untrusted = []
-    for i, insn in enumerate(insns):
-        loose = loose_reasons(insn)
-        if loose and not reexecutes(insn, codes[i], block.starts[i]):
-            untrusted.append((i, loose[0]))
+    admission = admit(insns, [(codes[i], block.starts[i]) for i in range(len(insns))])
+    if admission.refutation is not None:
+        cex = Counterexample((), (), (Difference("memory ordering", "the original's", "the relocation's"),),
+                             _run_bytes(block).hex(), block.address, block.tramp, block.trampoline.hex(),
+                             replayed=None, replay_note="memory ordering is not observable in a sequential replay")
+        return ProofResult(Verdict.REFUTED, admission.refutation, "memory-model", cex, _elapsed(t0))
+    untrusted = [] if admission.trusted else [(None, admission.reason)]
     try:
         if use_fast_path and not untrusted and block_fast_path(block):
             return ProofResult(Verdict.PROVED, "each relocation's IR is its original's up to A_i <-> T_i",
@@ -471,9 +477,10 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
                            seconds=_elapsed(t0))
     if untrusted:
         i, why = untrusted[0]
-        return ProofResult(Verdict.UNKNOWN, f"not proved: instruction {i} ({insns[i].text}) {why}, and its "
-                           f"relocation does not re-execute it, so VEX's values for it are not the CPU's", "smt",
-                           seconds=_elapsed(t0))
+        if i is not None:
+            why = (f"not proved: instruction {i} ({insns[i].text}) {why}, and its relocation does not re-execute it, "
+                   f"so VEX's values for it are not the CPU's")
+        return ProofResult(Verdict.UNKNOWN, why, "smt", seconds=_elapsed(t0))
     starts = f" (and from instructions {', '.join(map(str, sorted(done - {0})))})" if len(done) > 1 else ""
     return ProofResult(Verdict.PROVED, f"z3: the negated obligation is unsatisfiable{starts}", "smt",
                        seconds=_elapsed(t0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyvex
 
 from ..plan.effects import Address, AddRsp, Const, Jump, Let, Load, Push, Reg, Temp
+from ..x86.encoding import ABS_JUMP
 from ..x86.registers import MASK64
 from . import semantics as S
 
@@ -42,18 +43,32 @@ def _define(temps: dict, tmp: int) -> int:
     return temps[tmp]
 
 
-def _canon_block(irsb, resolve) -> tuple:
+def _canon_block(irsb, resolve, constant=None) -> tuple:
     """A canonical form of an IRSB: temps renamed by definition order, IMarks
     and writes of rip dropped (every exit and the block's end overwrite rip,
-    and no statement reads it: checked), exit targets passed through ``resolve``."""
+    and no statement reads it: checked), exit targets passed through ``resolve``.
+    ``constant(address)`` may give the value of an 8-byte load from a constant
+    address (the qword of the trampoline's own ``jmp *0(%rip)``): the load is
+    then the constant, and a block ending in a jump through it ends at that
+    constant, resolved like any other exit."""
     temps: dict = {}
     out = []
+    folded: dict = {}
     rip = S.REG_BY_NAME["rip"][0]
     for st in irsb.statements:
         t = type(st)
         if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
             continue
+        if t is pyvex.stmt.WrTmp and constant is not None and type(st.data) is pyvex.expr.Load \
+                and st.data.ty == "Ity_I64" and type(st.data.addr) is pyvex.expr.Const:
+            value = constant(st.data.addr.con.value)
+            if value is not None:
+                folded[st.tmp] = value
+                continue
         if t is pyvex.stmt.WrTmp:
+            if any(type(e) is pyvex.expr.RdTmp and e.tmp in folded for e in st.data.child_expressions) \
+                    or (type(st.data) is pyvex.expr.RdTmp and st.data.tmp in folded):
+                raise NotApplicable("a folded jump qword used as data")
             data = _canon_expr(st.data, temps)
             out.append(("wr", _define(temps, st.tmp), data))
         elif t is pyvex.stmt.Put:
@@ -70,10 +85,12 @@ def _canon_block(irsb, resolve) -> tuple:
             args = (_canon_expr(st.addr, temps), _canon_expr(st.alt, temps), _canon_expr(st.guard, temps))
             out.append(("ldg", st.end, st.cvt, _define(temps, st.dst)) + args)
         elif t is pyvex.stmt.CAS:
-            if st.dataHi is not None:
-                raise NotApplicable("double CAS")
             args = (_canon_expr(st.addr, temps), _canon_expr(st.expdLo, temps), _canon_expr(st.dataLo, temps))
-            out.append(("cas", st.end, _define(temps, st.oldLo)) + args)
+            if st.dataHi is not None:
+                args += (_canon_expr(st.expdHi, temps), _canon_expr(st.dataHi, temps))
+                out.append(("cas2", st.end, _define(temps, st.oldLo), _define(temps, st.oldHi)) + args)
+            else:
+                out.append(("cas", st.end, _define(temps, st.oldLo)) + args)
         elif t is pyvex.stmt.MBE:
             out.append(("mbe", st.event))
         elif t is pyvex.stmt.Exit:
@@ -85,6 +102,8 @@ def _canon_block(irsb, resolve) -> tuple:
     nxt = irsb.next
     if type(nxt) is pyvex.expr.Const:
         end = ("exit", resolve(nxt.con.value), _jk(irsb.jumpkind))
+    elif type(nxt) is pyvex.expr.RdTmp and nxt.tmp in folded:
+        end = ("exit", resolve(folded[nxt.tmp]), _jk(irsb.jumpkind))
     else:
         end = ("next", _canon_expr(nxt, temps), _jk(irsb.jumpkind))
     return _drop_dead(tuple(out) + (end,))
@@ -172,8 +191,13 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
     the relocation's T is A (the instruction starting over), and a target
     inside the trampoline is replaced by where the block there jumps,
     which is sound only because such a block is checked to do nothing but
-    jump (no state change except rip).  Equal mapped targets and equal
-    states at every exit are exactly obligations 1-4.
+    jump (no state change except rip).  A load of the qword of the
+    trampoline's own ``jmp *0(%rip)`` is its constant: those bytes are
+    tracer memory, which the original never accesses (the precondition) and
+    no store of the relocation hits (``smt.code_writes`` covers the SMT
+    path; here the statement lists are equal, so the relocation stores only
+    where the original does).  Equal mapped targets and equal states at every
+    exit are exactly obligations 1-4.
     """
     end = tramp + len(code)
 
@@ -184,12 +208,19 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
             return pure_jump_target(code, tramp, v)
         return v
 
+    def qword(address: int) -> int | None:
+        """The target of the trampoline's own ``jmp *0(%rip)`` when ``address`` is its qword."""
+        off = address - tramp
+        if 6 <= off <= len(code) - 8 and code[off - 6:off] == ABS_JUMP:
+            return int.from_bytes(code[off:off + 8], "little")
+        return None
+
     try:
         orig = S.lift(raw, at, max_inst=1)
         if orig.size != len(raw):
             return False
         reloc = S.lift(code, tramp)
-        return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc)
+        return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc, qword)
     except NotApplicable:
         return False
 

@@ -31,6 +31,7 @@ This is the checker's trust base.  What it models, and what it does not:
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 
 import archinfo
@@ -41,6 +42,7 @@ from angr.engines.vex.claripy.irop import vexop_to_simop
 
 from ..plan.effects import AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp, condition_test
 from ..x86.registers import MASK64
+from .forms import InsnFacts, cpu_length, facts
 
 ARCH = archinfo.ArchAMD64()
 
@@ -50,10 +52,17 @@ ARCH = archinfo.ArchAMD64()
 logging.getLogger("angr.engines.vex.claripy.irop").setLevel(logging.ERROR)
 
 REG_BY_NAME = {r.name: (r.vex_offset, r.size) for r in ARCH.register_list}
+#: State the CPU has and VEX does not, kept beside VEX's guest state at offsets past its end: bits
+#: 511:256 of zmm0-15 (``zmmhi0``..``zmmhi15``), which a VEX-encoded write of that register zeroes on
+#: a CPU with AVX-512 (SDM Vol. 1 §15.5) and a legacy-SSE write leaves alone.
+SYNTHETIC_BASE = 0x10000
+ZMM_HI = tuple(f"zmmhi{i}" for i in range(16))
+for _i, _name in enumerate(ZMM_HI):
+    REG_BY_NAME[_name] = (SYNTHETIC_BASE + 32 * _i, 32)
 _REG_OF_BYTE: dict[int, tuple[str, int, int]] = {}
-for _r in ARCH.register_list:
-    for _k in range(_r.size):
-        _REG_OF_BYTE[_r.vex_offset + _k] = (_r.name, _r.vex_offset, _r.size)
+for _name, (_off, _size) in REG_BY_NAME.items():
+    for _k in range(_size):
+        _REG_OF_BYTE[_off + _k] = (_name, _off, _size)
 
 FLAG_THUNK = ("cc_op", "cc_dep1", "cc_dep2", "cc_ndep")
 # VEX bookkeeping, not architectural state: emulation notes, the clflush
@@ -62,6 +71,13 @@ VEX_BOOKKEEPING = frozenset({"emnote", "cmstart", "cmlen", "nraddr", "ip_at_sysc
 OSZACP = 0x8D5  # OF SF ZF AF PF CF
 G_CC_OP_COPY = 0
 NORMAL_JUMPKINDS = frozenset({"Ijk_Boring", "Ijk_Call", "Ijk_Ret"})
+
+#: Exception vectors, plus one (0 is "no fault"): what an outcome's ``fault`` holds.
+FAULT_CODES = {"#DE": 1, "#BP": 4, "#UD": 7, "#GP": 14, "#PF": 15, "#AC": 18, "#XM": 20}
+FAULT_NAMES = {v: k for k, v in FAULT_CODES.items()}
+#: VEX's jumpkinds for the faults it models itself.
+FAULT_JUMPKINDS = {"Ijk_SigFPE_IntDiv": "#DE", "Ijk_SigFPE_IntOvf": "#DE", "Ijk_SigSEGV": "#GP",
+                   "Ijk_SigILL": "#UD", "Ijk_SigTRAP": "#BP", "Ijk_SigBUS": "#AC"}
 
 
 class Gap(Exception):
@@ -80,6 +96,20 @@ class Read:
 
 
 @dataclass(frozen=True)
+class Event:
+    """One memory event, in program order: a read ('R') or a write ('W') of ``size`` bytes at
+    ``address`` (a write with its ``value``), or a fence ('F', ``kind`` mfence/lfence/sfence/...).
+    A write keeps the width of the store that made it: two 4-byte stores are not one 8-byte store."""
+
+    kind: str
+    guard: object  # claripy Bool: the event happens (a guarded store's or load's own condition)
+    address: object = None
+    size: int = 0
+    value: object = None
+    fence: str = ""
+
+
+@dataclass(frozen=True)
 class Outcome:
     """One way out of a piece of code: the state when control left it."""
 
@@ -89,7 +119,13 @@ class Outcome:
     reads: tuple[Read, ...]
     target: object  # BV64: where control goes (already mapped T -> A for the relocated side)
     jumpkind: str
-    fences: int = 0  # memory barriers (mfence, lfence, sfence: VEX's MBE) on the way
+    events: tuple = ()  # Event, in program order
+    fault: object = None  # BV8: FAULT_CODES of the first fault on the way, 0 for none
+    insns: tuple = ()  # addresses of the instructions executed on the way, in order
+
+    @property
+    def fences(self) -> tuple[str, ...]:
+        return tuple(e.fence for e in self.events if e.kind == "F")
 
 
 @dataclass
@@ -99,10 +135,14 @@ class _Path:
     writes: list = field(default_factory=list)
     reads: list = field(default_factory=list)
     temps: dict = field(default_factory=dict)
-    fences: int = 0
+    events: list = field(default_factory=list)
+    faults: list = field(default_factory=list)  # (condition, code), in program order
+    insns: list = field(default_factory=list)
+    facts: InsnFacts | None = None  # the instruction being interpreted
 
     def fork(self, guard) -> "_Path":
-        return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps), self.fences)
+        return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps),
+                     list(self.events), list(self.faults), list(self.insns), self.facts)
 
 
 class _CCallState:
@@ -122,6 +162,9 @@ class World:
         self.mem_syms: dict[object, tuple[object, object]] = {}  # address AST -> (address, byte symbol)
         self.uf_results: list[tuple[str, tuple, object]] = []
         self.rflags = claripy.BVS("rflags", 64, explicit_name=True)
+        # MXCSR.MM, AMD's misaligned-SSE mode: on, a legacy-SSE 16-byte access may be misaligned;
+        # Intel has no such bit (it reads as 0).  Symbolic, so a proof covers both vendors.
+        self.mm = claripy.BVS("mxcsr_mm", 1, explicit_name=True)
         self.df = claripy.BVS("df", 1, explicit_name=True)
         self.ac = claripy.BVS("ac", 1, explicit_name=True)
         self.idf = claripy.BVS("id", 1, explicit_name=True)
@@ -226,11 +269,39 @@ def read_memory(world: World, writes, addr, size: int):
     return claripy.Concat(*reversed(parts)) if size > 1 else parts[0]
 
 
-def _store(path: _Path, addr, value):
+def _store(path: _Path, addr, value, guard=None):
     value = _to_bv(value)
     n = value.size() // 8
     for k in range(n):
         path.writes.append((addr + k if k else addr, value[k * 8 + 7:k * 8]))
+    path.events.append(Event("W", guard if guard is not None else claripy.true(), addr, n, value))
+
+
+def _read_event(path: _Path, addr, size: int, guard=None):
+    path.reads.append(Read(path.guard if guard is None else claripy.And(path.guard, guard), addr, size))
+    path.events.append(Event("R", guard if guard is not None else claripy.true(), addr, size))
+
+
+_DIVMOD = re.compile(r"Iop_DivMod([US])(\d+)to(\d+)")
+
+
+def _divide_fault(op: str, args) -> object | None:
+    """#DE of a VEX DivMod (x86 div/idiv): a zero divisor, or a quotient that does not fit."""
+    m = _DIVMOD.match(op)
+    if m is None:
+        return None
+    signed, wide, narrow = m.group(1) == "S", int(m.group(2)), int(m.group(3))
+    a, b = args
+    b = b.sign_extend(wide - narrow) if signed else b.zero_extend(wide - narrow)
+    zero = b == 0
+    safe_b = claripy.If(zero, claripy.BVV(1, wide), b)
+    if signed:
+        q = a.SDiv(safe_b)  # two's complement: MIN / -1 wraps, and overflows below as it should
+        lo, hi = -(1 << (narrow - 1)), (1 << (narrow - 1)) - 1
+        bad = claripy.Or(claripy.SLT(q, claripy.BVV(lo & ((1 << wide) - 1), wide)), claripy.SGT(q, claripy.BVV(hi, wide)))
+    else:
+        bad = claripy.UGE(a.LShR(narrow), safe_b)  # the quotient fits in ``narrow`` bits iff hi(a) < b
+    return claripy.Or(zero, bad)
 
 
 def _to_bv(v):
@@ -284,9 +355,45 @@ def _as_type(v, ty: str):
 
 
 class _Interp:
-    def __init__(self, world: World, start_pc: int):
+    """The IR interpreter.  ``code`` placed at ``base`` is what VEX lifts: at each instruction
+    boundary (IMark) the interpreter decodes those bytes as the CPU does (``forms.facts``) and
+    refuses a lift whose instruction boundaries are not the CPU's; the facts give what VEX's IR
+    leaves out (the fence kind, the alignment a memory operand needs, zmm upper bits zeroed)."""
+
+    def __init__(self, world: World, start_pc: int, code: bytes = b"", base: int = 0):
         self.world = world
         self.start_pc = start_pc
+        self.code = code
+        self.base = base
+
+    def mark(self, path: _Path, address: int, length: int) -> None:
+        """Entering the instruction at ``address``: its facts, and the zmm upper bits it zeroes."""
+        off = (address - self.base) & MASK64
+        raw = self.code[off:off + length] if off + length <= len(self.code) else b""
+        f = facts(raw) if raw else None
+        if f is None:
+            raise Gap(f"VEX lifts {length} bytes at {address:#x} that the CPU does not decode as one instruction")
+        path.facts = f
+        path.insns.append(address)
+        for i in f.zeroes_upper:
+            _put_reg(path, REG_BY_NAME[ZMM_HI[i]][0], claripy.BVV(0, 256))
+
+    def fault(self, path: _Path, condition, name: str) -> None:
+        if not claripy.is_false(condition):
+            path.faults.append((condition, FAULT_CODES[name]))
+
+    def access(self, path: _Path, addr, guard=None) -> None:
+        """The alignment fault of a memory access by the current instruction (#GP when misaligned;
+        a legacy-SSE one not under AMD's MXCSR.MM)."""
+        f = path.facts
+        if f is None or not f.align:
+            return
+        bad = (addr & (f.align - 1)) != 0
+        if f.align_legacy:
+            bad = claripy.And(bad, self.world.mm == 0)
+        if guard is not None:
+            bad = claripy.And(guard, bad)
+        self.fault(path, bad, "#GP")
 
     def expr(self, path: _Path, e):
         t = type(e)
@@ -299,6 +406,10 @@ class _Interp:
             return _as_type(_get_reg(self.world, path, e.offset, bits // 8, self.start_pc), e.ty)
         if t in (pyvex.expr.Unop, pyvex.expr.Binop, pyvex.expr.Triop, pyvex.expr.Qop):
             args = [self.expr(path, a) for a in e.args]
+            if t is pyvex.expr.Binop and e.op.startswith("Iop_DivMod"):
+                bad = _divide_fault(e.op, args)
+                if bad is not None:
+                    self.fault(path, bad, "#DE")
             try:
                 return vexop_to_simop(e.op).calculate(*args)
             except Exception as exc:  # angr raises several unrelated types here
@@ -306,7 +417,8 @@ class _Interp:
         if t is pyvex.expr.Load:
             addr = self.expr(path, e.addr)
             size = _ty_bits(e.ty) // 8
-            path.reads.append(Read(path.guard, addr, size))
+            _read_event(path, addr, size)
+            self.access(path, addr)
             v = read_memory(self.world, path.writes, addr, size)
             return _as_type(v, e.ty)
         if t is pyvex.expr.ITE:
@@ -351,10 +463,14 @@ class _Interp:
         exits = []
         for st in irsb.statements:
             t = type(st)
-            if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
+            if t is pyvex.stmt.IMark:
+                self.mark(path, st.addr, st.len)
                 continue
-            if t is pyvex.stmt.MBE:
-                path.fences += 1  # a memory event the obligation compares (smt.write_conditions)
+            if t in (pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
+                continue
+            if t is pyvex.stmt.MBE:  # a memory event the obligation compares, with its kind (VEX has one)
+                kind = path.facts.hazards.fence if path.facts is not None and path.facts.hazards.fence else "fence"
+                path.events.append(Event("F", claripy.true(), fence=kind))
                 continue
             if t is pyvex.stmt.WrTmp:
                 path.temps[st.tmp] = self.expr(path, st.data)
@@ -362,32 +478,40 @@ class _Interp:
                 _put_reg(path, st.offset, self.expr(path, st.data))
             elif t is pyvex.stmt.Store:
                 addr = self.expr(path, st.addr)
+                self.access(path, addr)
                 _store(path, addr, self.expr(path, st.data))
             elif t is pyvex.stmt.StoreG:
                 g = self.expr(path, st.guard) == 1
                 addr = self.expr(path, st.addr)
                 data = _to_bv(self.expr(path, st.data))
                 old = read_memory(self.world, path.writes, addr, data.size() // 8)
-                _store(path, addr, claripy.If(g, data, old))
+                self.access(path, addr, g)
+                _store(path, addr, claripy.If(g, data, old), g)
             elif t is pyvex.stmt.LoadG:
                 g = self.expr(path, st.guard) == 1
                 addr = self.expr(path, st.addr)
                 size = _ty_bits(st.cvt_types[0]) // 8
-                path.reads.append(Read(claripy.And(path.guard, g), addr, size))
+                _read_event(path, addr, size, g)
+                self.access(path, addr, g)
                 loaded = read_memory(self.world, path.writes, addr, size)
                 conv = _loadg_convert(st.cvt, loaded)
                 path.temps[st.dst] = claripy.If(g, conv, self.expr(path, st.alt))
             elif t is pyvex.stmt.CAS:
-                if st.dataHi is not None:
-                    raise Gap("double-width CAS (cmpxchg16b) is not modelled")
                 addr = self.expr(path, st.addr)
                 expd = self.expr(path, st.expdLo)
                 data = self.expr(path, st.dataLo)
+                half = expd.size() // 8
+                if st.dataHi is not None:  # cmpxchg8b/16b: one access of both halves, high half above
+                    expd = claripy.Concat(self.expr(path, st.expdHi), expd)
+                    data = claripy.Concat(self.expr(path, st.dataHi), data)
                 size = expd.size() // 8
-                path.reads.append(Read(path.guard, addr, size))
+                _read_event(path, addr, size)
+                self.access(path, addr)
                 old = read_memory(self.world, path.writes, addr, size)
                 _store(path, addr, claripy.If(old == expd, data, old))
-                path.temps[st.oldLo] = old
+                path.temps[st.oldLo] = old[half * 8 - 1:0]
+                if st.dataHi is not None:
+                    path.temps[st.oldHi] = old[size * 8 - 1:half * 8]
             elif t is pyvex.stmt.Exit:
                 g = self.expr(path, st.guard) == 1
                 taken = path.fork(claripy.And(path.guard, g))
@@ -424,6 +548,12 @@ def lift(code: bytes, addr: int, max_inst: int | None = None):
         raise Gap(f"VEX cannot decode the instruction at {addr:#x} (Ijk_NoDecode)")
     if irsb.size == 0:
         raise Gap(f"VEX lifted nothing at {addr:#x}")
+    for st in irsb.statements:
+        if type(st) is pyvex.stmt.IMark:
+            off = (st.addr - addr) & MASK64
+            if off + st.len > len(code) or cpu_length(bytes(code[off:off + 15])) != st.len:
+                raise Gap(f"VEX lifts {st.len} bytes at {st.addr:#x} as one instruction; the CPU does not "
+                          f"(another length, or not an instruction)")
     return irsb
 
 
@@ -432,7 +562,7 @@ def execute_original(world: World, raw: bytes, at: int) -> list[Outcome]:
     irsb = lift(raw, at, max_inst=1)
     if irsb.size != len(raw):
         raise Gap(f"VEX decoded {irsb.size} bytes where the decoders decoded {len(raw)}")
-    interp = _Interp(world, at)
+    interp = _Interp(world, at, raw, at)
     outs = interp.run_block(irsb, _Path(claripy.true()))
     return [_finish(p, tgt, jk) for p, tgt, jk in outs]
 
@@ -445,7 +575,7 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
     reported as ``at`` (the A <-> T correspondence of proof.py).
     """
     end = tramp + len(code)
-    interp = _Interp(world, tramp)
+    interp = _Interp(world, tramp, code, tramp)
     work = [(tramp, _Path(claripy.true()))]
     finals: list[Outcome] = []
     blocks = 0
@@ -475,7 +605,11 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
 
 
 def _finish(p: _Path, target, jk: str) -> Outcome:
-    return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, p.fences)
+    code = claripy.BVV(FAULT_CODES[FAULT_JUMPKINDS[jk]] if jk in FAULT_JUMPKINDS else 0, 8)
+    for condition, fault in reversed(p.faults):
+        code = claripy.If(condition, claripy.BVV(fault, 8), code)
+    return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, tuple(p.events), code,
+                   tuple(p.insns))
 
 
 # ---------------------------------------------------------------------------
@@ -508,7 +642,7 @@ def _value(world: World, path: _Path, v, start_pc: int):
         return path.temps[v.name]
     if isinstance(v, Load):
         addr = _address(world, path, v.address, start_pc)
-        path.reads.append(Read(path.guard, addr, v.size))
+        _read_event(path, addr, v.size)
         val = read_memory(world, path.writes, addr, v.size)
         return val.zero_extend(64 - v.size * 8) if v.size < 8 else val
     raise Gap(f"unknown effect value {v!r}")

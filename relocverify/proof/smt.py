@@ -35,7 +35,8 @@ def _written_registers(outs) -> set[str]:
     return names
 
 
-def _flags(world, o, start_pc):
+def rflags_of(world, o, start_pc):
+    """RFLAGS OSZACP of one way out, from its flags thunk through angr's helper (Gap if the thunk is symbolic)."""
     vals = [S.register_value(world, o.regs, n, start_pc) for n in S.FLAG_THUNK]
     if vals[0].op != "BVV":
         raise S.Gap("symbolic flags-thunk operation")
@@ -50,7 +51,18 @@ class _Item:
     reloc: object
 
 
+def flag_item(what: str, conditions) -> _Item:
+    """An item that differs exactly when one of ``conditions`` holds (the original's side is 0)."""
+    return _Item(what, claripy.BVV(0, 1), claripy.If(claripy.Or(*conditions), claripy.BVV(1, 1), claripy.BVV(0, 1)))
+
+
 def items(world, orig_outs, reloc_outs, at, tramp, x):
+    """What the two sides must agree on: the fault (first exception vector, or none), and when the
+    original completes, the next rip, the kind of exit, every register either side wrote (RFLAGS as
+    flags) and every byte of memory (at ``x``).  When the original faults, only the fault is
+    compared here: the registers at a fault are the tracer's to restore (it saved them), while
+    memory events before it are compared in program order by ``event_conditions``."""
+    completes = _merge(orig_outs, lambda o: o.fault) == 0
     items = [_Item("rip", _merge(orig_outs, lambda o: o.target), _merge(reloc_outs, lambda o: o.target))]
     jk_id = {}
 
@@ -61,8 +73,8 @@ def items(world, orig_outs, reloc_outs, at, tramp, x):
     items.append(_Item("event", _merge(orig_outs, jk), _merge(reloc_outs, jk)))
     names = _written_registers(orig_outs) | _written_registers(reloc_outs)
     if names & set(S.FLAG_THUNK):
-        items.append(_Item("rflags", _merge(orig_outs, lambda o: _flags(world, o, at)),
-                           _merge(reloc_outs, lambda o: _flags(world, o, tramp))))
+        items.append(_Item("rflags", _merge(orig_outs, lambda o: rflags_of(world, o, at)),
+                           _merge(reloc_outs, lambda o: rflags_of(world, o, tramp))))
     for name in sorted(names - set(S.FLAG_THUNK) - S.VEX_BOOKKEEPING - {"rip"}):
         if name.startswith("guest_"):
             raise S.Gap(f"a write to unnamed guest state at offset {name[6:]}")
@@ -71,71 +83,79 @@ def items(world, orig_outs, reloc_outs, at, tramp, x):
     if any(o.writes for o in orig_outs) or any(o.writes for o in reloc_outs):
         items.append(_Item("memory", _merge(orig_outs, lambda o: S.read_memory_byte(world, o.writes, x)),
                            _merge(reloc_outs, lambda o: S.read_memory_byte(world, o.writes, x))))
+    items = [_Item(it.what, claripy.If(completes, it.orig, it.reloc), it.reloc) for it in items]
+    items.insert(0, _Item("fault", _merge(orig_outs, lambda o: o.fault), _merge(reloc_outs, lambda o: o.fault)))
     return items
 
 
-def _visible_reads(world, outs):
-    """(guard, address, size) of every read outside tracer memory, in program order per way out.
-
-    A read's guard is the path condition when it happened; it is conjoined
-    with the way out's guard so that reads on diverging paths stay apart."""
-    reads = []
+def _visible_events(world, outs):
+    """Every memory event outside tracer memory, in program order per way out, with its guard
+    conjoined with the way out's guard so that events on diverging paths stay apart."""
+    events = []
     for o in outs:
-        for r in o.reads:
-            if r.address.op == "BVV" and world.in_tracer(r.address.args[0]):
+        for e in o.events:
+            if e.kind in "RW" and e.address.op == "BVV" and world.in_tracer(e.address.args[0]):
                 continue
-            reads.append((claripy.And(o.guard, r.guard), r.address, r.size))
-    return reads
+            events.append((claripy.And(o.guard, e.guard), e))
+    return events
 
 
-def read_conditions(world, orig_outs, reloc_outs):
-    """Conditions under which the two sides' memory reads differ (obligation 3)."""
-    ro, rr = _visible_reads(world, orig_outs), _visible_reads(world, reloc_outs)
+def _event_difference(go, eo, gr, er):
+    if eo.kind != er.kind or eo.size != er.size or eo.fence != er.fence:
+        return claripy.Or(go, gr)
+    same = [eo.address == er.address] if eo.kind in "RW" else []
+    if eo.kind == "W":
+        same.append(eo.value == er.value)
+    return claripy.Or(go != gr, claripy.And(go, claripy.Not(claripy.And(*same)))) if same else go != gr
+
+
+def event_conditions(world, orig_outs, reloc_outs):
+    """Conditions under which the two sides' memory events differ (obligations 2 and 3): the reads
+    (address and width), the writes (address, width and value: one 8-byte store is not two 4-byte
+    ones, which a concurrent reader can see torn; a store the original does not make is a difference
+    even when it writes the value already there, since another CPU's update in between would be lost
+    and a read-only page would fault) and the fences (with their kind: an lfence is not an mfence),
+    all in one program order, tracer memory excepted."""
+    eo, er = _visible_events(world, orig_outs), _visible_events(world, reloc_outs)
     conds = []
-    for i in range(max(len(ro), len(rr))):
-        if i >= len(ro):
-            conds.append(rr[i][0])
-            continue
-        if i >= len(rr):
-            conds.append(ro[i][0])
-            continue
-        (go, ao, so), (gr, ar, sr) = ro[i], rr[i]
-        if so != sr:
-            conds.append(claripy.Or(go, gr))
-            continue
-        conds.append(claripy.Or(go != gr, claripy.And(go, ao != ar)))
-    return conds
-
-
-def write_conditions(world, orig_outs, reloc_outs):
-    """Conditions under which the two sides' sequences of memory writes differ (address and value
-    of each byte written, in program order, tracer memory excepted): a store the original does
-    not make is a difference even when it writes the value already there (another CPU's update
-    in between would be lost; a read-only page would fault).  And a fence one side has and the
-    other has not."""
-    def visible(outs):
-        out = []
-        for o in outs:
-            for addr, byte in o.writes:
-                if addr.op == "BVV" and world.in_tracer(addr.args[0]):
-                    continue
-                out.append((o.guard, addr, byte))
-        return out
-
-    wo, wr = visible(orig_outs), visible(reloc_outs)
-    conds = []
-    for i in range(max(len(wo), len(wr))):
-        if i >= len(wo):
-            conds.append(wr[i][0])
-        elif i >= len(wr):
-            conds.append(wo[i][0])
+    for i in range(max(len(eo), len(er))):
+        if i >= len(eo):
+            conds.append(er[i][0])
+        elif i >= len(er):
+            conds.append(eo[i][0])
         else:
-            (go, ao, vo), (gr, ar, vr) = wo[i], wr[i]
-            conds.append(claripy.Or(go != gr, claripy.And(go, claripy.Or(ao != ar, vo != vr))))
-    fo = _merge(orig_outs, lambda o: claripy.BVV(o.fences, 16))
-    fr = _merge(reloc_outs, lambda o: claripy.BVV(o.fences, 16))
-    if not (fo.op == "BVV" and fr.op == "BVV" and fo.args[0] == fr.args[0]):
-        conds.append(fo != fr)
+            conds.append(_event_difference(eo[i][0], eo[i][1], er[i][0], er[i][1]))
+    return [c for c in conds if not claripy.is_false(c)]
+
+
+def code_spans(code: bytes, tramp: int) -> list[tuple[int, int]]:
+    """The byte ranges of the relocation's reachable instructions (``proof.reachable``), merged: the bytes
+    the checker lifts.  Save slots and the qwords of absolute jumps are data, read through the write log."""
+    from .reachable import reachable
+
+    spans: list[tuple[int, int]] = []
+    for address, raw in reachable(code, tramp).instructions:
+        if spans and spans[-1][0] + spans[-1][1] >= address:
+            lo, n = spans[-1]
+            spans[-1] = (lo, max(n, address + len(raw) - lo))
+        else:
+            spans.append((address, len(raw)))
+    return spans
+
+
+def code_writes(world, reloc_outs, spans):
+    """Conditions under which the relocation stores into the bytes of its own instructions (``code_spans``):
+    the checker lifted the bytes as they were, the CPU would run the ones written."""
+    conds = []
+    for o in reloc_outs:
+        for e in o.events:
+            if e.kind != "W":
+                continue
+            last = e.address + (e.size - 1) if e.size > 1 else e.address
+            for lo, n in spans:
+                hit = claripy.And(claripy.UGE(last, lo), claripy.ULT(e.address, (lo + n) & MASK64))
+                if not claripy.is_false(hit):
+                    conds.append(claripy.And(o.guard, e.guard, hit))
     return conds
 
 
@@ -160,7 +180,7 @@ def clobbered_flags(world, orig_outs, at: int, unaffected: int, timeout_ms: int)
     """The flags (iced RflagsBits) the decoders say the original leaves alone but VEX may change."""
     if not unaffected:
         return 0
-    after = _merge(orig_outs, lambda o: _flags(world, o, at))
+    after = _merge(orig_outs, lambda o: rflags_of(world, o, at))
     before = world.rflags & S.OSZACP
     bits = {1: 11, 2: 7, 4: 6, 8: 4, 16: 0, 32: 2}  # iced OF SF ZF AF CF PF -> RFLAGS bit
     clobbered = 0
@@ -207,7 +227,7 @@ def _bits(solver, e) -> int:
 _OUT_NAMES = {"fs": "fs_base", "gs": "gs_base"}
 
 
-def _model_state(world: S.World, solver):
+def model_state(world: S.World, solver):
     regs = []
     for name, sym in sorted(world.reg_syms.items()):
         regs.append((_OUT_NAMES.get(name, name), _bits(solver, sym)))
@@ -221,15 +241,19 @@ def _model_state(world: S.World, solver):
 
 
 def counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_hex, effects) -> Counterexample:
-    regs, mem = _model_state(world, solver)
+    regs, mem = model_state(world, solver)
     diffs = []
     for it in items:
         o, r = _bits(solver, it.orig), _bits(solver, it.reloc)
         if o != r:
             what = f"mem[{_bits(solver, x):#x}]" if it.what == "memory" else it.what
-            diffs.append(Difference(what, hex(o), hex(r)))
+            if it.what == "fault":
+                diffs.append(Difference(what, S.FAULT_NAMES.get(o, "none"), S.FAULT_NAMES.get(r, "none")))
+            else:
+                diffs.append(Difference(what, hex(o), hex(r)))
     if not diffs and read_conds:
-        diffs.append(Difference("reads", "the original's memory reads", "different reads"))
+        diffs.append(Difference("memory events", "the original's reads, writes and fences",
+                                "different ones (order, width, address, value or kind)"))
     return Counterexample(regs, mem, tuple(diffs), decoded.raw.hex(), decoded.address, tramp, reloc_hex,
                           json.dumps([effect_json(e) for e in effects], separators=(",", ":")) if effects else "")
 
