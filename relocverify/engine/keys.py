@@ -15,8 +15,9 @@ RIP-relative or branch target), in a few µs:
                   IMMEDIATE_OPERANDS``): the bytes with both zeroed, and the
                   displacement's alignment mod 64 when it is an absolute address
   r  rip          a RIP-relative operand: the bytes with the displacement
-                  zeroed, where the target lies from T (``_where``), whether
-                  it is A or A+len, its alignment mod 64, and T mod 64
+                  zeroed (kept when the target is out of reach: the scratch
+                  plan copies it), where the target lies from T (``_where``),
+                  whether it is A or A+len, its alignment mod 64, and T mod 64
   j  branch       a relative branch, call, loop or xbegin: the bytes with
                   the offset zeroed, where the target lies from T, and
                   whether it is A or A+len
@@ -147,8 +148,10 @@ class KeyMaker:
         fc = ins.flow_control
         if co.has_displacement and ins.is_ip_rel_memory_operand:
             target = ins.ip_rel_memory_address & MASK64
-            return (b"r" + back + _where(target - t) + _eq(target, a, n) + bytes([target & 63]) + self._t63
-                    + _zeroed(raw, co.displacement_offset, co.displacement_size))
+            where = _where(target - t)
+            # out of reach, the scratch plan keeps the displacement verbatim (scratch = A+len): part of the key
+            body = raw if where == _FAR else _zeroed(raw, co.displacement_offset, co.displacement_size)
+            return b"r" + back + where + _eq(target, a, n) + bytes([target & 63]) + self._t63 + body
         if fc in _REL_FLOWS and co.has_immediate and ins.op0_kind in _NEAR_BRANCH:
             target = ins.near_branch_target & MASK64
             return (b"j" + back + _where(target - t) + _eq(target, a, n)

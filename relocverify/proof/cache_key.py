@@ -15,6 +15,8 @@ from ..versions import versions_tag
 from ..x86.encoding import iter_code
 from ..x86.instruction import Decoded, Instruction
 from ..x86.registers import MASK64
+from . import form_table
+from .forms import IMMEDIATE_OPERANDS
 from .verdict import ProofResult, Verdict
 
 
@@ -66,16 +68,8 @@ def _shape(code: bytes, fields) -> bytes:
     return bytes(b)
 
 
-#: Integer instructions whose immediate VEX lifts as a plain constant operand (its
-#: value never changes which IR VEX emits or whether it can lift at all: the
-#: legacy ALU group, mov, test, imul, push, shifts and rotates by imm8, and
-#: bt/bts/btr/btc imm8).  For a byte-identical copy the immediate is the same
-#: constant on both sides, so it is left out of the cache key like a
-#: displacement.  Tested over many immediate values in tests/test_cache.py.
-#: The undocumented test forms f6 /1 and f7 /1 are not included.
-IMMEDIATE_OPERANDS = frozenset(
-    "add or adc sbb and sub xor cmp mov test imul push pushw pushq shl shr sal sar rol ror rcl rcr "
-    "bt bts btr btc".split())
+#: The immediates the key leaves out: ``proof.forms.IMMEDIATE_OPERANDS`` (defined there, with the forms).
+
 
 
 def operand_immediate(decoded: Instruction) -> bool:
@@ -114,8 +108,9 @@ def policy_digest(rules=RULES) -> bytes:
 
 
 def cache_tag(rules=RULES) -> bytes:
-    """The versions of every tool (``versions.versions_tag``) and the policy table's digest."""
-    return versions_tag() + policy_digest(rules)
+    """The versions of every tool (``versions.versions_tag``), the policy table's digest and the
+    CPU-validated form table's (``form_table.digest``): a verdict is reused only under all three."""
+    return versions_tag() + policy_digest(rules) + form_table.digest()
 
 
 def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:

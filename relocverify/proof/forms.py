@@ -41,6 +41,8 @@ MNEMONIC_NAMES = {v: k.lower() for k, v in vars(iced.Mnemonic).items() if k.isup
 REGISTER_NAMES = {v: k.lower() for k, v in vars(iced.Register).items() if k.isupper()}
 FEATURE_NAMES = {v: k for k, v in vars(iced.CpuidFeature).items() if k.isupper()}
 _OPKIND_NAMES = {v: k.lower() for k, v in vars(iced.OpKind).items() if k.isupper()}
+_FLOW_NAMES = {v: k.lower() for k, v in vars(iced.FlowControl).items() if k.isupper()}
+_BRANCH_KINDS = (iced.OpKind.NEAR_BRANCH16, iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64)
 _RE = iced.RegisterExt
 _INFO = iced.InstructionInfoFactory()
 
@@ -95,9 +97,10 @@ class Hazards:
 
 @dataclass(frozen=True)
 class InsnFacts:
-    """One instruction's form and the facts the proof checks beside the semantics."""
+    """One instruction's form and the facts the proof checks beside the semantics (shared by every
+    instance of the instruction that differs only in a displacement or a branch offset)."""
 
-    raw: bytes
+    length: int
     form: str
     code: str
     mnemonic: str
@@ -110,10 +113,6 @@ class InsnFacts:
     vendor_split: str | None  # why Intel and AMD decode these bytes differently, else None
     position_dependent: bool  # reads RIP: a RIP-relative operand or a relative branch
     flow: str  # iced FlowControl, lower case
-
-    @property
-    def length(self) -> int:
-        return len(self.raw)
 
 
 def _family(reg: int) -> str:
@@ -170,8 +169,7 @@ def _immediate_class(mnemonic: str, value: int) -> str:
     return f"i={value:x}"
 
 
-def _form(raw: bytes, ins: iced.Instruction, mnemonic: str) -> str:
-    info = _INFO.info(ins)
+def _form(raw: bytes, ins: iced.Instruction, mnemonic: str, info) -> str:
     used = {_family(u.register) for u in info.used_registers() if u.register != iced.Register.NONE}
     explicit = set()
     for k in range(ins.op_count):
@@ -241,20 +239,30 @@ def _alignment(ins: iced.Instruction, mnemonic: str) -> tuple[int, bool]:
     return 0, False
 
 
-def _zeroes_upper(ins: iced.Instruction, mnemonic: str) -> tuple[int, ...]:
+def _zeroes_upper(ins: iced.Instruction, mnemonic: str, info) -> tuple[int, ...]:
     if ins.encoding not in (iced.EncodingKind.VEX, iced.EncodingKind.EVEX, iced.EncodingKind.XOP):
         return ()
     if mnemonic in ("vzeroupper", "vzeroall"):
         return tuple(range(16))
     written = set()
-    for u in _INFO.info(ins).used_registers():
+    for u in info.used_registers():
         if u.access in (iced.OpAccess.WRITE, iced.OpAccess.READ_WRITE, iced.OpAccess.COND_WRITE,
                         iced.OpAccess.READ_COND_WRITE) and _RE.is_vector_register(u.register):
             written.add(_RE.number(u.register))  # iced names a VEX write by the whole zmm it zeroes
     return tuple(sorted(n for n in written if n < 16))
 
 
+#: What iced-x86's AMD decoder option changes (its documentation): 16-bit near branches and returns under
+#: 0x66, far transfers and lfs/lgs/lss under REX.W, ud0 without ModRM, LOCK mov to/from CR.  Only
+#: instructions that transfer control, those mnemonics, or bytes iced cannot decode can read differently.
+_VENDOR_MNEMONICS = frozenset({"ud0", "lfs", "lgs", "lss", "mov"})
+
+
 def _vendor_split(raw: bytes, ins: iced.Instruction) -> str | None:
+    if ins.flow_control == iced.FlowControl.NEXT and MNEMONIC_NAMES[ins.mnemonic] not in _VENDOR_MNEMONICS:
+        return None
+    if MNEMONIC_NAMES[ins.mnemonic] == "mov" and not ins.has_lock_prefix:
+        return None
     amd = iced.Decoder(64, raw, iced.DecoderOptions.AMD).decode()
     if amd.is_invalid:
         return "AMD's decoder finds no instruction here (AMD APM Vol. 3); Intel's does (SDM Vol. 2)"
@@ -269,30 +277,54 @@ def _vendor_split(raw: bytes, ins: iced.Instruction) -> str | None:
 @lru_cache(maxsize=1 << 17)
 def facts(raw: bytes) -> InsnFacts | None:
     """The facts of the one instruction ``raw`` (None: it is not exactly one valid instruction on the CPU:
-    invalid, longer than 15 bytes, or followed by more bytes)."""
+    invalid, longer than 15 bytes, or followed by more bytes).  Instances that differ only in a
+    displacement or a branch offset share their facts."""
     raw = bytes(raw)
     if not raw or len(raw) > 15:
         return None
+    dec = iced.Decoder(64, raw)
+    ins = dec.decode()
+    if ins.is_invalid or ins.len != len(raw):
+        return None
+    co = dec.get_constant_offsets(ins)
+    shape = raw
+    if co.has_displacement:
+        shape = shape[:co.displacement_offset] + bytes(co.displacement_size) + shape[co.displacement_offset
+                                                                                   + co.displacement_size:]
+    if co.has_immediate and ins.op_count and ins.op0_kind in _BRANCH_KINDS:
+        shape = shape[:co.immediate_offset] + bytes(co.immediate_size) + shape[co.immediate_offset
+                                                                               + co.immediate_size:]
+    return _facts_of_shape(shape)
+
+
+@lru_cache(maxsize=1 << 16)
+def _facts_of_shape(raw: bytes) -> InsnFacts | None:
     ins = iced.Decoder(64, raw).decode()
     if ins.is_invalid or ins.len != len(raw):
         return None
     mnemonic = MNEMONIC_NAMES[ins.mnemonic]
+    info = _INFO.info(ins)
     features = frozenset(FEATURE_NAMES[f] for f in ins.cpuid_features())
     has_memory = any(ins.op_kind(k) == iced.OpKind.MEMORY for k in range(ins.op_count))
     hazards = Hazards(_FENCES.get(mnemonic), ins.has_lock_prefix or (mnemonic == "xchg" and has_memory),
                       mnemonic in _NONTEMPORAL, mnemonic if mnemonic in _CACHE else None)
-    regs = [u.register for u in _INFO.info(ins).used_registers()]
+    regs = [u.register for u in info.used_registers()]
     x87 = bool(features & _X87_FEATURES) or mnemonic in _X87_MNEMONICS or any(
         _RE.is_st(r) or _RE.is_mm(r) for r in regs)
     align, legacy = _alignment(ins, mnemonic)
-    flow = {v: k.lower() for k, v in vars(iced.FlowControl).items() if k.isupper()}[ins.flow_control]
-    position = ins.is_ip_rel_memory_operand or any(
-        ins.op_kind(k) in (iced.OpKind.NEAR_BRANCH16, iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64)
-        for k in range(ins.op_count))
-    return InsnFacts(raw, _form(raw, ins, mnemonic), CODE_NAMES[ins.code], mnemonic, hazards, align, legacy,
-                     _zeroes_upper(ins, mnemonic), features, x87, _vendor_split(raw, ins), position, flow)
+    position = ins.is_ip_rel_memory_operand or any(ins.op_kind(k) in _BRANCH_KINDS for k in range(ins.op_count))
+    return InsnFacts(len(raw), _form(raw, ins, mnemonic, info), CODE_NAMES[ins.code], mnemonic, hazards, align, legacy,
+                     _zeroes_upper(ins, mnemonic, info), features, x87, _vendor_split(raw, ins), position,
+                     _FLOW_NAMES[ins.flow_control])
 
 
 def extra_features(orig: frozenset[str], reloc: frozenset[str]) -> frozenset[str]:
     """Features the relocation needs beyond the original's and the baseline (#UD on CPUs without them)."""
     return reloc - orig - BASELINE_FEATURES
+
+
+@lru_cache(maxsize=1 << 16)
+def cpu_length(raw: bytes) -> int:
+    """The length of the instruction the CPU decodes at the start of ``raw`` (iced-x86), 0 if none."""
+    ins = iced.Decoder(64, raw).decode()
+    return 0 if ins.is_invalid else ins.len

@@ -17,10 +17,10 @@ VEX's semantics of it may differ from what the CPU does:
 * flags VEX writes that the decoders say the instruction leaves alone
   (checked by the SMT path, ``vex_clobbers_flags``).
 
-What follows (``prove``): an original with a loose reason is proved only by
-a relocation that *re-executes* it (``reexecutes``): the same operation on
-the same operands, followed by nothing that writes a flag or one of its
-outputs.  Then the hardware computes the same loose outputs on both sides,
+What follows (``proof.admission``): an original with a loose reason is proved
+only by a relocation that *re-executes* it (``admission.reexecution``): the
+same operation on the same operands, followed by nothing that writes a flag
+or one of its outputs.  Then the hardware computes the same loose outputs on both sides,
 whatever they are, and VEX is trusted only for where the operands come from.
 Any other relocation gets ``unknown`` at best, never ``proved``.
 """
@@ -33,12 +33,12 @@ from functools import lru_cache
 import iced_x86
 import pyvex
 
-from ..x86.decode import decode
-from ..x86.encoding import iter_code
 from ..x86.instruction import Instruction
 from . import semantics as S
 
-_FP_OP = re.compile(r"F(16|32|64|128)|D(32|64|128)|Round|Sqrt|Recip|Est|Scale|Yl2x|PRem|Atan|Sin|Cos|Tan|2xm1")
+#: VEX operations on floating point: scalar ``AddF64``, lane-wise ``Add64Fx2`` and lowest-lane
+#: ``Add64F0x2`` forms, conversions (``I64StoF64``, ``F32toF64``), and the transcendental helpers.
+_FP_OP = re.compile(r"F(16|32|64|128)|\dF0?x\d|D(32|64|128)|Round|Sqrt|Recip|Est|Scale|Yl2x|PRem|Atan|Sin|Cos|Tan|2xm1")
 
 #: Results (beyond flags) the manuals leave undefined or vendor-defined, one row per operation.
 UNDEFINED_RESULTS: dict[str, str] = {
@@ -51,10 +51,6 @@ UNDEFINED_RESULTS: dict[str, str] = {
 #: iced-x86 RflagsBits, as names.
 _FLAG_BITS = (("OF", 1), ("SF", 2), ("ZF", 4), ("AF", 8), ("CF", 16), ("PF", 32))
 ARITH = 1 | 2 | 4 | 8 | 16 | 32
-
-#: Instructions a relocation may put around the re-executed original: moves to and from its own
-#: slots, the scratch load, and jumps (none writes a flag).
-_MOVES = frozenset({"mov", "movabs", "jmp"})
 
 _GPR_BYTES = {}  # iced register name -> (vex offset of its 64-bit register, first byte, bytes written)
 for _fam, names in {"rax": ("al", "ah", "ax", "eax", "rax"), "rcx": ("cl", "ch", "cx", "ecx", "rcx"),
@@ -145,57 +141,6 @@ def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
             reasons.append(f"is lifted writing {name}[{min(extra)}:{max(extra) + 1}], which the decoders say it "
                            f"leaves alone (a prefix VEX applies and the CPU ignores?)")
     return tuple(reasons)
-
-
-def reexecutes(decoded: Instruction, code: bytes | None, tramp: int) -> bool:
-    """True if relocated ``code`` runs ``decoded``'s operation itself (same operation, same register
-    operands and immediates; a memory operand may be re-encoded) and around it only moves and jumps
-    that write no flag and none of its outputs."""
-    if code is None:
-        return False
-    original = _iced(decoded.raw, decoded.address)
-    outputs = _written_registers(original)
-    seen = False
-    for piece in iter_code(code, tramp):
-        if piece.kind != "insn":
-            continue
-        raw = code[piece.offset:piece.offset + piece.length]
-        d = decode(raw, tramp + piece.offset)
-        if not isinstance(d, Instruction):
-            return False
-        ins = _iced(raw, tramp + piece.offset)
-        if not seen and _same_operation(original, ins):
-            seen = True
-            continue
-        if d.opname not in _MOVES or ins.rflags_modified or (seen and _written_registers(ins) & outputs):
-            return False
-    return seen
-
-
-def _written_registers(ins) -> set[str]:
-    from ..x86.registers import reg_family
-
-    return {reg_family(_REG_NAME.get(r.register, "")) for r in _INFO.info(ins).used_registers()
-            if r.access in _WRITES}
-
-
-def _same_operation(a, b) -> bool:
-    """Same iced code, the same register operands and immediates; memory operands may differ in their
-    encoding (a RIP-relative displacement re-aimed, a scratch base register)."""
-    if a.code != b.code or a.op_count != b.op_count:
-        return False
-    for k in range(a.op_count):
-        ka, kb = a.op_kind(k), b.op_kind(k)
-        if ka != kb:
-            return False
-        if ka == iced_x86.OpKind.REGISTER and a.op_register(k) != b.op_register(k):
-            return False
-        if ka in (iced_x86.OpKind.IMMEDIATE8, iced_x86.OpKind.IMMEDIATE16, iced_x86.OpKind.IMMEDIATE32,
-                  iced_x86.OpKind.IMMEDIATE64, iced_x86.OpKind.IMMEDIATE8TO16, iced_x86.OpKind.IMMEDIATE8TO32,
-                  iced_x86.OpKind.IMMEDIATE8TO64, iced_x86.OpKind.IMMEDIATE32TO64) \
-                and a.immediate(k) != b.immediate(k):
-            return False
-    return True
 
 
 def unaffected_flags(decoded: Instruction) -> int:

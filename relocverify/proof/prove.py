@@ -56,8 +56,10 @@ from . import semantics as S
 from . import smt
 from .atomicity import atomic, check_atomicity
 from .fast_path import NotApplicable, fast_path, fast_path_effects, pure_jump_target
+from .admission import admit, reexecutes
 from .lift_gaps import opaque_lift_reason
-from .lifter_checks import flag_names, loose_reasons, reexecutes, unaffected_flags
+from .precondition import check_tracer_memory
+from .lifter_checks import flag_names, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
 DEFAULT_TIMEOUT_MS = 10_000
@@ -81,9 +83,18 @@ def _jumps_back(decoded: Instruction, code: bytes, tramp: int) -> bool:
 
 def _gap_result(decoded: Instruction, code: bytes | None, tramp: int, reason: str, t0: float) -> ProofResult:
     if _byte_identical_copy(decoded, code) and _jumps_back(decoded, code, tramp):
+        reason = reason.removeprefix("not proved: ")
         return ProofResult(Verdict.OPAQUE, f"byte-identical copy, not proved: {reason}", "copy-check",
                            seconds=time.perf_counter() - t0)
     return ProofResult(Verdict.UNKNOWN, reason, "smt", seconds=time.perf_counter() - t0)
+
+
+def _outside_result(decoded: Instruction, code: bytes | None, tramp: int, method: str, what: str, reason: str,
+                    note: str, t0: float) -> ProofResult:
+    """A refutation by an obligation outside the sequential semantics (atomicity, memory ordering)."""
+    cex = Counterexample((), (), (Difference(what, "the original's", "the relocation's"),), decoded.raw.hex(),
+                         decoded.address, tramp, code.hex() if code else "", replayed=None, replay_note=note)
+    return ProofResult(Verdict.REFUTED, reason, method, cex, time.perf_counter() - t0)
 
 
 def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
@@ -99,8 +110,11 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     opaque = opaque_lift_reason(decoded)
     if opaque is not None:
         return _gap_result(decoded, code, tramp, opaque, t0)
-    loose = loose_reasons(decoded)
-    trusted = not loose or reexecutes(decoded, code, tramp)
+    admission = admit([decoded], [(code, tramp)])
+    if admission.refutation is not None:
+        return _outside_result(decoded, code, tramp, "memory-model", "memory ordering", admission.refutation,
+                               "memory ordering is not observable in a sequential replay (SDM Vol. 3 §9.2)", t0)
+    trusted = admission.trusted  # untrusted: no proof, but a counterexample unicorn confirms still refutes
     try:
         if trusted and code is None and fast_path_effects(decoded.raw, decoded.address, effects):
             return ProofResult(Verdict.PROVED, "the original's IR is the effect program's IR image",
@@ -118,6 +132,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     if code is not None:
         tracer_bytes = {tramp + k: b for k, b in enumerate(code)}
     world = S.World(tracer_bytes, tracer_ranges)
+    why = admission.reason
     try:
         orig = S.execute_original(world, decoded.raw, decoded.address)
         if code is not None:
@@ -126,22 +141,28 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
         x = claripy.BVS("x", 64, explicit_name=True)
         items = smt.items(world, orig, reloc, decoded.address, tramp, x)
-        read_conds = smt.read_conditions(world, orig, reloc) + smt.write_conditions(world, orig, reloc)
+        read_conds = smt.event_conditions(world, orig, reloc)
+        if code is not None:
+            self_writes = smt.code_writes(world, reloc, smt.code_spans(code, tramp))
+            if self_writes:
+                items.append(smt.flag_item("writes its own code", self_writes))
         solver = smt.solve(world, items, read_conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
         if solver is None and trusted and not reexecutes(decoded, code, tramp):
             clobbered = smt.clobbered_flags(world, orig, decoded.address, unaffected_flags(decoded), timeout_ms)
             if clobbered:
-                loose = (f"is lifted writing {flag_names(clobbered)}, which the decoders say it leaves alone",)
+                why = (f"not proved: the original is lifted writing {flag_names(clobbered)}, which the decoders say "
+                       f"it leaves alone, and the relocation does not re-execute it, so VEX's values for it are not "
+                       f"the CPU's")
                 trusted = False
     except S.Gap as gap:
-        return _gap_result(decoded, code, tramp, gap.reason, t0)
+        return _gap_result(decoded, code, tramp, gap.reason if trusted or not why else why, t0)
     except claripy.errors.ClaripyError as exc:
         return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
                            seconds=time.perf_counter() - t0)
     if solver is None and not trusted:
-        return ProofResult(Verdict.UNKNOWN, f"not proved: the original {loose[0]}, and the relocation does not "
-                           f"re-execute it, so VEX's values for it are not the CPU's", "smt",
-                           seconds=time.perf_counter() - t0)
+        if admission.unvalidated:
+            return _gap_result(decoded, code, tramp, why, t0)
+        return ProofResult(Verdict.UNKNOWN, why, "smt", seconds=time.perf_counter() - t0)
     if solver is None:
         return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
                            seconds=time.perf_counter() - t0)
@@ -166,8 +187,8 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
         return ProofResult(Verdict.UNKNOWN, "counterexample depends on an uninterpreted helper and did not replay",
                            "smt", cex, time.perf_counter() - t0)
     if not confirmed:
-        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})",
-                           "smt", cex, time.perf_counter() - t0)
+        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})"
+                           + (f"; {why}" if why else ""), "smt", cex, time.perf_counter() - t0)
     what = ", ".join(d.what for d in cex.differences) or "reads"
     return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
 
@@ -186,9 +207,12 @@ def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int, timeout_ms: int
     """The verdict for relocated bytes made by any tool, run from ``tramp``.
 
     Tracer memory is the relocated bytes themselves, plus ``tracer_memory``:
-    (address, size) ranges the tool keeps its own data in (save slots)."""
+    (address, size) ranges the tool keeps its own data in (save slots).
+    Raises ``InputError`` when those ranges make the precondition vacuous
+    (``precondition.check_tracer_memory``)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
+    check_tracer_memory(decoded, tramp, len(reloc), tuple(tracer_memory))
     ranges = ((tramp, len(reloc)),) + tuple(tracer_memory)
     return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms))
 
