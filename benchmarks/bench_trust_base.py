@@ -204,7 +204,7 @@ def vex_step(d, state):
 
     from relocverify.concrete.outcome import Outcome, initial_registers
     from relocverify.proof import semantics as S
-    from relocverify.proof.smt import _flags
+    from relocverify.proof.smt import rflags_of
 
     at = native.native_address(d.raw)
     world = S.World()
@@ -213,7 +213,7 @@ def vex_step(d, state):
     for o in outs:
         regs = {r: S.register_value(world, o.regs, r, at) for r in native.GPR64}
         regs.update({f"xmm{i}": S.register_value(world, o.regs, f"ymm{i}", at)[127:0] for i in range(16)})
-        exprs.append((o, regs, _flags(world, o, at), S.register_value(world, o.regs, "d", at)))
+        exprs.append((o, regs, rflags_of(world, o, at), S.register_value(world, o.regs, "d", at)))
     inputs = initial_registers(state)
     mxcsr = state.registers.get("mxcsr", native.MXCSR_DEFAULT)
     solver = claripy.Solver()

@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import gate as gate_command
 
     gate_command.add_parser(sub)
+    from . import selftest as selftest_command
+
+    selftest_command.add_parser(sub, TYPES)
     return p
 
 

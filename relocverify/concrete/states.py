@@ -184,6 +184,11 @@ def place(raw: bytes, address: int, regs: dict[str, int], rng: random.Random,
             if index and index not in fixed and index != base:
                 regs[index] = rng.randrange(8)
                 fixed.add(index)
+            if base and base == index and base not in fixed:  # [r + r*scale]: r alone reaches the arena
+                seg = regs.get("fs_base", 0) if m.segment == iced.Register.FS else \
+                    regs.get("gs_base", 0) if m.segment == iced.Register.GS else 0
+                regs[base] = ((target - m.displacement - seg) // (1 + m.scale)) & MASK64
+                fixed.add(base)
             if base and base not in fixed:
                 idx = regs[index] * m.scale if index else 0
                 seg = regs.get("fs_base", 0) if m.segment == iced.Register.FS else \

@@ -1,0 +1,91 @@
+"""The CPU-validated form table (proof.form_table) and its validation (selftest.form_validation)."""
+
+from __future__ import annotations
+
+import platform
+import random
+
+import pytest
+
+from relocverify.proof import form_table
+from relocverify.proof import semantics as S
+from relocverify.proof.forms import facts
+from relocverify.selftest.form_validation import validate_form
+
+on_x86 = pytest.mark.skipif(platform.machine() != "x86_64", reason="validates forms on an x86-64 CPU")
+
+
+def test_the_table_covers_the_kernel_and_says_where_it_was_made():
+    table = form_table.load()
+    statuses = {row.status for row in table.rows.values()}
+    assert statuses == {"exact", "loose", "failed"}
+    assert len(table.rows) > 3000 and table.cpu and table.generated
+    every_row_has_instances = all(row.instances for row in table.rows.values())
+    assert every_row_has_instances
+    for row in table.rows.values():
+        assert row.status == "exact" or row.loose, row.form  # a row that is not exact says why
+
+
+@on_x86
+def test_a_sample_of_the_table_validates_again_on_this_cpu():
+    """Rows drawn at random (a new sample each run): an exact row must still be exact here, a loose one
+    must not have become failed."""
+    table = form_table.load()
+    rng = random.Random()
+    seed = rng.getrandbits(32)
+    rng.seed(seed)
+    exact = [r for r in table.rows.values() if r.status == "exact"]
+    loose = [r for r in table.rows.values() if r.status == "loose"]
+    for row in rng.sample(exact, 25) + rng.sample(loose, 8):
+        again = validate_form(row.form, [bytes.fromhex(h) for h in row.instances], 8, seed)
+        if row.status == "exact":
+            assert again.status == "exact", (seed, row.form, again.loose, again.example)
+        else:
+            assert again.status != "failed", (seed, row.form, again.loose)
+
+
+@on_x86
+def test_a_wrong_flag_helper_is_caught(monkeypatch):
+    """Class 6's mechanism: validation compares every flag with the CPU.  Break angr's flag helper (CF
+    flipped) and an add that validates exact no longer does."""
+    raw = bytes.fromhex("4801d8")
+    assert validate_form(facts(raw).form, [raw], 8).status == "exact"
+    real = S._ccall.amd64g_calculate_rflags_all
+
+    def wrong(state, cc_op, dep1, dep2, ndep):
+        return real(state, cc_op, dep1, dep2, ndep) ^ 1
+
+    monkeypatch.setattr(S._ccall, "amd64g_calculate_rflags_all", wrong)
+    broken = validate_form(facts(raw).form, [raw], 8)
+    assert broken.status != "exact" and "flags" in broken.loose
+
+
+@on_x86
+def test_the_zmm_upper_bits_are_state_of_the_semantics(monkeypatch):
+    """Class 8's mechanism: a VEX-encoded write zeroes zmm bits 511:256 on an AVX-512 CPU, and the semantics
+    says so; without that the CPU and the semantics part."""
+    from relocverify.concrete.cpu import xsave_layout
+
+    if not xsave_layout().avx512:
+        pytest.skip("this CPU has no AVX-512: no zmm upper bits")
+    raw = bytes.fromhex("c5e1efdb")  # vpxor %xmm3,%xmm3,%xmm3
+    assert validate_form(facts(raw).form, [raw], 8).status == "exact"
+    original = S._Interp.mark
+
+    def no_zeroing(self, path, address, length):
+        original(self, path, address, length)
+        for name in S.ZMM_HI:
+            off = S.REG_BY_NAME[name][0]
+            for k in range(32):
+                path.regs.pop(off + k, None)
+
+    monkeypatch.setattr(S._Interp, "mark", no_zeroing)
+    assert "zmm upper" in validate_form(facts(raw).form, [raw], 8).loose
+
+
+def test_an_unknown_form_is_denied_by_default():
+    from relocverify.proof.admission import status
+
+    f = facts(bytes.fromhex("2e3e2e3e4801d8"))  # a form no kernel and no corpus has
+    assert form_table.load().row(f.form) is None
+    assert status(f)[0] is None and "not in the CPU-validated table" in status(f)[1]
