@@ -279,6 +279,13 @@ def test_every_policy_rule_has_a_corpus_entry():
         assert name in covered or name in unreachable, name
 
 
+#: Known-bug entries whose own plan is not proved either, and why.
+OWN_PLAN_UNPROVABLE = {
+    "bug7-kinst-xbegin-copied": "VEX models xbegin as a fixed path (eax=8, fall through) that never takes the abort "
+                                "target, and no CPU here validates it (AMD has no RTM): class 14, never proved",
+}
+
+
 def test_corpus_metadata():
     """Every entry says why; every known bug has a source, a foreign relocation and the own plan's verdict."""
     for e in ALL_ENTRIES:
@@ -286,7 +293,7 @@ def test_corpus_metadata():
     assert len(KNOWN_BUGS) >= 11
     for e in KNOWN_BUGS:
         assert e.foreign and e.get("source") and e.get("tracer"), e.id
-        assert e.get("own_verdict") == {"proved"}, e.id
+        assert e.get("own_verdict") == {"proved"} or e.id in OWN_PLAN_UNPROVABLE, e.id
         # refuted, or unknown where the entry says why the counterexample cannot be replayed
         assert e.get("verdict") == {"refuted"} or (e.get("verdict") == {"unknown"} and "replay" in e.why), e.id
         assert e.get("plan") and e.get("rule"), e.id
@@ -454,7 +461,7 @@ def test_adversarial_relocations_are_never_proved_and_their_controls_are(entry):
     unknown with a reason; our own plan for the same instruction stays proved."""
     result = corpus.run_entry(entry)
     assert result.ok, corpus.render_result(result)
-    assert result.verdicts[0] != "proved"
+    assert not result.verdicts or result.verdicts[0] != "proved"  # none: a vacuous precondition, refused
 
 
 def test_the_adversary_corpus_covers_every_class():

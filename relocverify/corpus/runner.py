@@ -18,6 +18,10 @@ What an entry can expect, checked in this order by ``run_entry``:
   (A, T) drawn from a generator seeded with the entry's id: A in
   ``random_at`` (default ``KERNEL_TEXT``), T in ``random_tramp`` (default:
   within ``NEAR_TRAMP`` bytes of A, i.e. rel32 reach less a margin);
+* a vacuous precondition (``precondition = "vacuous"``): the foreign
+  relocation's ``tracer_memory`` must be refused before any proof
+  (``proof.precondition``); an entry whose ranges are refused without this
+  key is an input error naming the entry;
 * a verdict (``verdict``: one name, or a list of acceptable names).
   Without ``reloc`` or ``effects`` it is the verdict on the project's own
   plan.  With ``reloc`` (the bytes another tracer put at T) or ``effects``
@@ -203,6 +207,8 @@ ENTRY_KEYS: dict[str, Key] = {
     "tracer_memory": Key(lambda v: tuple(_parse_tracer_range(x) for x in v)),
     "effects": Key(parse_effects),
     "own_verdict": Key(parse_verdicts),
+    # a foreign relocation whose tracer_memory must be refused before any proof (proof.precondition)
+    "precondition": Key(_one_of(("vacuous",))),
 }
 FILE_KEYS = ("title", "description", "defaults", "entry", "unreachable")
 
@@ -434,8 +440,17 @@ def run_entry(entry: Entry, timeout_ms: int = int(DEFAULT_TIMEOUT_S * 1000), pro
     if prove and ("verdict" in entry.facts or "own_verdict" in entry.facts):
         if entry.foreign and "verdict" in entry.facts:
             if "reloc" in entry.facts:
-                result = proof.prove_relocation(decoded, entry.get("reloc"), entry.tramp, timeout_ms=timeout_ms,
-                                                tracer_memory=entry.get("tracer_memory", ()))
+                try:
+                    result = proof.prove_relocation(decoded, entry.get("reloc"), entry.tramp, timeout_ms=timeout_ms,
+                                                    tracer_memory=entry.get("tracer_memory", ()))
+                except InputError as exc:
+                    if entry.get("precondition") != "vacuous":
+                        raise _bad(entry.path, f"entry {entry.id}", str(exc)) from None
+                    checks.append(Check("precondition", "vacuous: refused", "refused", True))
+                    return EntryResult(entry, tuple(checks), tuple(verdicts))
+                if entry.get("precondition") == "vacuous":
+                    checks.append(Check("precondition", "vacuous: refused", f"accepted ({result.verdict.value})",
+                                        False))
             else:
                 result = proof.prove_effects(decoded, entry.get("effects"), entry.tramp, timeout_ms=timeout_ms)
             checks.append(_verdict_check("foreign verdict", entry.get("verdict"), result))

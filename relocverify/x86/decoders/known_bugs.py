@@ -32,7 +32,7 @@ def _cs_ud1(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool:
 
 _CS_UNSUPPORTED = frozenset(
     "serialize rmpadjust pvalidate tilerelease rmpupdate psmash xsusldtrk xresldtrk enqcmd enqcmds "
-    "uiret clui stui testui senduipi hreset wrmsrns rdmsrlist wrmsrlist".split()
+    "uiret clui stui testui senduipi hreset wrmsrns rdmsrlist wrmsrlist invlpgb tlbsync".split()
 )
 
 
@@ -41,7 +41,8 @@ def _cs_missing(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool
 
 
 def _is4_byte(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool:
-    """A four-operand VEX/XOP form whose last byte is an is4 register selector (bits 7:4)."""
+    """A four-operand VEX/XOP form whose last byte is an is4 register selector (bits 7:4): the register is
+    the third operand when VEX.W=1 puts the memory operand last (FMA4, XOP vpcmov/vpperm), else the fourth."""
     if cs is None or cs.length != ic.length or (cs.disp_offset, cs.disp_size) != (ic.disp_offset, ic.disp_size):
         return False
     if ic.imm_size or cs.imm_size != 1 or cs.imm_offset != ic.length - 1:
@@ -50,7 +51,7 @@ def _is4_byte(raw: bytes, cs: DecoderAnswer | None, ic: DecoderAnswer) -> bool:
 
     ins = iced_x86.Decoder(64, raw[:ic.length]).decode()
     return (ins.encoding in (iced_x86.EncodingKind.VEX, iced_x86.EncodingKind.XOP) and ins.op_count >= 4
-            and ins.op_kind(3) == iced_x86.OpKind.REGISTER)
+            and iced_x86.OpKind.REGISTER in (ins.op_kind(2), ins.op_kind(3)))
 
 
 KNOWN_DECODER_BUGS: tuple[KnownBug, ...] = (
