@@ -221,11 +221,16 @@ def _unvalidated(r) -> bool:
     return r.verdict is Verdict.UNKNOWN and ("CPU-validated" in r.reason or "CPU validation" in r.reason)
 
 
+# A generous solver budget: the verdicts here must not depend on how loaded the machine is (a
+# timeout is ``unknown``, which would read as a surviving mutant).
+TIMEOUT_MS = 120_000
+
+
 def _verdict(m: Mutant):
     orig = decode(m.orig, A)
     if m.effects is not None:
-        return prove_effects(orig, m.effects, m.tramp)
-    return prove_relocation(orig, m.reloc, m.tramp, tracer_memory=m.tracer)
+        return prove_effects(orig, m.effects, m.tramp, timeout_ms=TIMEOUT_MS)
+    return prove_relocation(orig, m.reloc, m.tramp, timeout_ms=TIMEOUT_MS, tracer_memory=m.tracer)
 
 
 ALL = [m for name, h, t in BASES for m in mutants_of(name, h, t)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..inputs import parse_int
+from ..inputs import memory_range, parse_int
 from ..x86.registers import GPR64, MASK64
 
 GPRS = GPR64
@@ -131,5 +131,8 @@ def state_from_json(doc: object) -> MachineState:
             raw = bytes.fromhex(data) if isinstance(data, str) else bytes([data])
         except (ValueError, TypeError):
             raise InputError(f"memory at {addr} must be hex bytes like 'ab', not {data!r}") from None
-        memory.update({(base + i) & MASK64: b for i, b in enumerate(raw)})
+        if not raw:
+            continue
+        memory_range((base, len(raw)), f"the memory block at {addr}")  # canonical, not wrapping past 2^64
+        memory.update({base + i: b for i, b in enumerate(raw)})
     return MachineState(registers, memory)

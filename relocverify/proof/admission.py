@@ -270,6 +270,6 @@ def admit(originals: Sequence[Instruction], pieces: Sequence[tuple[bytes | None,
                 continue
             if rstatus != "exact":
                 return Admission(False, f"not proved: the relocation's instruction at T+{address - base:#x} "
-                                 f"({rf.mnemonic}) {rreason if rstatus is None else rreason + ', and it is not a re-execution of the original'}",
+                                 f"({rf.mnemonic}){': ' + rreason if rstatus is None else ' ' + rreason + ', and it is not a re-execution of the original'}",
                                  unvalidated=rstatus is None)
     return TRUSTED

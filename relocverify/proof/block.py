@@ -62,6 +62,8 @@ from ..concrete.outcome import Difference, MachineState, with_code
 from ..concrete.replay import Replay, compare
 from ..plan.block import BlockPlan
 from ..x86.registers import MASK64
+from ..text import one_line
+from . import lift as L
 from . import semantics as S
 from . import smt
 from .atomicity import atomic, check_atomicity
@@ -143,18 +145,18 @@ def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], r
         pc, path, piece = work.pop()
         blocks += 1
         if blocks > MAX_BLOCKS:
-            raise S.Gap(f"the run went through more than {MAX_BLOCKS} blocks without leaving")
+            raise L.Gap(f"the run went through more than {MAX_BLOCKS} blocks without leaving")
         if one_insn:
             n = (starts[piece + 1] if piece + 1 < len(starts) else end) - pc
-            irsb = S.lift(code[pc - base:pc - base + n], pc, max_inst=1)
+            irsb = L.lift(code[pc - base:pc - base + n], pc, max_inst=1)
             if irsb.size != n:
-                raise S.Gap(f"VEX decoded {irsb.size} bytes at {pc:#x} where the decoders decoded {n}")
+                raise L.Gap(f"VEX decoded {irsb.size} bytes at {pc:#x} where the decoders decoded {n}")
         else:
-            irsb = S.lift(code[pc - base:], pc)
+            irsb = L.lift(code[pc - base:], pc)
         for p, tgt, jk in interp.run_block(irsb, path):
             if claripy.is_false(p.guard):
                 continue
-            normal = jk in S.NORMAL_JUMPKINDS
+            normal = jk in L.NORMAL_JUMPKINDS
             if tgt.op == "BVV":
                 v = tgt.args[0]
                 j = index.get(v)
@@ -284,11 +286,11 @@ def block_fast_path(block: BlockPlan) -> bool:
 
     try:
         for i, insn in enumerate(block.instructions):
-            orig = S.lift(insn.raw, insn.address, max_inst=1)
+            orig = L.lift(insn.raw, insn.address, max_inst=1)
             if orig.size != insn.length:
                 return False
             off = block.starts[i] - t
-            reloc = _canon_block(S.lift(block.trampoline[off:], block.starts[i]), resolve)
+            reloc = _canon_block(L.lift(block.trampoline[off:], block.starts[i]), resolve)
             if reloc[-1][0] == "next" or _canon_block(orig, lambda v: v) != reloc:
                 return False  # a computed exit may land inside (A, A+L): left to the SMT obligation
     except NotApplicable:
@@ -396,8 +398,11 @@ def _refutation(block: BlockPlan, s: int, world, orig, solver, items, conds, x, 
                            "the probe's jump", "smt", cex, _elapsed(t0))
     rep = replay_block(block, cex.state(), s)
     if not rep.replayable and "rcx" in world.reg_syms:
-        small = smt.solve(world, items, conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
-                          precondition=smt.private_tracer_memory(world, orig))
+        try:
+            small = smt.solve(world, items, conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
+                              precondition=smt.private_tracer_memory(world, orig))
+        except claripy.errors.ClaripyError:  # a timeout looking for a smaller one: keep the first
+            small = None
         if small is not None:
             cex = smt.counterexample(world, small, items, conds, x, who, t_s, block.trampoline.hex(), ())
             rep = replay_block(block, cex.state(), s)
@@ -470,10 +475,10 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
                 if clobbered:
                     untrusted.append((i, clobbered))
                     break
-    except S.Gap as gap:
+    except L.Gap as gap:
         return ProofResult(Verdict.UNKNOWN, gap.reason, "smt", seconds=_elapsed(t0))
     except (claripy.errors.ClaripyError, pyvex.PyVEXError) as exc:
-        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {one_line(exc)}", "smt",
                            seconds=_elapsed(t0))
     if untrusted:
         i, why = untrusted[0]

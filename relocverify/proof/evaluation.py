@@ -25,6 +25,7 @@ import z3
 
 from ..concrete.outcome import MachineState, Outcome
 from ..x86.registers import GPR64, MASK64
+from . import lift as L
 from . import semantics as S
 from .smt import rflags_of
 
@@ -83,7 +84,7 @@ def _compile(world: S.World, outs: list, start: int) -> _Compiled:
         for i in range(16):
             r[f"ymm{i}"] = S.register_value(world, o.regs, f"ymm{i}", start)
             r[f"zmmhi{i}"] = S.register_value(world, o.regs, f"zmmhi{i}", start)
-        thunk = [S.register_value(world, o.regs, n, start) for n in S.FLAG_THUNK]
+        thunk = [S.register_value(world, o.regs, n, start) for n in L.FLAG_THUNK]
         if thunk[0].op == "BVV":
             r["flags"] = rflags_of(world, o, start)
         else:  # a shift by cl keeps the old thunk when the count is 0: evaluated per state (``_flags_of``)
@@ -174,7 +175,7 @@ def evaluate(code: bytes, address: int, states: list[MachineState], *, relocated
     """One ``Outcome`` per state: the semantics of ``code`` at ``address`` (an original instruction, or
     with ``relocated`` a trampoline run until it leaves).  ``registers`` holds the GPRs, ``rflags``
     (OSZACP, DF, AC, bit 1), ``fs_base``, ``gs_base``, ``mxcsr`` and ``zmm0``-``zmm15``; a value the
-    semantics leaves unspecified is None.  ``fault`` is a FAULT_NAMES name or None.  Raises ``S.Gap``
+    semantics leaves unspecified is None.  ``fault`` is a FAULT_NAMES name or None.  Raises ``L.Gap``
     (no semantics) or ``Unevaluable``."""
     world = S.World()
     outs = (S.execute_relocated(world, code, address, address) if relocated
@@ -225,7 +226,7 @@ def _one(c: _Compiled, subs: list, state: MachineState, memory) -> Outcome:
         writes[av & MASK64] = _value(b, subs)
     fault = _value(c.faults[i], subs)
     jumpkind = c.outs[i].jumpkind
-    name = S.FAULT_NAMES.get(fault) if fault else None
+    name = L.FAULT_NAMES.get(fault) if fault else None
     if name is None and jumpkind.startswith("Ijk_Sig"):
         name = jumpkind  # a fault VEX models by its exit kind; Yield (pause) and cache hints are not faults
     return Outcome(regs, _value(c.targets[i], subs), writes, name)
@@ -237,7 +238,7 @@ def _flags_of(v: dict) -> int:
         return v["flags"]
     args = [claripy.BVV(v[f"thunk{k}"], 64) for k in range(4)]
     r = S._ccall.amd64g_calculate_rflags_all(S._CCallState(), *args)
-    return claripy.backends.concrete.convert(r).value & S.OSZACP
+    return claripy.backends.concrete.convert(r).value & L.OSZACP
 
 
 def _assemble(c: _Compiled, i: int, v: dict, state: MachineState) -> Outcome:
@@ -254,7 +255,7 @@ def _assemble(c: _Compiled, i: int, v: dict, state: MachineState) -> Outcome:
     for k in range(len(c.writes[i])):
         writes[v[("wa", k)]] = v[("wb", k)]
     fault = v["fault"]
-    name = S.FAULT_NAMES.get(fault) if fault else None
+    name = L.FAULT_NAMES.get(fault) if fault else None
     jumpkind = c.outs[i].jumpkind
     if name is None and jumpkind.startswith("Ijk_Sig"):
         name = jumpkind

@@ -10,7 +10,7 @@ import pyvex
 from ..plan.effects import Address, AddRsp, Const, Jump, Let, Load, Push, Reg, Temp
 from ..x86.encoding import ABS_JUMP
 from ..x86.registers import MASK64
-from . import semantics as S
+from . import lift as L
 
 
 class NotApplicable(Exception):
@@ -24,7 +24,7 @@ def _canon_expr(e, temps: dict):
     if t is pyvex.expr.Const:
         return ("c", e.con.type, e.con.value)
     if t is pyvex.expr.Get:
-        if e.offset == S.REG_BY_NAME["rip"][0]:
+        if e.offset == L.REG_BY_NAME["rip"][0]:
             raise NotApplicable("reads rip")
         return ("get", e.offset, e.ty)
     if t in (pyvex.expr.Unop, pyvex.expr.Binop, pyvex.expr.Triop, pyvex.expr.Qop):
@@ -54,7 +54,7 @@ def _canon_block(irsb, resolve, constant=None) -> tuple:
     temps: dict = {}
     out = []
     folded: dict = {}
-    rip = S.REG_BY_NAME["rip"][0]
+    rip = L.REG_BY_NAME["rip"][0]
     for st in irsb.statements:
         t = type(st)
         if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
@@ -96,7 +96,7 @@ def _canon_block(irsb, resolve, constant=None) -> tuple:
         elif t is pyvex.stmt.Exit:
             out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), _jk(st.jumpkind)))
         elif t is pyvex.stmt.Dirty:
-            raise S.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
+            raise L.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
         else:
             raise NotApplicable(f"statement {t.__name__}")
     nxt = irsb.next
@@ -111,7 +111,7 @@ def _canon_block(irsb, resolve, constant=None) -> tuple:
 
 def _jk(jumpkind: str) -> str:
     """Call and Ret are hints to VEX's clients; as state transitions they are Boring."""
-    return "Ijk_Boring" if jumpkind in S.NORMAL_JUMPKINDS else jumpkind
+    return "Ijk_Boring" if jumpkind in L.NORMAL_JUMPKINDS else jumpkind
 
 
 def _uses(node, acc: set) -> set:
@@ -148,11 +148,11 @@ def pure_jump_target(code: bytes, tramp: int, pc: int, depth: int = 0) -> int:
     """Where a trampoline-internal block that only jumps goes (through chains of such blocks)."""
     if depth > 8:
         raise NotApplicable("jump chain too long")
-    irsb = S.lift(code[pc - tramp:], pc)
+    irsb = L.lift(code[pc - tramp:], pc)
     for st in irsb.statements:
         if type(st) in (pyvex.stmt.IMark, pyvex.stmt.NoOp):
             continue
-        if type(st) is pyvex.stmt.Put and st.offset == S.REG_BY_NAME["rip"][0] and type(st.data) is pyvex.expr.Const:
+        if type(st) is pyvex.stmt.Put and st.offset == L.REG_BY_NAME["rip"][0] and type(st.data) is pyvex.expr.Const:
             continue
         if type(st) is pyvex.stmt.WrTmp and type(st.data) is pyvex.expr.Load and type(st.data.addr) is pyvex.expr.Const:
             continue  # the qword load of jmp *0(%rip), resolved below
@@ -216,10 +216,10 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
         return None
 
     try:
-        orig = S.lift(raw, at, max_inst=1)
+        orig = L.lift(raw, at, max_inst=1)
         if orig.size != len(raw):
             return False
-        reloc = S.lift(code, tramp)
+        reloc = L.lift(code, tramp)
         return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc, qword)
     except NotApplicable:
         return False
@@ -239,7 +239,7 @@ def _effects_image(effects) -> tuple | None:
     is re-used from the last statement that produced it, as VEX's lifter
     does, so that an identical image means an identical computation.
     """
-    rsp = S.REG_BY_NAME["rsp"][0]
+    rsp = L.REG_BY_NAME["rsp"][0]
     out: list = []
     known: dict[int, tuple] = {}
     names: dict[str, tuple] = {}
@@ -251,7 +251,7 @@ def _effects_image(effects) -> tuple | None:
         return ("t", counter[0] - 1)
 
     def reg(name: str) -> tuple:
-        off = S.REG_BY_NAME[name][0]
+        off = L.REG_BY_NAME[name][0]
         if off not in known:
             known[off] = wr(("get", off, "Ity_I64"))
         return known[off]
@@ -327,7 +327,7 @@ def fast_path_effects(raw: bytes, at: int, effects) -> bool:
     if image is None:
         return False
     try:
-        orig = S.lift(raw, at, max_inst=1)
+        orig = L.lift(raw, at, max_inst=1)
         if orig.size != len(raw):
             return False
         return _canon_block(orig, lambda v: v) == image

@@ -34,7 +34,7 @@ import iced_x86
 import pyvex
 
 from ..x86.instruction import Instruction
-from . import semantics as S
+from . import lift as L
 
 #: VEX operations on floating point: scalar ``AddF64``, lane-wise ``Add64Fx2`` and lowest-lane
 #: ``Add64F0x2`` forms, conversions (``I64StoF64``, ``F32toF64``), and the transcendental helpers.
@@ -57,7 +57,7 @@ for _fam, names in {"rax": ("al", "ah", "ax", "eax", "rax"), "rcx": ("cl", "ch",
                     "rdx": ("dl", "dh", "dx", "edx", "rdx"), "rbx": ("bl", "bh", "bx", "ebx", "rbx"),
                     "rsp": ("spl", None, "sp", "esp", "rsp"), "rbp": ("bpl", None, "bp", "ebp", "rbp"),
                     "rsi": ("sil", None, "si", "esi", "rsi"), "rdi": ("dil", None, "di", "edi", "rdi")}.items():
-    off = S.REG_BY_NAME[_fam][0]
+    off = L.REG_BY_NAME[_fam][0]
     lo, hi, word, dword, qword = names
     _GPR_BYTES[lo] = (off, 0, 1)
     if hi:
@@ -66,7 +66,7 @@ for _fam, names in {"rax": ("al", "ah", "ax", "eax", "rax"), "rcx": ("cl", "ch",
     _GPR_BYTES[dword] = (off, 0, 8)  # a 32-bit write zero-extends
     _GPR_BYTES[qword] = (off, 0, 8)
 for _k in range(8, 16):
-    _off = S.REG_BY_NAME[f"r{_k}"][0]
+    _off = L.REG_BY_NAME[f"r{_k}"][0]
     _GPR_BYTES[f"r{_k}l"] = (_off, 0, 1)
     _GPR_BYTES[f"r{_k}w"] = (_off, 0, 2)
     _GPR_BYTES[f"r{_k}d"] = (_off, 0, 8)
@@ -102,8 +102,8 @@ def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
     if opname in UNDEFINED_RESULTS:
         reasons.append(f"{opname} {UNDEFINED_RESULTS[opname]}")
     try:
-        irsb = S.lift(raw, address, max_inst=1)
-    except S.Gap:
+        irsb = L.lift(raw, address, max_inst=1)
+    except L.Gap:
         return tuple(reasons)
     ops, stores = set(), False
     written: dict[int, set[int]] = {}
@@ -136,8 +136,8 @@ def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
             allowed.setdefault(off, set()).update(range(first, first + n))
     for off, nbytes in written.items():
         extra = nbytes - allowed.get(off, set())
-        if extra and off != S.REG_BY_NAME["rsp"][0] and off != S.REG_BY_NAME["rip"][0]:
-            name = next(n for n, v in S.REG_BY_NAME.items() if v[0] == off and v[1] == 8)
+        if extra and off != L.REG_BY_NAME["rsp"][0] and off != L.REG_BY_NAME["rip"][0]:
+            name = next(n for n, v in L.REG_BY_NAME.items() if v[0] == off and v[1] == 8)
             reasons.append(f"is lifted writing {name}[{min(extra)}:{max(extra) + 1}], which the decoders say it "
                            f"leaves alone (a prefix VEX applies and the CPU ignores?)")
     return tuple(reasons)

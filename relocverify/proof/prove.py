@@ -45,48 +45,20 @@ from __future__ import annotations
 
 import time
 
-import claripy
-
 from ..concrete.outcome import Difference
 from ..plan.effects import Effect
 from ..plan.plan import Plan, PlanKind
-from ..plan.policy import classify
 from ..x86.instruction import Decoded, Instruction
-from . import semantics as S
-from . import smt
 from .atomicity import atomic, check_atomicity
-from .fast_path import NotApplicable, fast_path, fast_path_effects, pure_jump_target
-from .admission import admit, reexecutes
+from .fast_path import fast_path, fast_path_effects
+from .lift import Gap
+from .unproved import gap_result
+from .admission import admit
 from .lift_gaps import opaque_lift_reason
 from .precondition import check_tracer_memory
-from .lifter_checks import flag_names, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
 DEFAULT_TIMEOUT_MS = 10_000
-
-
-def _byte_identical_copy(decoded: Instruction, code: bytes | None) -> bool:
-    if code is None or code[:decoded.length] != decoded.raw:
-        return False
-    return classify(decoded).strategy == "copy"
-
-
-def _jumps_back(decoded: Instruction, code: bytes, tramp: int) -> bool:
-    n = decoded.length
-    if len(code) <= n:
-        return False
-    try:
-        return pure_jump_target(code, tramp, tramp + n) == decoded.end
-    except (NotApplicable, S.Gap):
-        return False
-
-
-def _gap_result(decoded: Instruction, code: bytes | None, tramp: int, reason: str, t0: float) -> ProofResult:
-    if _byte_identical_copy(decoded, code) and _jumps_back(decoded, code, tramp):
-        reason = reason.removeprefix("not proved: ")
-        return ProofResult(Verdict.OPAQUE, f"byte-identical copy, not proved: {reason}", "copy-check",
-                           seconds=time.perf_counter() - t0)
-    return ProofResult(Verdict.UNKNOWN, reason, "smt", seconds=time.perf_counter() - t0)
 
 
 def _outside_result(decoded: Instruction, code: bytes | None, tramp: int, method: str, what: str, reason: str,
@@ -109,7 +81,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
         return ProofResult(Verdict.REFUTED, lock, "atomicity", cex, time.perf_counter() - t0)
     opaque = opaque_lift_reason(decoded)
     if opaque is not None:
-        return _gap_result(decoded, code, tramp, opaque, t0)
+        return gap_result(decoded, code, tramp, opaque, t0)
     admission = admit([decoded], [(code, tramp)])
     if admission.refutation is not None:
         return _outside_result(decoded, code, tramp, "memory-model", "memory ordering", admission.refutation,
@@ -119,78 +91,17 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
         if trusted and code is None and fast_path_effects(decoded.raw, decoded.address, effects):
             return ProofResult(Verdict.PROVED, "the original's IR is the effect program's IR image",
                                "fast-path", seconds=time.perf_counter() - t0)
-    except S.Gap as gap:
-        return _gap_result(decoded, code, tramp, gap.reason, t0)
+    except Gap as gap:
+        return gap_result(decoded, code, tramp, gap.reason, t0)
     if trusted and code is not None:
         try:
             if fast_path(decoded.raw, decoded.address, code, tramp):
                 return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",
                                    "fast-path", seconds=time.perf_counter() - t0)
-        except S.Gap as gap:
-            return _gap_result(decoded, code, tramp, gap.reason, t0)
-    tracer_bytes = {}
-    if code is not None:
-        tracer_bytes = {tramp + k: b for k, b in enumerate(code)}
-    world = S.World(tracer_bytes, tracer_ranges)
-    why = admission.reason
-    try:
-        orig = S.execute_original(world, decoded.raw, decoded.address)
-        if code is not None:
-            reloc = S.execute_relocated(world, code, tramp, decoded.address)
-        else:
-            reloc = S.execute_effects(world, effects, decoded.address, tramp)
-        x = claripy.BVS("x", 64, explicit_name=True)
-        items = smt.items(world, orig, reloc, decoded.address, tramp, x)
-        read_conds = smt.event_conditions(world, orig, reloc)
-        if code is not None:
-            self_writes = smt.code_writes(world, reloc, smt.code_spans(code, tramp))
-            if self_writes:
-                items.append(smt.flag_item("writes its own code", self_writes))
-        solver = smt.solve(world, items, read_conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
-        if solver is None and trusted and not reexecutes(decoded, code, tramp):
-            clobbered = smt.clobbered_flags(world, orig, decoded.address, unaffected_flags(decoded), timeout_ms)
-            if clobbered:
-                why = (f"not proved: the original is lifted writing {flag_names(clobbered)}, which the decoders say "
-                       f"it leaves alone, and the relocation does not re-execute it, so VEX's values for it are not "
-                       f"the CPU's")
-                trusted = False
-    except S.Gap as gap:
-        return _gap_result(decoded, code, tramp, gap.reason if trusted or not why else why, t0)
-    except claripy.errors.ClaripyError as exc:
-        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {str(exc)[:120]}", "smt",
-                           seconds=time.perf_counter() - t0)
-    if solver is None and not trusted:
-        if admission.unvalidated:
-            return _gap_result(decoded, code, tramp, why, t0)
-        return ProofResult(Verdict.UNKNOWN, why, "smt", seconds=time.perf_counter() - t0)
-    if solver is None:
-        return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
-                           seconds=time.perf_counter() - t0)
-    try:
-        cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "", effects)
-    except claripy.errors.ClaripyError as exc:
-        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__} while extracting a model", "smt",
-                           seconds=time.perf_counter() - t0)
-    confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
-    if not confirmed and note.startswith("not replayable") and "rcx" in world.reg_syms:
-        # A counter the solver chose too large to replay (rep, loop): ask for a small one.
-        small = smt.solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
-                          precondition=smt.private_tracer_memory(world, orig))
-        if small is not None:
-            solver = small
-            cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "",
-                                  effects)
-            confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
-    cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
-                         cex.reloc_hex, cex.effects_json, confirmed, note)
-    if world.uf_results and not confirmed:
-        return ProofResult(Verdict.UNKNOWN, "counterexample depends on an uninterpreted helper and did not replay",
-                           "smt", cex, time.perf_counter() - t0)
-    if not confirmed:
-        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})"
-                           + (f"; {why}" if why else ""), "smt", cex, time.perf_counter() - t0)
-    what = ", ".join(d.what for d in cex.differences) or "reads"
-    return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
+        except Gap as gap:
+            return gap_result(decoded, code, tramp, gap.reason, t0)
+    from .smt_check import check_by_smt  # claripy, angr's IR operations and z3: only when the fast path cannot decide
+    return check_by_smt(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0)
 
 
 def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:

@@ -34,7 +34,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-import archinfo
 import claripy
 import pyvex
 from angr.engines.vex.claripy import ccall as _ccall
@@ -42,51 +41,14 @@ from angr.engines.vex.claripy.irop import vexop_to_simop
 
 from ..plan.effects import AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp, condition_test
 from ..x86.registers import MASK64
-from .forms import InsnFacts, cpu_length, facts
-
-ARCH = archinfo.ArchAMD64()
+from .forms import InsnFacts, facts
+from .lift import (ARCH, FAULT_CODES, FAULT_JUMPKINDS, FLAG_THUNK, G_CC_OP_COPY, NORMAL_JUMPKINDS,
+                   OSZACP, REG_BY_NAME, ZMM_HI, _REG_OF_BYTE, Gap, lift)
 
 # angr's IR operations log a warning when a rounding mode is symbolic ("using default"): the
 # checker already treats every floating-point result as loose (``lifter_checks``), so the line
 # says nothing the verdict does not, and it would land in the middle of a command's output.
 logging.getLogger("angr.engines.vex.claripy.irop").setLevel(logging.ERROR)
-
-REG_BY_NAME = {r.name: (r.vex_offset, r.size) for r in ARCH.register_list}
-#: State the CPU has and VEX does not, kept beside VEX's guest state at offsets past its end: bits
-#: 511:256 of zmm0-15 (``zmmhi0``..``zmmhi15``), which a VEX-encoded write of that register zeroes on
-#: a CPU with AVX-512 (SDM Vol. 1 §15.5) and a legacy-SSE write leaves alone.
-SYNTHETIC_BASE = 0x10000
-ZMM_HI = tuple(f"zmmhi{i}" for i in range(16))
-for _i, _name in enumerate(ZMM_HI):
-    REG_BY_NAME[_name] = (SYNTHETIC_BASE + 32 * _i, 32)
-_REG_OF_BYTE: dict[int, tuple[str, int, int]] = {}
-for _name, (_off, _size) in REG_BY_NAME.items():
-    for _k in range(_size):
-        _REG_OF_BYTE[_off + _k] = (_name, _off, _size)
-
-FLAG_THUNK = ("cc_op", "cc_dep1", "cc_dep2", "cc_ndep")
-# VEX bookkeeping, not architectural state: emulation notes, the clflush
-# range hint, the redirection address, and the rip a syscall was made at.
-VEX_BOOKKEEPING = frozenset({"emnote", "cmstart", "cmlen", "nraddr", "ip_at_syscall"})
-OSZACP = 0x8D5  # OF SF ZF AF PF CF
-G_CC_OP_COPY = 0
-NORMAL_JUMPKINDS = frozenset({"Ijk_Boring", "Ijk_Call", "Ijk_Ret"})
-
-#: Exception vectors, plus one (0 is "no fault"): what an outcome's ``fault`` holds.
-FAULT_CODES = {"#DE": 1, "#BP": 4, "#UD": 7, "#GP": 14, "#PF": 15, "#AC": 18, "#XM": 20}
-FAULT_NAMES = {v: k for k, v in FAULT_CODES.items()}
-#: VEX's jumpkinds for the faults it models itself.
-FAULT_JUMPKINDS = {"Ijk_SigFPE_IntDiv": "#DE", "Ijk_SigFPE_IntOvf": "#DE", "Ijk_SigSEGV": "#GP",
-                   "Ijk_SigILL": "#UD", "Ijk_SigTRAP": "#BP", "Ijk_SigBUS": "#AC"}
-
-
-class Gap(Exception):
-    """Semantics missing: raised inside the interpreter, returned as a value by ``execute``."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
 
 @dataclass(frozen=True)
 class Read:
@@ -537,24 +499,6 @@ def _loadg_convert(cvt: str, v):
 # ---------------------------------------------------------------------------
 # Running code
 # ---------------------------------------------------------------------------
-
-
-def lift(code: bytes, addr: int, max_inst: int | None = None):
-    try:
-        irsb = pyvex.lift(code, addr, ARCH, max_inst=max_inst, opt_level=1)
-    except Exception as exc:  # pyvex raises PyVEXError and others for bytes it cannot lift
-        raise Gap(f"pyvex could not lift the bytes at {addr:#x}: {exc}") from None
-    if irsb.jumpkind == "Ijk_NoDecode":
-        raise Gap(f"VEX cannot decode the instruction at {addr:#x} (Ijk_NoDecode)")
-    if irsb.size == 0:
-        raise Gap(f"VEX lifted nothing at {addr:#x}")
-    for st in irsb.statements:
-        if type(st) is pyvex.stmt.IMark:
-            off = (st.addr - addr) & MASK64
-            if off + st.len > len(code) or cpu_length(bytes(code[off:off + 15])) != st.len:
-                raise Gap(f"VEX lifts {st.len} bytes at {st.addr:#x} as one instruction; the CPU does not "
-                          f"(another length, or not an instruction)")
-    return irsb
 
 
 def execute_original(world: World, raw: bytes, at: int) -> list[Outcome]:

@@ -15,6 +15,7 @@ from ..concrete.outcome import Difference
 from ..plan.effects import effect_json
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
+from . import lift as L
 from . import semantics as S
 from .verdict import Counterexample
 
@@ -30,18 +31,18 @@ def _written_registers(outs) -> set[str]:
     names = set()
     for o in outs:
         for off in o.regs:
-            info = S._REG_OF_BYTE.get(off)
+            info = L._REG_OF_BYTE.get(off)
             names.add(info[0] if info else f"guest_{off}")
     return names
 
 
 def rflags_of(world, o, start_pc):
     """RFLAGS OSZACP of one way out, from its flags thunk through angr's helper (Gap if the thunk is symbolic)."""
-    vals = [S.register_value(world, o.regs, n, start_pc) for n in S.FLAG_THUNK]
+    vals = [S.register_value(world, o.regs, n, start_pc) for n in L.FLAG_THUNK]
     if vals[0].op != "BVV":
-        raise S.Gap("symbolic flags-thunk operation")
+        raise L.Gap("symbolic flags-thunk operation")
     r = S._ccall.amd64g_calculate_rflags_all(S._CCallState(), *vals)
-    return r & S.OSZACP
+    return r & L.OSZACP
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,17 @@ def items(world, orig_outs, reloc_outs, at, tramp, x):
     jk_id = {}
 
     def jk(o):
-        k = o.jumpkind if o.jumpkind not in S.NORMAL_JUMPKINDS else "Ijk_Boring"
+        k = o.jumpkind if o.jumpkind not in L.NORMAL_JUMPKINDS else "Ijk_Boring"
         return claripy.BVV(jk_id.setdefault(k, len(jk_id)), 8)
 
     items.append(_Item("event", _merge(orig_outs, jk), _merge(reloc_outs, jk)))
     names = _written_registers(orig_outs) | _written_registers(reloc_outs)
-    if names & set(S.FLAG_THUNK):
+    if names & set(L.FLAG_THUNK):
         items.append(_Item("rflags", _merge(orig_outs, lambda o: rflags_of(world, o, at)),
                            _merge(reloc_outs, lambda o: rflags_of(world, o, tramp))))
-    for name in sorted(names - set(S.FLAG_THUNK) - S.VEX_BOOKKEEPING - {"rip"}):
+    for name in sorted(names - set(L.FLAG_THUNK) - L.VEX_BOOKKEEPING - {"rip"}):
         if name.startswith("guest_"):
-            raise S.Gap(f"a write to unnamed guest state at offset {name[6:]}")
+            raise L.Gap(f"a write to unnamed guest state at offset {name[6:]}")
         items.append(_Item(name, _merge(orig_outs, lambda o: S.register_value(world, o.regs, name, at)),
                            _merge(reloc_outs, lambda o: S.register_value(world, o.regs, name, tramp))))
     if any(o.writes for o in orig_outs) or any(o.writes for o in reloc_outs):
@@ -181,7 +182,7 @@ def clobbered_flags(world, orig_outs, at: int, unaffected: int, timeout_ms: int)
     if not unaffected:
         return 0
     after = _merge(orig_outs, lambda o: rflags_of(world, o, at))
-    before = world.rflags & S.OSZACP
+    before = world.rflags & L.OSZACP
     bits = {1: 11, 2: 7, 4: 6, 8: 4, 16: 0, 32: 2}  # iced OF SF ZF AF CF PF -> RFLAGS bit
     clobbered = 0
     for iced_bit, bit in bits.items():
@@ -231,7 +232,7 @@ def model_state(world: S.World, solver):
     regs = []
     for name, sym in sorted(world.reg_syms.items()):
         regs.append((_OUT_NAMES.get(name, name), _bits(solver, sym)))
-    rflags = (_bits(solver, world.rflags) & S.OSZACP) | (_bits(solver, world.df) << 10) | 0x2
+    rflags = (_bits(solver, world.rflags) & L.OSZACP) | (_bits(solver, world.df) << 10) | 0x2
     regs.append(("rflags", rflags))
     mem = {}
     for addr, byte in world.mem_syms.values():
@@ -248,7 +249,7 @@ def counterexample(world, solver, items, read_conds, x, decoded, tramp, reloc_he
         if o != r:
             what = f"mem[{_bits(solver, x):#x}]" if it.what == "memory" else it.what
             if it.what == "fault":
-                diffs.append(Difference(what, S.FAULT_NAMES.get(o, "none"), S.FAULT_NAMES.get(r, "none")))
+                diffs.append(Difference(what, L.FAULT_NAMES.get(o, "none"), L.FAULT_NAMES.get(r, "none")))
             else:
                 diffs.append(Difference(what, hex(o), hex(r)))
     if not diffs and read_conds:

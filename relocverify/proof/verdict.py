@@ -155,8 +155,8 @@ def reason_key(verdict: Verdict, rule: str, method: str, reason: str) -> str:
         return f"proved by {method}"
     if verdict is Verdict.REJECTED and not rule.startswith("site:"):
         head = reason.split(":")[0] if rule in ("undecodable", "decoder-disagreement") else reason
-        return f"{rule}: {_HEX.sub('N', head)[:140]}"
-    return _HEX.sub("N", reason)[:160]
+        return f"{rule}: {_HEX.sub('N', head)}"
+    return _HEX.sub("N", reason)
 
 
 @dataclass(frozen=True)

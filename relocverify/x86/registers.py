@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
+#: Where x86-64 kernels are linked: the upper canonical half.
+KERNEL_HALF = 0xFFFF800000000000
 MASK32 = 0xFFFFFFFF
 
 #: The general-purpose registers in encoding order (ModRM/REX number 0..15).

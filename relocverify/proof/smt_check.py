@@ -1,0 +1,90 @@
+"""The symbolic check: both sides executed over claripy, their difference asked of z3, and a model
+replayed on unicorn before it is called a counterexample (``proof.prove`` comes here when the
+fast path cannot decide; importing this module imports angr's IR operations and z3)."""
+
+from __future__ import annotations
+
+import time
+
+import claripy
+
+from ..plan.effects import Effect
+from ..text import one_line
+from ..x86.instruction import Instruction
+from . import semantics as S
+from . import smt
+from .admission import Admission, reexecutes
+from .lifter_checks import flag_names, unaffected_flags
+from .unproved import gap_result
+from .verdict import Counterexample, ProofResult, Verdict
+
+
+def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int, tracer_ranges,
+                 timeout_ms: int, admission: Admission, t0: float) -> ProofResult:
+    trusted = admission.trusted
+    tracer_bytes = {}
+    if code is not None:
+        tracer_bytes = {tramp + k: b for k, b in enumerate(code)}
+    world = S.World(tracer_bytes, tracer_ranges)
+    why = admission.reason
+    try:
+        orig = S.execute_original(world, decoded.raw, decoded.address)
+        if code is not None:
+            reloc = S.execute_relocated(world, code, tramp, decoded.address)
+        else:
+            reloc = S.execute_effects(world, effects, decoded.address, tramp)
+        x = claripy.BVS("x", 64, explicit_name=True)
+        items = smt.items(world, orig, reloc, decoded.address, tramp, x)
+        read_conds = smt.event_conditions(world, orig, reloc)
+        if code is not None:
+            self_writes = smt.code_writes(world, reloc, smt.code_spans(code, tramp))
+            if self_writes:
+                items.append(smt.flag_item("writes its own code", self_writes))
+        solver = smt.solve(world, items, read_conds, x, timeout_ms, precondition=smt.private_tracer_memory(world, orig))
+        if solver is None and trusted and not reexecutes(decoded, code, tramp):
+            clobbered = smt.clobbered_flags(world, orig, decoded.address, unaffected_flags(decoded), timeout_ms)
+            if clobbered:
+                why = (f"not proved: the original is lifted writing {flag_names(clobbered)}, which the decoders say "
+                       f"it leaves alone, and the relocation does not re-execute it, so VEX's values for it are not "
+                       f"the CPU's")
+                trusted = False
+    except S.Gap as gap:
+        return gap_result(decoded, code, tramp, gap.reason if trusted or not why else why, t0)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {one_line(exc)}", "smt",
+                           seconds=time.perf_counter() - t0)
+    if solver is None and not trusted:
+        if admission.unvalidated:
+            return gap_result(decoded, code, tramp, why, t0)
+        return ProofResult(Verdict.UNKNOWN, why, "smt", seconds=time.perf_counter() - t0)
+    if solver is None:
+        return ProofResult(Verdict.PROVED, "z3: the negated obligation is unsatisfiable", "smt",
+                           seconds=time.perf_counter() - t0)
+    try:
+        cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "", effects)
+    except claripy.errors.ClaripyError as exc:
+        return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__} while extracting a model", "smt",
+                           seconds=time.perf_counter() - t0)
+    confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    if not confirmed and note.startswith("not replayable") and "rcx" in world.reg_syms:
+        # A counter the solver chose too large to replay (rep, loop): ask for a small one.
+        try:
+            small = smt.solve(world, items, read_conds, x, timeout_ms, (claripy.ULE(world.reg_syms["rcx"], 8),),
+                              precondition=smt.private_tracer_memory(world, orig))
+        except claripy.errors.ClaripyError:  # a timeout looking for a smaller one: keep the first
+            small = None
+        if small is not None:
+            solver = small
+            cex = smt.counterexample(world, solver, items, read_conds, x, decoded, tramp, code.hex() if code else "",
+                                  effects)
+            confirmed, note = smt.replay(cex, decoded, code, effects, tramp, tracer_ranges)
+    cex = Counterexample(cex.registers, cex.memory, cex.differences, cex.orig_hex, cex.at, cex.tramp,
+                         cex.reloc_hex, cex.effects_json, confirmed, note)
+    if world.uf_results and not confirmed:
+        return ProofResult(Verdict.UNKNOWN, "counterexample depends on an uninterpreted helper and did not replay",
+                           "smt", cex, time.perf_counter() - t0)
+    if not confirmed:
+        return ProofResult(Verdict.UNKNOWN, f"z3 found a counterexample that unicorn did not confirm ({note})"
+                           + (f"; {why}" if why else ""), "smt", cex, time.perf_counter() - t0)
+    what = ", ".join(d.what for d in cex.differences) or "reads"
+    return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
