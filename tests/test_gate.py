@@ -8,6 +8,7 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -300,3 +301,28 @@ def test_objdump_and_vex_can_be_gated(tmp_path, name):
     code, out = gate("--decoder", name, "--corpus", CORPORA[0], "--baseline", str(tmp_path / "b.json"),
                      "--update-baseline", "--prove", "0")
     assert code == 0 and "baseline written" in out
+
+
+# --------------------------------------------------------------- a hostile external decoder (Hardening II, class 2)
+
+_ONE = [(A, b"\x90")]
+
+
+@pytest.mark.parametrize("script,what", [
+    ("import time; time.sleep(60)", "stalls"),
+    ("import sys, time; print('{\"length\": 1}', flush=True); time.sleep(60)", "did not exit"),
+    ("import sys\nwhile True: sys.stdout.write('{\"length\": 1}\\n')", "floods"),
+    ("import sys; sys.stdout.write('x' * 100000)", "longer than"),
+    ("import sys; sys.stderr.write('e' * 1000000); print('{\"length\": 1}')", None),
+])
+def test_a_decoder_that_stalls_floods_or_chatters_is_stopped(script, what, tmp_path):
+    path = tmp_path / "decoder.py"
+    path.write_text(script)
+    adapter = ExternalAdapter(f"{sys.executable} {path}", answer_seconds=2)
+    t0 = time.monotonic()
+    if what is None:  # a megabyte on stderr while answering: drained, no deadlock
+        assert adapter.decode_many(_ONE)[0].length == 1
+    else:
+        with pytest.raises(InputError, match=what):
+            adapter.decode_many(_ONE)
+    assert time.monotonic() - t0 < 15

@@ -16,6 +16,9 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..inputs import read_input
+from ..outputs import write_atomic
+from ..text import one_line
 
 FORMAT = "relocverify-gate-baseline/1"
 
@@ -36,10 +39,9 @@ def load(path: str) -> Baseline:
     if not os.path.exists(path):
         raise InputError(f"--baseline {path}: no such file; run once with --update-baseline to create it")
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputError(f"--baseline {path}: unreadable: {e}") from None
+        doc = json.loads(read_input(path, "baseline"))
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"--baseline {path}: unreadable: {one_line(e)}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise InputError(f"--baseline {path}: not a {FORMAT} file")
     return Baseline(doc)
@@ -68,8 +70,7 @@ def build(report) -> dict:
 
 
 def save(path: str, doc: dict) -> None:
+    """Write the baseline atomically (a temporary file renamed over it)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -107,11 +107,23 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
         sections.append(Section(name=sec.name, address=sh["sh_addr"], data=data,
                                 executable=bool(flags & SHF_EXECINSTR), flags=flags,
                                 offset=offset, nobits_size=length if nobits else 0))
+    _refuse_conflicting_code(path, sections)
     # .symtab, else (a stripped executable or library) the exported functions of .dynsym
     table = symtab if symtab is not None else dynsym
     symbols = _parse_symtab(path, buffer, raw, table) if table is not None else ()
     kind = "none" if not symbols else "elf" if table == symtab else "dynsym"
     return Elf(tuple(sections), symbols, extent, kind)
+
+
+def _refuse_conflicting_code(path: str, sections: list[Section]) -> None:
+    """Two executable sections that claim the same addresses with different bytes: which bytes run there is
+    not known, so no verdict could stand for them."""
+    code = sorted((s for s in sections if s.executable and s.data), key=lambda s: s.address)
+    for a, b in zip(code, code[1:]):
+        lo, hi = b.address, min(a.address + len(a.data), b.address + len(b.data))
+        if lo < hi and a.data[lo - a.address:hi - a.address] != b.data[lo - b.address:hi - b.address]:
+            raise ImageError(f"{path}: executable sections {a.name} and {b.name} both map {lo:#x}..{hi:#x} with "
+                             f"different bytes: which ones run is not known")
 
 
 _SHT_NUMBERS = {"SHT_NULL": 0, "SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_STRTAB": 3,

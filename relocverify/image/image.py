@@ -7,11 +7,10 @@ from an ELF vmlinux or a bzImage (see ``loader`` for the formats).
 from __future__ import annotations
 
 import bisect
-import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ImageError
+from ..errors import ImageError, InputError
 
 SHF_WRITE = 0x1
 SHF_ALLOC = 0x2
@@ -173,25 +172,23 @@ class Image:
 
 
 class OpenInput:
-    """``open(path, 'rb')`` whose failures are one-line ImageErrors."""
+    """An input file opened through ``inputs.open_input`` (a regular file of bounded size; no FIFO or
+    device), its failures one-line ImageErrors."""
 
     def __init__(self, path: str, what: str) -> None:
         self.path, self.what = path, what
 
     def __enter__(self):
-        if os.path.isdir(self.path):
-            raise ImageError(f"{self.path}: is a directory, not a {self.what} file")
+        from ..inputs import open_input
+
         try:
-            self.handle = open(self.path, "rb")
-        except FileNotFoundError:
-            raise ImageError(f"{self.path}: no such file (expected a {self.what})") from None
-        except OSError as exc:
-            raise ImageError(f"{self.path}: cannot open {self.what}: {exc.strerror}") from None
+            self.handle = open_input(self.path, self.what)
+        except InputError as exc:
+            raise ImageError(str(exc)) from None
         return self.handle
 
     def __exit__(self, *exc) -> None:
         self.handle.close()
-
 
 
 def one_line(exc: BaseException) -> str:

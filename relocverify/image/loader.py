@@ -25,12 +25,14 @@ message that says what is wrong and how to fix it; third-party exceptions
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import mmap
 import os
 import stat
 
 from ..errors import ImageError
+from ..x86.registers import KERNEL_HALF
 from . import bzimage
 from .elf import read_elf
 from .image import Image, ImageSource, OpenInput
@@ -70,8 +72,52 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
+    past = _symbols_past_their_section(symbols, elf.sections)
+    if past:
+        notes.append(f"{past} function symbol(s) run past the end of their section: each function ends there")
     return Image(path=path, identity=identity, format=format_, compression=compression,
                  sections=elf.sections, symbols=symbols, symbol_source=source,
                  notes=tuple(notes), source=ImageSource("image", os.path.abspath(path), identity,
                                                         None if system_map is None else os.path.abspath(system_map)))
+
+
+def _symbols_past_their_section(symbols, sections) -> int:
+    code = sorted(((s.address, s.address + len(s.data)) for s in sections if s.executable and s.data))
+    starts = [lo for lo, _ in code]
+    n = 0
+    for sym in symbols:
+        if sym.kind == "object" or not sym.size:
+            continue
+        i = bisect.bisect_right(starts, sym.address) - 1
+        if i >= 0 and code[i][0] <= sym.address < code[i][1] and sym.address + sym.size > code[i][1]:
+            n += 1
+    return n
+
+
+#: A kernel's text averages a function every few hundred bytes; a symbol source naming fewer than one per
+#: ``MAX_MEAN_FUNCTION`` bytes of text (a System.map with only _stext and _etext) would turn the text into a few
+#: giant "functions".
+MAX_MEAN_FUNCTION = 64 << 10
+
+
+def require_kernel(image: Image) -> None:
+    """Refuse an image that is not a kernel with usable function symbols, with the reason (``InputError``):
+    code below the kernel half (a user program, a core file), no function symbols (a stripped vmlinux without
+    its System.map), or too few of them for its text."""
+    from ..errors import InputError
+
+    text = [s for s in image.iter_executable_sections()]
+    if not any(s.address >= KERNEL_HALF for s in text):
+        lowest = min((s.address for s in text), default=0)
+        raise InputError(f"{image.path}: not a kernel: its code is linked at {lowest:#x}, below the kernel half "
+                         f"({KERNEL_HALF:#x}) (a user-space program or a core file?)")
+    if image.symbol_source in ("none", "dynsym"):
+        raise InputError(f"{image.path}: a stripped kernel (no function symbols): pass its System.map or "
+                         f"/proc/kallsyms with --system-map")
+    size = sum(len(s.data) or s.nobits_size for s in text if s.address >= KERNEL_HALF)
+    funcs = sum(1 for sym in image.symbols if sym.kind == "func" and any(
+        s.address <= sym.address < s.address + (len(s.data) or s.nobits_size) for s in text))
+    if size > 1 << 20 and funcs * MAX_MEAN_FUNCTION < size:
+        raise InputError(f"{image.path}: its symbols name {funcs} function(s) for {size / 2**20:.1f} MiB of kernel "
+                         f"text: not a usable symbol source (a System.map with only _stext/_etext?)")
 

@@ -134,6 +134,9 @@ def _load(path: str, data: bytearray, kernel: Image | None, base: int) -> Image:
         if not isinstance(sec, RelocationSection):
             continue
         target = sec["sh_info"]
+        if not 0 < target < elf.num_sections():
+            raise ImageError(f"{path}: the relocation section {sec.name} applies to section {target}, which the "
+                             f"module does not have: its code would be verified unrelocated")
         if target not in addresses:
             continue  # relocations of a section the loader does not keep (debug info, .modinfo)
         buf, section_address = contents[target], addresses[target]
@@ -146,6 +149,9 @@ def _load(path: str, data: bytearray, kernel: Image | None, base: int) -> Image:
                                  f"{', '.join(_RELOC_NAMES.values())})")
             size, signed, pcrel = _RELOCS[kind]
             offset = rel["r_offset"]
+            if offset + size > len(buf):
+                raise ImageError(f"{path}: a {_RELOC_NAMES[kind]} relocation at offset {offset:#x} of "
+                                 f"{elf.get_section(target).name} runs past its end ({len(buf):#x} bytes)")
             value = values[rel["r_info_sym"]] + rel["r_addend"]
             if pcrel:
                 value -= section_address + offset

@@ -33,6 +33,7 @@ class Outcome:
 def open_store(path: str) -> tuple[Store, int]:
     """The store at ``path`` read-only, and its newest image; ``InputError`` if it has none."""
     store = Store(path, readonly=True)
+    store.check_integrity()  # a report is built from every row: never from a damaged store
     image = store.find_image()
     if image is None:
         store.close()

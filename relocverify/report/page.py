@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..outputs import REPORT_MARK
 from . import charts
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -178,6 +179,7 @@ def index_html(info, run, provenance, totals, source_kind, bounds, comparison, b
                        _coverage(totals, bounds), _provenance(provenance)])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+{REPORT_MARK}
 <meta http-equiv="Content-Security-Policy" content="{escape(CSP)}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{escape(title)}</title>

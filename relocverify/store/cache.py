@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, 
 """
 CACHE_SCHEMA = "2"
 FILE_NAME = "proofs.sqlite"
+#: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
+APPLICATION_ID = 0x52565043
+_TABLES = frozenset({"meta", "proofs", "derivations", "segments"})
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
 __all__ = ["CachedFinding", "CachedProof", "ProofCache", "default_cache_dir"]
@@ -80,6 +83,52 @@ class CachedProof:
     proof_us: int
 
 
+def _refuse_foreign(path: str) -> None:
+    """Refuse, untouched, a ``proofs.sqlite`` that is not a relocverify proof cache: another program's
+    database, a result store, any other file.  Ours carry ``APPLICATION_ID`` (older ones: exactly our
+    tables, and a ``schema`` row in ``meta``)."""
+    import stat
+
+    if not os.path.exists(path):
+        return
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: not a regular file; pass --cache-dir elsewhere or --no-cache")
+    if st.st_size == 0:
+        return
+    with open(path, "rb") as fh:
+        head = fh.read(100)
+    if not head.startswith(b"SQLite format 3\x00"):
+        raise StoreError(f"{path}: not a relocverify proof cache (not an SQLite file), left untouched; pass "
+                         f"--cache-dir elsewhere or --no-cache")
+    app = int.from_bytes(head[68:72], "big")
+    if app == APPLICATION_ID:
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            meta = dict(con.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        tables, meta = set(), {}
+    if app != 0 or tables != _TABLES or "schema" not in meta or "application" in meta:
+        raise StoreError(f"{path}: another program's SQLite file (or a result store), not a relocverify proof "
+                         f"cache; left untouched: pass --cache-dir elsewhere or --no-cache")
+
+
+class ProofLookup:
+    """``get(key)`` over one tag of a ``ProofCache``, one query per key."""
+
+    def __init__(self, cache: "ProofCache", tag: bytes):
+        self.cache, self.tag = cache, tag
+
+    def get(self, key: bytes, default=None):
+        hit = self.cache.proof(self.tag, key)
+        return default if hit is None else hit
+
+
 class ProofCache:
     """The cache file, or nothing (``directory=None``: ``--no-cache``)."""
 
@@ -93,8 +142,10 @@ class ProofCache:
         except OSError as exc:
             raise StoreError(f"cannot create the cache directory {directory}: {exc.strerror}; "
                              f"pass --cache-dir DIR or --no-cache") from None
+        _refuse_foreign(self.path)
         try:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             row = None
@@ -171,6 +222,18 @@ class ProofCache:
             return {}
         return {r[0]: CachedProof(*r[1:]) for r in self.db.execute(
             "SELECT key, verdict, reason, method, proof_us FROM proofs WHERE tag=?", (tag,))}
+
+    def proof(self, tag: bytes, key: bytes) -> CachedProof | None:
+        """One proof by its full key (a single question need not load every proof of the tag)."""
+        if self.db is None:
+            return None
+        row = self.db.execute("SELECT verdict, reason, method, proof_us FROM proofs WHERE tag=? AND key=?",
+                              (tag, key)).fetchone()
+        return None if row is None else CachedProof(*row)
+
+    def lookup(self, tag: bytes) -> "ProofLookup":
+        """A mapping for ``engine.pipeline.Prover`` that asks for each key on demand."""
+        return ProofLookup(self, tag)
 
     def derivations(self, tag: bytes) -> dict[bytes, bytes | None]:
         if self.db is None:

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable, Iterator
 
-from ..errors import StoreError
+from ..errors import InputError, StoreError
+from ..inputs import input_file
 from . import shard
 
 SCHEMA_VERSION = 2
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS jump_probes (
 """
 CACHE_KIB = 256 * 1024
 APPLICATION = "relocverify"
+APPLICATION_ID = 0x52565354  # SQLite's application_id of a result store ('RVST'); meta says it too
 MASK64 = (1 << 64) - 1
 
 #: The kernel site kinds, in bit order of ``instructions.sites``.  Append only.
@@ -143,11 +145,19 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._memo: dict = {}
+        self._lock = None
+        if os.path.exists(path):
+            try:
+                input_file(path, "store")  # a regular file: no FIFO, device or directory
+            except InputError as exc:
+                raise StoreError(str(exc)) from None
         exists = os.path.exists(path) and os.path.getsize(path) > 0
         if readonly and not exists:
             raise StoreError(f"{path}: no such store")
         if exists:
             self._check_foreign(path)
+        if not readonly:
+            self._lock = _WriterLock.acquire(path)
         try:
             uri = f"file:{path}?mode=ro" if readonly else path
             self.db = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=readonly)
@@ -163,7 +173,11 @@ class Store:
             if not readonly:
                 self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
         except sqlite3.DatabaseError as exc:
+            self._release()
             raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
+        except BaseException:
+            self._release()
+            raise
 
     # -- identity --------------------------------------------------------------
     @staticmethod
@@ -196,6 +210,7 @@ class Store:
                              f"schema {SCHEMA_VERSION}: rerun with a new --db")
 
     def _create(self) -> None:
+        self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         self.db.executescript("BEGIN;" + _schema_sql() + "COMMIT;")
         self.db.executemany("INSERT INTO meta VALUES (?, ?)",
                             [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
@@ -204,9 +219,30 @@ class Store:
         meta = dict(self.db.execute("SELECT key, value FROM meta"))
         if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = sorted(REQUIRED_TABLES - tables)
+        if missing:
+            raise StoreError(f"{self.path}: a damaged relocverify store: the table(s) {', '.join(missing)} are "
+                             f"missing; verify into a new --db")
+
+    def check_integrity(self) -> None:
+        """Raise StoreError unless SQLite's integrity check passes (a command that reads the whole store,
+        such as ``report``, calls it first, so it never builds anything from a damaged one)."""
+        try:
+            rows = [r[0] for r in self.db.execute("PRAGMA integrity_check(4)")]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: a damaged store ({exc})") from None
+        if rows != ["ok"]:
+            raise StoreError(f"{self.path}: a damaged store: SQLite's integrity check says {rows[0][:120]}")
 
     def close(self) -> None:
         self.db.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- transactions ------------------------------------------------------------
     def _transaction(self):
@@ -535,6 +571,61 @@ class RowBatch:
     variants: list[tuple] = field(default_factory=list)  # (function, offset, variant name, outcome, reason)
     instructions: int = 0
     outcomes: list[tuple] = field(default_factory=list)  # (provisional id, outcome tuple, reason) new here
+
+
+#: The tables every schema-2 store has (``schema.sql``).
+REQUIRED_TABLES = frozenset({"meta", "images", "configs", "runs", "functions", "outcomes", "counterexamples",
+                             "instructions", "function_outcomes", "variant_names", "variants", "replacements"})
+
+
+class _WriterLock:
+    """One writer per store: an exclusive ``flock`` on ``<store>.lock``, held while a ``Store`` is open for
+    writing.  A second run on the same store (another process) is refused at once ("store busy", exit 2),
+    before it writes or merges anything, so the first run's shards stay its own; the lock goes with the
+    process, so a killed run leaves nothing that blocks the next.  Opens in one process share it."""
+
+    _held: dict[str, list] = {}
+
+    def __init__(self, key: str, fd: int) -> None:
+        self.key, self.fd = key, fd
+
+    @classmethod
+    def acquire(cls, path: str) -> "_WriterLock":
+        import fcntl
+
+        key = os.path.realpath(path)
+        held = cls._held.get(key)
+        if held is not None:
+            held[1] += 1
+            return held[0]
+        lock_path = path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot create its lock file {lock_path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                owner = os.read(fd, 64).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
+            raise StoreError(f"{path}: store busy: another relocverify run (pid {owner or '?'}) is writing it; "
+                             f"wait for it to finish, or use another --db") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        lock = cls(key, fd)
+        cls._held[key] = [lock, 1]
+        return lock
+
+    def release(self) -> None:
+        held = self._held.get(self.key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del self._held[self.key]
+            os.close(self.fd)
 
 
 class _Transaction:

@@ -19,7 +19,9 @@ caller's mistake: ``InputError``.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import threading
 
@@ -58,14 +60,27 @@ def _unreported(doc: dict) -> frozenset[str]:
     return frozenset(f for f, keys in _KEYS.items() if any(k not in doc for k in keys))
 
 
+#: Per-answer limits: a decoder that stays silent this long, or writes more than this, is stopped.
+ANSWER_SECONDS = 10.0
+MAX_LINE = 4096
+STDERR_TAIL = 2048
+
+
 class ExternalAdapter:
-    """Any command speaking the line protocol above."""
+    """Any command speaking the line protocol above.
+
+    The command runs in its own process group.  Its stdin is fed and its stderr drained (keeping only the
+    last ``STDERR_TAIL`` bytes) by threads, so a command that writes much to stderr cannot block on a full
+    pipe; its answers are read line by line, each within ``ANSWER_SECONDS`` of the last and at most
+    ``MAX_LINE`` bytes, no more lines than inputs.  A command that stalls, floods or dies is killed, reaped,
+    and reported as one ``InputError`` line naming the command and what it did (exit 2)."""
 
     fields = frozenset({"length", "disp", "imm", "target"})
 
-    def __init__(self, command: str, name: str = "external") -> None:
+    def __init__(self, command: str, name: str = "external", answer_seconds: float = ANSWER_SECONDS) -> None:
         self.command = command
         self.name = name
+        self.answer_seconds = answer_seconds
 
     def version(self) -> str:
         """The command line itself: answers are cached per command."""
@@ -80,26 +95,116 @@ class ExternalAdapter:
                 raise InputError(f"external decoder input must be 1..{MAX_BYTES} bytes, got {len(raw)}")
         text = "".join(f"{address & 0xFFFFFFFFFFFFFFFF:x} {raw.hex()}\n" for address, raw in items)
         try:
-            proc = subprocess.Popen(shlex.split(self.command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            argv = shlex.split(self.command)
+        except ValueError as e:
+            raise InputError(f"--decoder-cmd {self.command!r} is not a command line: {e}") from None
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
         except OSError as e:
-            raise InputError(f"--decoder-cmd {self.command!r} cannot be started: {e}") from None
-        writer = threading.Thread(target=_feed, args=(proc, text), daemon=True)
-        writer.start()
-        out = proc.stdout.read()
-        err = proc.stderr.read()
-        writer.join()
-        rc = proc.wait()
-        lines = out.splitlines()
-        if rc != 0 or len(lines) != len(items):
+            raise InputError(f"--decoder-cmd {self.command!r} cannot be started: {e.strerror or e}") from None
+        tail = _Tail(proc.stderr)
+        threading.Thread(target=_feed, args=(proc, text.encode()), daemon=True).start()
+        try:
+            lines = self._answers(proc, len(items), tail)
+            rc = proc.wait(timeout=self.answer_seconds)
+        except subprocess.TimeoutExpired:
+            self._stop(proc)
+            raise InputError(f"--decoder-cmd {self.command!r} answered every input but did not exit within "
+                             f"{self.answer_seconds:g} s: killed") from None
+        finally:
+            if proc.poll() is None:
+                self._stop(proc)
+            tail.join()
+        if rc != 0:
             raise InputError(f"--decoder-cmd {self.command!r} exited {rc} after {len(lines)} answers for "
-                             f"{len(items)} inputs: {err.strip()[-200:] or 'no message'}")
+                             f"{len(items)} inputs: {tail.text() or 'no message'}")
         return [parse_answer(line, address) for line, (address, _) in zip(lines, items)]
 
+    def _answers(self, proc, n: int, tail: "_Tail") -> list[str]:
+        import selectors
+        import time
 
-def _feed(proc, text: str) -> None:
+        lines: list[str] = []
+        buf = b""
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + self.answer_seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stop(proc)
+                raise InputError(f"--decoder-cmd {self.command!r} gave no answer for {self.answer_seconds:g} s "
+                                 f"after {len(lines)} of {n} (it stalls): killed")
+            if not sel.select(left):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                lines.append(line.decode("utf-8", "replace"))
+                deadline = time.monotonic() + self.answer_seconds
+                if len(lines) > n:
+                    self._stop(proc)
+                    raise InputError(f"--decoder-cmd {self.command!r} wrote more answers than the {n} inputs "
+                                     f"(it floods): killed")
+            if len(buf) > MAX_LINE:
+                self._stop(proc)
+                raise InputError(f"--decoder-cmd {self.command!r} wrote a line longer than {MAX_LINE} bytes "
+                                 f"(answer {len(lines) + 1}): killed")
+            if len(lines) == n and not buf:
+                return lines  # every answer: the command must now exit (the caller waits, bounded)
+        if buf.strip():
+            lines.append(buf.decode("utf-8", "replace"))
+        if len(lines) != n:
+            try:
+                rc = proc.wait(timeout=1)
+                what = f"exited {rc}"
+            except subprocess.TimeoutExpired:
+                what = "closed its output"
+            self._stop(proc)
+            tail.join(timeout=1)
+            raise InputError(f"--decoder-cmd {self.command!r} {what} after {len(lines)} answers for {n} inputs: "
+                             f"{tail.text() or 'no message'}")
+        return lines
+
+    @staticmethod
+    def _stop(proc) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class _Tail(threading.Thread):
+    """Drains a pipe, keeping its last ``STDERR_TAIL`` bytes."""
+
+    def __init__(self, pipe) -> None:
+        super().__init__(daemon=True)
+        self.pipe, self.data = pipe, b""
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for chunk in iter(lambda: self.pipe.read1(65536), b""):
+                self.data = (self.data + chunk)[-STDERR_TAIL:]
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        return " ".join(self.data.decode("utf-8", "replace").split())[-200:]
+
+
+def _feed(proc, data: bytes) -> None:
     try:
-        proc.stdin.write(text)
+        proc.stdin.write(data)
         proc.stdin.close()
-    except BrokenPipeError:
+    except (BrokenPipeError, OSError, ValueError):
         pass

@@ -1,0 +1,28 @@
+"""Text taken from an input (symbol and module names, section names, decoder output), made safe
+for where it is written: a terminal, XML, HTML.
+
+A hostile or broken ELF can name a symbol with an escape sequence that repaints a terminal, a NUL
+that XML 1.0 cannot hold at all, or a C1 control a browser shows as nothing.  ``printable`` spells
+every such character as ``\\xNN`` (or ``\\uNNNN``) and keeps every other character as it is; JSON
+needs nothing more than ``ensure_ascii`` (its default in the standard library).
+"""
+
+from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (C0, DEL, C1, separators, unassigned) as an escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                   for c in text)
+
+
+def one_line(value: object) -> str:
+    """``str(value)`` on one line, whitespace runs folded to a space: an exception's message as a reason."""
+    return " ".join(str(value).split())
+
+
+def printable_lines(text: str) -> str:
+    """As ``printable``, keeping line breaks (for multi-line messages)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
