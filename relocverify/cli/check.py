@@ -1,4 +1,14 @@
-"""``relocverify check``: decode, plan and prove one instruction."""
+"""``relocverify check``: decode, plan and prove one instruction, given by its bytes or by its address.
+
+    relocverify check 48 8b 05 10 00 00 00 [--at ADDR]     bytes (quoted or not), at ADDR
+    relocverify check --image VMLINUX tcp_v4_rcv+0x1c      the instruction the image holds there
+
+With ``--image`` the kernel's sites at the address are checked too, and
+every variant that can run there; the image's index (functions, sites, code)
+is cached on disk (``store.image_index``), and the proof is looked up in the
+persistent proof cache first, so a second question about the same kernel
+neither reloads the image nor, for a shape proved before, loads the solver.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +17,11 @@ from typing import TextIO
 
 from ..errors import InputError
 from ..inputs import parse_hex_bytes
+from ..plan.plan import DEFAULT_AT
 from ..x86.decode import decode
 from ..x86.instruction import Disagreement, Instruction, Undecodable
-from .render import disasm, escape
+from . import locate
+from .render import disasm, escape, wrap
 
 MAX_INSTRUCTION = 15
 
@@ -29,21 +41,74 @@ def one_instruction(raw: bytes, at: int):
     return decoded
 
 
+def _bytes_at(index, address: int) -> bytes:
+    """The instruction at ``address`` in the indexed image (its length by iced-x86)."""
+    import iced_x86
+
+    if not index.image.is_executable(address):
+        raise InputError(f"{address:#x} is not in an executable section of the image")
+    section = index.image.section_at(address)
+    window = index.image.read(address, min(MAX_INSTRUCTION, section.address + len(section.data) - address))
+    ins = iced_x86.Decoder(64, window, ip=address).decode()
+    return window[:ins.len] if not ins.is_invalid else window[:1]
+
+
+def _instruction(args, index):
+    """(decoded, location): from an ADDRESS in --image, or from HEX at --at."""
+
+    words = " ".join(args.hex)
+    if index is not None and args.at is None:
+        if len(args.hex) != 1:
+            raise InputError(f"with --image, give one ADDRESS (e.g. tcp_v4_rcv+0x1c), not {words!r}; to check "
+                             f"bytes against the image, give them with --at")
+        at, loc = locate.resolve(locate.location(args.hex[0]), index, DEFAULT_AT, "ADDRESS")
+        return one_instruction(_bytes_at(index, at), at), loc
+    raw = parse_hex_bytes(words)
+    at, loc = locate.resolve(args.at, index, DEFAULT_AT)
+    decoded = one_instruction(raw, at)  # bad input is refused before the checker (angr, z3) is imported
+    if index is not None:
+        if not index.image.is_executable(at):
+            raise InputError(f"--at {at:#x} is not in an executable section of {args.image}")
+        if index.image.read(at, decoded.length) != decoded.raw:
+            raise InputError(f"HEX is not the bytes of {args.image} at {at:#x}")
+    return decoded, loc
+
+
+def _prover(args):
+    """A Prover that asks the persistent proof cache first (one key at a time), and the cache to add to."""
+    from ..engine.pipeline import Prover
+    from ..environment import default_proof_cache_dir
+    from ..proof.cache_key import cache_tag
+    from ..store.cache import ProofCache
+
+    cache = ProofCache(None if args.no_cache else default_proof_cache_dir())
+    tag = cache_tag()
+    prover = Prover(args.tramp, args.timeout, (lambda: cache.lookup(tag)) if cache.enabled else None)
+    return prover, cache, tag
+
+
 def command(args, out: TextIO) -> int:
-    raw = parse_hex_bytes(args.hex)
-    decoded = one_instruction(raw, args.at)  # bad input is refused before the checker (angr, z3) is imported
+    index = locate.image_index(args)
+    decoded, loc = _instruction(args, index)
 
     from ..plan.plan import make_plan
-    from ..proof.prove import prove_plan
-    from ..proof.verdict import verdict_exit_code
+    from ..proof.verdict import ProofResult, verdict_exit_code
 
     plan = make_plan(decoded, args.tramp)
-    result = prove_plan(decoded, plan, timeout_ms=int(args.timeout * 1000))
+    prover, cache, tag = _prover(args)
+    finding = prover.verify(decoded.raw, decoded.address).finding
     site_doc = None
-    if args.image:
-        result, site_doc = _with_sites(args, decoded, plan, result)
+    if index is not None and index.sites is not None:
+        finding, site_doc = _with_sites(index, decoded, finding, prover)
+    if prover.new_proofs:
+        cache.add(tag, {}, prover.new_proofs)
+    cache.close()
+    result = ProofResult(finding.verdict, finding.reason, finding.method, finding.counterexample)
+    where = locate.describe(loc)
     if args.json:
         doc = {
+            "address": hex(decoded.address),
+            "location": where or None,
             "length": decoded.length,
             "mnemonic": decoded.text if isinstance(decoded, Instruction) else None,
             "decoders": {a.decoder: a.length for a in decoded.answers},
@@ -52,55 +117,47 @@ def command(args, out: TextIO) -> int:
              "answers": {a.decoder: a.as_json() for a in decoded.answers}},
             "plan": plan.as_json(),
             **result.as_json(),
+            "cached": not finding.fresh and finding.verdict.value != "rejected",
         }
         if site_doc is not None:
             doc["sites"] = site_doc
-        json.dump(doc, out, indent=2)
+        json.dump(doc, out, indent=2, ensure_ascii=True)
         out.write("\n")
+        return verdict_exit_code(result.verdict)
+    label = f"{escape(where)} " if where else ""
+    if isinstance(decoded, Instruction):
+        out.write(f"{label}{decoded.address:#x}: {decoded.raw.hex(' ')}  {decoded.text}\n")
+        out.write("decoders: " + ", ".join(f"{a.decoder}={a.length}" for a in decoded.answers) + "\n")
+        for n in decoded.notes:
+            out.write(f"note: {n}\n")
     else:
-        if isinstance(decoded, Instruction):
-            out.write(f"{decoded.address:#x}: {decoded.raw.hex(' ')}  {decoded.text}\n")
-            out.write("decoders: " + ", ".join(f"{a.decoder}={a.length}" for a in decoded.answers) + "\n")
-            for n in decoded.notes:
-                out.write(f"note: {n}\n")
-        else:
-            out.write(f"{decoded.address:#x}: {decoded.raw.hex(' ')}  ({decoded.reason})\n")
-            out.write("decoders: " + ", ".join(f"{a.decoder}={a.length}" for a in decoded.answers) + "\n")
-        out.write(f"plan: {plan.kind.value} ({plan.rule}): {plan.reason}\n")
-        if plan.trampoline:
-            out.write(f"trampoline at {plan.tramp:#x}:\n")
-            out.write("\n".join(disasm(plan.trampoline, plan.tramp)) + "\n")
-        for e in plan.effects:
-            out.write(f"  effect: {e.describe()}\n")
-        for site in site_doc or ():
-            out.write(f"site: {site['kind']} at {site['address']} ({site['consequence']}): "
-                      f"{escape(site['reason'])}\n")
-        out.write(result.render())
+        out.write(f"{label}{decoded.address:#x}: {decoded.raw.hex(' ')}  ({decoded.reason})\n")
+        out.write("decoders: " + ", ".join(f"{a.decoder}={a.length}" for a in decoded.answers) + "\n")
+    out.write(wrap(f"plan: {plan.kind.value} ({plan.rule}): {plan.reason}") + "\n")
+    if plan.trampoline:
+        out.write(f"the tracer runs, at {plan.tramp:#x}:\n")
+        out.write("\n".join(disasm(plan.trampoline, plan.tramp)) + "\n")
+    for e in plan.effects:
+        out.write(f"  the tracer emulates: {e.describe()}\n")
+    for site in site_doc or ():
+        out.write(wrap(f"site: {site['kind']} at {site['address']} ({site['consequence']}): "
+                       f"{escape(site['reason'])}") + "\n")
+    text = result.render()
+    first, _, rest = text.partition("\n")
+    out.write(wrap(first) + "\n" + rest)
     return verdict_exit_code(result.verdict)
 
 
-def _with_sites(args, decoded, plan, result):
-    """The verdict at --at in the kernel image: its sites, and every variant that can run there."""
-    from ..engine.pipeline import Prover
-    from ..image.loader import load_image
+def _with_sites(index, decoded, finding, prover):
+    """The finding at the address in the kernel image: its sites, and every variant that can run there."""
     from ..kernel.site_verdicts import site_finding
-    from ..kernel.sites import POLICY_BY_KIND, find_sites
+    from ..kernel.sites import POLICY_BY_KIND
     from ..kernel.variants import VariantFinder
-    from ..proof.verdict import Finding, ProofResult
 
-    image = load_image(args.image, args.system_map)
-    if not image.is_executable(decoded.address):
-        raise InputError(f"--at {decoded.address:#x} is not in an executable section of {args.image}")
-    if image.read(decoded.address, decoded.length) != decoded.raw:
-        raise InputError(f"HEX is not the bytes of {args.image} at {decoded.address:#x}")
-    found = tuple(find_sites(image).sites_at(decoded.address, decoded.length))
-    finding = Finding(result.verdict, result.reason, result.method, plan.kind.value, plan.rule, "")
-    prover = Prover(plan.tramp, args.timeout)
-    new, _ = site_finding(finding, found, decoded.address, decoded.raw, VariantFinder(image),
+    found = tuple(index.sites.sites_at(decoded.address, decoded.length))
+    new, _ = site_finding(finding, found, decoded.address, decoded.raw, VariantFinder(index.image),
                           lambda other: prover.verify(other, decoded.address).finding)
     doc = [{"kind": s.kind, "address": hex(s.address), "length": s.length,
             "consequence": POLICY_BY_KIND[s.kind].consequence if s.kind in POLICY_BY_KIND else "mark",
             "reason": POLICY_BY_KIND[s.kind].reason if s.kind in POLICY_BY_KIND else ""} for s in found]
-    if new.verdict != result.verdict or new.reason != result.reason:
-        result = ProofResult(new.verdict, new.reason, new.method)
-    return result, doc
+    return new, doc

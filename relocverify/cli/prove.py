@@ -12,7 +12,10 @@ from .check import one_instruction
 def command(args, out: TextIO) -> int:
     orig = parse_hex_bytes(args.orig, "--orig")
     reloc = parse_hex_bytes(args.reloc, "--reloc")
-    decoded = one_instruction(orig, args.at)
+    from . import locate
+
+    at, _ = locate.resolve(args.at, locate.image_index(args), 0)
+    decoded = one_instruction(orig, at)
 
     from ..proof.prove import prove_relocation
     from ..proof.verdict import verdict_exit_code

@@ -39,6 +39,9 @@ def command(args, out: TextIO) -> int:
     if len(orig) > 15:
         raise InputError(f"--orig has {len(orig)} bytes; an x86 instruction has at most 15")
     state = state_from_json(load_json(args.state, "--state"))
+    from . import locate
+
+    args.at, _ = locate.resolve(args.at, locate.image_index(args), 0)
     if args.reloc is not None:
         reloc = parse_hex_bytes(args.reloc, "--reloc")
         result = replay(orig, args.at, args.tramp, state, reloc=reloc,

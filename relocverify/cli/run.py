@@ -16,15 +16,16 @@ from ..errors import InputError
 DEFAULT_TRIALS = 100
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, types) -> None:
     r = sub.add_parser("run", help="run a kernel function in unicorn, unprobed and with probes, and compare")
-    r.add_argument("--image", required=True, metavar="PATH", help="an ELF vmlinux or a bzImage")
-    r.add_argument("--system-map", default=None, metavar="FILE", help="System.map or kallsyms for a stripped image")
-    r.add_argument("--function", required=True, metavar="NAME", help="the function to call (a symbol of the image)")
+    r.add_argument("--image", required=True, metavar="PATH", type=types["IN_FILE"], help="an ELF vmlinux or a bzImage")
+    r.add_argument("--system-map", default=None, metavar="FILE", type=types["IN_FILE"], help="System.map or kallsyms for a stripped image")
+    r.add_argument("--function", required=True, metavar="NAME",
+                   help="the function to call: a symbol of the image, or NAME@0xADDR where static functions share NAME")
     r.add_argument("--args", default="", metavar="SPEC",
                    help="comma-separated arguments: u64, u64:LO-HI, buf:N (pointer to N random bytes), "
                         "str:N (pointer to a NUL-terminated string of at most N bytes)")
-    r.add_argument("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
+    r.add_argument("--trials", type=types["TRIALS"], default=DEFAULT_TRIALS, metavar="N",
                    help=f"random inputs to try (default {DEFAULT_TRIALS})")
     r.add_argument("--seed", type=int, default=0, metavar="N", help="trial i draws its inputs with seed N+i")
     r.add_argument("--probe-all", action="store_true",
@@ -35,11 +36,11 @@ def add_parser(sub) -> None:
                         "int3 probes elsewhere")
     r.add_argument("--cpu-features", default=None, metavar="LIST",
                    help="CPU features for boot patching: comma-separated names, 'default', -NAME to drop one")
-    r.add_argument("--budget", type=int, default=None, metavar="N",
+    r.add_argument("--budget", type=types["COUNT"], default=None, metavar="N",
                    help="instructions per call before it counts as a runaway loop (default 100000)")
-    r.add_argument("--db", default=None, metavar="STORE",
+    r.add_argument("--db", default=None, metavar="STORE", type=types["IN_FILE"],
                    help="take verdicts by address from this result store (still re-proved per trampoline)")
-    r.add_argument("--timeout", type=float, default=10.0, metavar="S", help="proof timeout per instruction")
+    r.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S", help="proof timeout per instruction")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(func=command)
 
@@ -73,19 +74,16 @@ def _verdicts(args, image, sites):
 
 
 def command(args, out: TextIO) -> int:
-    from ..image.loader import load_image
+    from ..image.loader import load_image, require_kernel
     from ..kernel.sites import find_sites
     from ..runtime.args import parse_spec
     from ..runtime.differential import DEFAULT_BUDGET, Differential, find_function
     from ..runtime.kernel import parse_cpu_features
 
-    if args.trials < 1:
-        raise InputError(f"--trials must be at least 1, not {args.trials}")
-    if args.budget is not None and args.budget < 1:
-        raise InputError(f"--budget must be at least 1, not {args.budget}")
     specs = parse_spec(args.args)
     features = parse_cpu_features(args.cpu_features)
     image = load_image(args.image, args.system_map)
+    require_kernel(image)
     find_function(image, args.function)  # an unknown name is exit 2 before the machines are built
     sites = find_sites(image)
     jump = getattr(args, "jump_probes", False)

@@ -43,16 +43,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from ..errors import InputError
+from ..inputs import code_address, memory_range, read_input, trampoline_address
 from ..plan.effects import Branch, Effect, Jump, effects_from_json
-from ..plan.plan import make_plan
+from ..plan.plan import DEFAULT_AT, DEFAULT_TRAMP, make_plan
 from ..plan.policy import RULES
 from ..proof import prove as proof
 from ..proof.verdict import Verdict
 from ..x86.decode import decode
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
-DEFAULT_AT = 0xFFFFFFFF81234560  # kernel text, as cli.DEFAULT_AT
-DEFAULT_TRAMP = 0xFFFFFFFFC0001000  # module space, as cli.DEFAULT_TRAMP
 KERNEL_TEXT = (0xFFFFFFFF81000000, 0xFFFFFFFF83000000)  # [lo, hi): where random A is drawn
 # Random T stays this close to A: rel32 reach less 16 MiB, so that the small
 # displacements and branch offsets of corpus entries stay in reach from T.
@@ -162,14 +161,6 @@ def parse_effects(v: object) -> tuple[Effect, ...]:
 # ---------------------------------------------------------------------------
 
 
-def _parse_tracer_range(text) -> tuple[int, int]:
-    """'ADDR:SIZE': memory the foreign tracer keeps its own data in (a save slot)."""
-    addr, sep, size = str(text).partition(":")
-    if not sep:
-        raise ValueError(f"{text!r} is not ADDR:SIZE")
-    return parse_address(addr), int(size, 0)
-
-
 @dataclass(frozen=True)
 class Key:
     parse: Callable[[object], object]
@@ -180,8 +171,8 @@ ENTRY_KEYS: dict[str, Key] = {
     "id": Key(parse_text),
     "hex": Key(parse_hex, required=True),
     "why": Key(parse_text, required=True),
-    "at": Key(parse_address),
-    "tramp": Key(parse_address),
+    "at": Key(lambda v: code_address(v, "at")),
+    "tramp": Key(lambda v: trampoline_address(v, "tramp")),
     "source": Key(parse_text),
     "tracer": Key(parse_text),
     # decode facts
@@ -204,7 +195,7 @@ ENTRY_KEYS: dict[str, Key] = {
     # verdicts, and foreign relocations
     "verdict": Key(parse_verdicts),
     "reloc": Key(parse_hex),
-    "tracer_memory": Key(lambda v: tuple(_parse_tracer_range(x) for x in v)),
+    "tracer_memory": Key(lambda v: tuple(memory_range(x, "tracer_memory") for x in v)),
     "effects": Key(parse_effects),
     "own_verdict": Key(parse_verdicts),
     # a foreign relocation whose tracer_memory must be refused before any proof (proof.precondition)
@@ -267,10 +258,7 @@ def load_file(path: str | Path) -> list[Entry]:
     """Every entry of one corpus file, validated."""
     path = str(path)
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+        doc = tomllib.loads(read_input(path, "corpus").decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: not valid TOML: {e}") from None
     except (ValueError, RecursionError):  # bytes that are not UTF-8 text, or nesting past the parser's depth

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..plan.plan import PlanKind, make_plan
+from ..plan.plan import DEFAULT_TRAMP, PlanKind, make_plan
 from ..proof.prove import prove_effects, prove_plan, prove_relocation
 from ..proof.verdict import Verdict
 from ..x86.decode import decode
 from ..x86.decoders.protocol import Facts
 from ..x86.instruction import Instruction
 
-DEFAULT_TRAMP = 0xFFFFFFFFC0001000  # module space, within rel32 reach of kernel text
 TIMEOUT_MS = 5_000
 
 
@@ -41,7 +40,7 @@ class Consequence:
         return self.verdict.rank > self.consensus_verdict.rank
 
     def describe(self) -> str:
-        return (f"plan from the tested answer: {self.plan} -> {self.verdict.value} ({self.reason[:120]}); "
+        return (f"plan from the tested answer: {self.plan} -> {self.verdict.value} ({self.reason}); "
                 f"consensus plan: {self.consensus_plan} -> {self.consensus_verdict.value}")
 
     def as_json(self) -> dict:

@@ -30,10 +30,15 @@ from ..x86.encoding import jump, patch_disp, rel_from
 from ..x86.instruction import Decoded, Disagreement, Instruction, Undecodable
 from ..x86.registers import GPR64, MASK64, fits_s32, reg_family
 from .effects import Address, AddRsp, Branch, Const, Effect, Jump, Let, Load, Push, Reg, Temp, effect_json
-from .policy import classify
+from .policy import classify, classify_disagreement
 # uprobes' choice and its reason: ax/cx/dx are implicit operands of cmpxchg,
 # shifts, mul/div, mulx, pcmpistri and maskmov; si/di/bx are free of those
 # except for string instructions, which never have a RIP-relative operand.
+#: The addresses a question about bytes alone is asked at: A in kernel text, and T in module space,
+#: within rel32 reach of it, where kinst and optprobes place their trampolines.
+DEFAULT_AT = 0xFFFFFFFF81234560
+DEFAULT_TRAMP = 0xFFFFFFFFC0001000
+
 SCRATCH_CANDIDATES = ("rsi", "rdi", "rbx")
 
 
@@ -304,6 +309,10 @@ def make_plan(decoded: Decoded, tramp: int, rules=None, resume: int | None = Non
     if isinstance(decoded, Undecodable):
         return _reject("undecodable", f"undecodable: {decoded.reason}", decoded.address, decoded.length, tramp)
     if isinstance(decoded, Disagreement):
+        agreed = classify_disagreement(decoded.answers) if rules is None else classify_disagreement(decoded.answers, rules)
+        if agreed is not None:
+            rule, why = agreed
+            return _reject(rule.name, f"{rule.reason} ({why})", decoded.address, decoded.length, tramp)
         return _reject("decoder-disagreement", f"decoders disagree: {decoded.reason}", decoded.address,
                        decoded.length, tramp)
     if _overlaps(decoded.address, decoded.length, tramp):

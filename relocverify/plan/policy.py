@@ -156,6 +156,27 @@ USER_RULES: tuple[Rule, ...] = _user_rows()
 #: The tables by name: the kernel's (kinst, kprobes) and user space's (fasttrap, uprobes).
 POLICIES: dict[str, tuple[Rule, ...]] = {"kernel": RULES, "user": USER_RULES}
 
+#: Bytes the decoders read differently that no relocation needs to agree on: each row names the row
+#: of the table whose reason applies whatever the length, since that row rejects the instruction.
+#: (predicate over the decoders' answers, row name, what the decoders disagree on)
+DISAGREEMENTS: tuple[tuple[Callable[[tuple], bool], str, str], ...] = (
+    (lambda answers: any(a.length for a in answers) and all(a.text.split()[:1] == ["ud0"] for a in answers if a.length),
+     "ud", "the decoders that read it read ud0, and differ only on its length, which is the vendor's: Intel's "
+     "ud0 takes a ModRM byte, AMD's does not (SDM Vol. 2B, UD; AMD APM Vol. 3, UD0)"),
+)
+
+
+def classify_disagreement(answers: tuple, rules: tuple[Rule, ...] = RULES) -> tuple[Rule, str] | None:
+    """The rejecting row (and why the disagreement does not matter) for bytes the decoders read
+    differently, or None when it matters (see ``DISAGREEMENTS``)."""
+    for matches, name, why in DISAGREEMENTS:
+        if matches(answers):
+            rule = next(r for r in rules if r.name == name)
+            assert rule.strategy == "reject", "a disagreement is only ever rejected"
+            return rule, why
+    return None
+
+
 _CLASSIFIED: dict[tuple[int, bytes], Rule] = {}
 
 

@@ -37,6 +37,7 @@ from ..concrete.machine import is_rep_string
 from ..concrete.outcome import GPRS, RFLAGS_COMPARED
 from ..errors import InputError
 from ..image.functions import find_functions
+from ..image.locations import FunctionIndex, parse_location
 from ..image.image import Image
 from .args import ArgSpec, draw
 from .kernel import DEFAULT_CPU_FEATURES, KernelMachine
@@ -92,15 +93,19 @@ class Report:
 
 
 def find_function(image: Image, name: str) -> Function:
-    sized = [s for s in image.symbols if s.name == name and s.kind == "func" and s.size]
-    if sized:
-        return Function(name, sized[0].address, sized[0].address + sized[0].size)
-    if image.symbol_address(name) is not None:
-        for f in find_functions(image):
-            if f.name == name:
-                return Function(name, f.start, f.end)
-    raise InputError(f"no function named {name!r} in {image.path}"
-                     + ("" if image.has_symbols() else " (it has no symbols: pass --system-map)"))
+    """The function ``name`` or ``name@0xADDR`` (several static functions may share a name: the
+    error lists them as NAME@ADDR)."""
+    spec = parse_location(name)
+    if spec.absolute is not None or spec.offset:
+        raise InputError(f"{name!r}: a function is NAME or NAME@0xADDR, without an offset")
+    found = {s.address: Function(spec.name, s.address, s.address + s.size)
+             for s in image.symbols if s.name == spec.name and s.kind == "func" and s.size}
+    if not found and image.symbol_address(spec.name) is not None:
+        found = {f.start: Function(spec.name, f.start, f.end) for f in find_functions(image) if f.name == spec.name}
+    if not found:
+        raise InputError(f"no function named {spec.name!r} in {image.path}"
+                         + ("" if image.has_symbols() else " (it has no symbols: pass --system-map)"))
+    return FunctionIndex(found.values()).named(spec.name, spec.at)
 
 
 def live_instructions(runtime: ProbeRuntime, fn: Function) -> list[iced_x86.Instruction]:

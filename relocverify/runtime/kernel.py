@@ -46,6 +46,7 @@ from ..errors import InputError
 from ..image.image import Image
 from ..kernel.sites import SiteIndex, find_sites
 from ..kernel.variants import NOP5, NoVariants, VariantFinder
+from ..plan.plan import DEFAULT_TRAMP
 from ..x86.registers import GPR64, MASK64
 
 PAGE = 0x1000
@@ -88,7 +89,7 @@ NOPS = {1: b"\x90", 2: b"\x66\x90", 3: b"\x0f\x1f\x00", 4: b"\x0f\x1f\x40\x00", 
 PERCPU_BASE = 0xFFFF888100000000
 STACK_BASE = 0xFFFFC90000000000
 HEAP_BASE = 0xFFFFC90010000000
-TRAMP_BASE = 0xFFFFFFFFC0001000  # module space, within rel32 reach of text (cli.DEFAULT_TRAMP)
+TRAMP_BASE = DEFAULT_TRAMP  # module space, within rel32 reach of text
 STRIDE = 0x100000  # between two contexts' regions
 STACK_SIZE = 0x8000
 HEAP_SIZE = 0x10000
