@@ -8,8 +8,9 @@ from typing import TextIO
 
 from .arguments import add_batch_options
 from .finish import finish, totals_over
+from .package import add_jump_probes
 from .render import escape
-from .vmlinux import KERNEL_HALF
+from ..x86.registers import KERNEL_HALF
 
 #: Where a user-space tracer's trampolines live relative to the code: a page 1 MiB past the
 #: image's end, as uprobes maps its execute-out-of-line page into the process.
@@ -28,6 +29,7 @@ def add_parser(sub, types) -> None:
                    help="the trampoline address (default: a page 1 MiB past the image's end, as the link "
                         "addresses lay it out)")
     add_batch_options(e, types, "also write the summary (several files: each file's and the totals) as JSON")
+    add_jump_probes(e)
 
 
 def expand(paths: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -101,7 +103,8 @@ def _many(args, out: TextIO) -> int:
         raise InputError(f"no x86-64 ELF file in {', '.join(args.paths)}")
     db = args.db or os.path.abspath("relocverify-user.sqlite")
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(0, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user")
+    options = RunOptions(0, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user",
+                         jump_probes=args.jump_probes)
     quiet = Progress(enabled=False)
     say = (lambda line: None) if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     images: dict[str, dict] = {}
@@ -115,7 +118,7 @@ def _many(args, out: TextIO) -> int:
                 skipped[path] = str(exc).split(": ", 1)[-1]
                 continue
             if not find_functions(image):
-                images[path] = empty_summary(image)
+                images[path] = empty_summary(image, args.jump_probes)
                 continue
             images[path] = run(image, db, replace(options, tramp=tramp), quiet, session)
             if (k + 1) % 50 == 0:
@@ -129,8 +132,14 @@ def _many(args, out: TextIO) -> int:
             reasons[why] = reasons.get(why, 0) + 1
         out.write(f"skipped {len(skipped):,}: " + ", ".join(f"{escape(k)} {v:,}" for k, v in
                                                             sorted(reasons.items(), key=lambda kv: -kv[1])) + "\n")
-    out.write(f"store: {escape(db)}\n")
     report = {"images": images, "skipped": skipped, "totals": totals, "totals_add_up": adds_up}
+    if args.jump_probes:
+        from ..engine.jumps import jump_totals, render_jump_totals
+
+        report["jump_probe"] = jumps = jump_totals(s["jump_probe"] for s in images.values())
+        out.write(render_jump_totals(jumps, escape))
+        adds_up = adds_up and jumps["totals_add_up"]
+    out.write(f"store: {escape(db)}\n")
     return finish(out, args, report, totals, adds_up)
 
 
@@ -145,9 +154,13 @@ def _one(args, out: TextIO) -> int:
     tramp = _tramp_for(image, args)
     db = args.db or os.path.abspath(f"relocverify-{image.identity[:12]}.sqlite")
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(tramp, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user")
+    options = RunOptions(tramp, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user",
+                         jump_probes=args.jump_probes)
     summary = run(image, db, options, Progress(enabled=not args.no_progress))
     out.write(render_summary(summary, escape))
+    complete = summary["totals_add_up"] and summary["run"]["status"] == "complete"
+    if args.jump_probes:
+        out.write("".join(f"jump probes, not checked: {escape(u)}\n" for u in summary["jump_probe"].get("unchecked", ())))
+        complete = complete and summary["jump_probe"]["totals_add_up"]
     out.write(f"trampoline: {tramp:#x}; policy: user space\nstore: {escape(db)}\n")
-    return finish(out, args, summary, summary["by_verdict"],
-                  summary["totals_add_up"] and summary["run"]["status"] == "complete")
+    return finish(out, args, summary, summary["by_verdict"], complete)

@@ -20,15 +20,32 @@ with one bucket:
 refusal, keyed as ``range:<key>``, ``block:<key>`` or ``proof:<verdict>``,
 with the first reason seen kept as its example.  The int3 probe's verdict
 (the instruction's own row) is unaffected by any of this.
+
+The same phase runs for kernel modules (``module``, ``package``: a module
+laid out in module space has its own site tables, exception table and
+relocated pointers, and ``PatchRanges`` reads them as a vmlinux's) and for
+user-space ELF files (``elf``), whose ranges are checked by
+``UserPatchRanges`` (:func:`patch_ranges` picks by policy): the rules that
+need kernel tables (sites, ``__ex_table``, ``__jump_table``) are skipped,
+each summary saying so in ``unchecked``, and C++ exception handling takes
+the exception table's place: a range inside a frame whose ``.eh_frame``
+entry has an LSDA is refused as ``exception-table`` (the unwinder may land
+on any of its landing pads, which no branch names).  :func:`jump_totals`
+adds the ``jump_probe`` sections of several images up.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
+
 from ..image.functions import Function
-from ..kernel.patch_range import PatchRanges
+from ..image.image import Image
+from ..kernel.patch_range import PatchRanges, RangeRefusal
 from ..plan.block import JUMP_SIZE, NoBlock, plan_block
 from ..proof.block import block_key, prove_block
 from ..proof.verdict import Verdict
+from ..text import one_line
 from ..x86.decode import decode
 
 ELIGIBLE = "eligible"
@@ -81,10 +98,148 @@ class JumpProver:
         try:
             result = prove_block(block, self.timeout_ms)
         except Exception as exc:  # a bug in a library must not stop the run: this point is refused
-            return "proof:error", f"internal error: {type(exc).__name__}: {str(exc)[:100]}"
+            return "proof:error", f"internal error: {type(exc).__name__}: {one_line(exc)}"
         if result.verdict is Verdict.PROVED:
             answer = (ELIGIBLE, result.reason)
             if key is not None and result.method == "fast-path":
                 self.proved[key] = answer
             return answer
         return f"proof:{result.verdict.value}", result.reason
+
+
+#: Why a user-space image's ranges are not checked against kernel tables.
+USER_SKIPPED = ("user space: kernel sites, __ex_table and __jump_table exist only in a kernel image; those range "
+                "rules are skipped (landing pads from .eh_frame and symbol entry points are checked instead)")
+
+
+def patch_ranges(image: Image, functions: list[Function], sites, policy: str) -> PatchRanges:
+    """The range facts of ``image`` for the jump-probe phase: ``PatchRanges`` for a kernel image or
+    module, ``UserPatchRanges`` for a user-space ELF (``policy`` "user")."""
+    if policy == "user":
+        return UserPatchRanges(image, functions)
+    return PatchRanges(image, functions, sites)
+
+
+class UserPatchRanges(PatchRanges):
+    """``PatchRanges`` for a user-space ELF: no kernel tables (``unchecked`` says so), and two
+    rules in their place:
+
+    * every frame with C++ landing pads (an FDE with an LSDA) is refused whole
+      (``exception-table``), as Linux refuses a function with an ``__ex_table`` entry;
+    * a symbol's address or the ELF entry point strictly inside the range is a branch target
+      (``branch-target-inside``): other objects call a library's functions through the PLT, which
+      no branch of this file shows, and a stripped file's code is swept as one function, so its
+      ``.dynsym`` entry points fall inside it.
+
+    Other code pointers of a position-independent file are in its dynamic relocations, not its
+    data: those into a function's middle come with an indirect jump there (a jump table or a
+    computed goto), which refuses the function already."""
+
+    def __init__(self, image: Image, functions):
+        super().__init__(image, functions, None)
+        self.unchecked = (USER_SKIPPED,)
+        self._frames = _merged(landing_pad_frames(image))
+        self._frame_starts = [lo for lo, _, _ in self._frames]
+        entries = {s.address: s.name for s in image.symbols if image.is_executable(s.address)}
+        start = _entry_point(image.path)
+        if start is not None and image.is_executable(start):
+            entries.setdefault(start, "the ELF entry point")
+        self._entries = sorted(entries.items())
+
+    def refusal(self, function: Function, address: int, length: int) -> RangeRefusal | None:
+        refusal = super().refusal(function, address, length)
+        if refusal is not None and refusal.key == "past-function-end":
+            return refusal
+        end = address + length
+        i = bisect.bisect_right(self._frame_starts, end - 1) - 1
+        if i >= 0 and self._frames[i][1] > address:  # frames are merged: only the last one can overlap
+            lo, hi, why = self._frames[i]
+            return RangeRefusal("exception-table", f"{function.name}: {why}: the unwinder may land on any "
+                                f"of its landing pads in [{lo:#x}, {hi:#x})")
+        if refusal is not None:
+            return refusal
+        k = bisect.bisect_right(self._entries, (address, "\uffff"))
+        if k < len(self._entries) and self._entries[k][0] < end:
+            at, name = self._entries[k]
+            return RangeRefusal("branch-target-inside", f"{at:#x}, strictly inside [{address:#x}, {end:#x}), is "
+                                f"where {name} starts: a call from another object would land in the probe's jump")
+        return None
+
+
+def _entry_point(path: str) -> int | None:
+    """``e_entry`` of an ELF64 file, or None."""
+    import struct
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(0x20)
+    except OSError:
+        return None
+    return struct.unpack_from("<Q", head, 0x18)[0] if len(head) == 0x20 and head[:4] == b"\x7fELF" else None
+
+
+def landing_pad_frames(image: Image) -> list[tuple[int, int, str]]:
+    """(start, end, why) of every ``.eh_frame`` FDE with an LSDA (C++ landing pads), sorted.  An
+    ``.eh_frame`` that pyelftools cannot read, in a file with a ``.gcc_except_table``, is one frame
+    over everything: nothing in it can be shown free of landing pads."""
+    if image.get_section(".gcc_except_table") is None:
+        return []
+    from elftools.dwarf.callframe import FDE
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(image.path, "rb") as handle:
+            dwarf = ELFFile(handle).get_dwarf_info()
+            entries = list(dwarf.EH_CFI_entries()) if dwarf.has_EH_CFI() else []
+    except Exception as exc:  # pyelftools asserts on encodings it does not know: one place, refused whole
+        return [(0, 1 << 64, f"its .eh_frame cannot be read ({type(exc).__name__}) and it has a .gcc_except_table")]
+    out = []
+    for entry in entries:
+        if isinstance(entry, FDE) and entry.lsda_pointer:
+            lo = entry.header["initial_location"]
+            out.append((lo, lo + entry.header["address_range"], f"its frame has an LSDA at {entry.lsda_pointer:#x}"))
+    return sorted(out)
+
+
+def _merged(frames: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Sorted frames with the overlapping ones made one (keeping the first one's reason)."""
+    out: list[tuple[int, int, str]] = []
+    for lo, hi, why in sorted(frames):
+        if out and lo < out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]), out[-1][2])
+        else:
+            out.append((lo, hi, why))
+    return out
+
+
+def jump_totals(sections) -> dict:
+    """The ``jump_probe`` sections of several images added up: eligible, refusals by bucket,
+    instructions, and whether every one and the sum add up."""
+    sections = list(sections)
+    refused: Counter = Counter()
+    for j in sections:
+        refused.update(j["refused"])
+    eligible = sum(j["eligible"] for j in sections)
+    instructions = sum(j["instructions"] for j in sections)
+    unchecked = sorted({u for j in sections for u in j.get("unchecked", ())})
+    return {"eligible": eligible, "refused": dict(refused.most_common()), "instructions": instructions,
+            "totals_add_up": all(j["totals_add_up"] for j in sections)
+            and eligible + sum(refused.values()) == instructions,
+            "share": round(eligible / instructions, 4) if instructions else 0.0,
+            "block_proofs": sum(j.get("block_proofs", 0) for j in sections), "images": len(sections),
+            **({"unchecked": unchecked} if unchecked else {})}
+
+
+def empty_jump_section() -> dict:
+    """The ``jump_probe`` section of an image with no function: nothing to answer, totals that add up."""
+    return {"eligible": 0, "refused": {}, "instructions": 0, "totals_add_up": True, "share": 0.0, "examples": {}}
+
+
+def render_jump_totals(totals: dict, escape=str, top: int = 8) -> str:
+    """Lines for the totals of :func:`jump_totals`."""
+    lines = [f"jump probes: {totals['eligible']:,} of {totals['instructions']:,} instructions eligible "
+             f"({100 * totals['share']:.1f}%), {sum(totals['refused'].values()):,} refused; "
+             f"totals add up: {totals['totals_add_up']}"]
+    lines += [f"  {v:>9,}  {escape(k)}" for k, v in list(totals["refused"].items())[:top]]
+    lines += [f"  not checked: {escape(u)}" for u in totals.get("unchecked", ())]
+    return "\n".join(lines) + "\n"

@@ -188,9 +188,9 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
             skip = overlaps(image, list(by_id.items()))
             ranges = None
             if options.jump_probes:
-                from ..kernel.patch_range import PatchRanges
+                from .jumps import patch_ranges
 
-                ranges = PatchRanges(image, functions, sites)
+                ranges = patch_ranges(image, functions, sites, options.policy)
             job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
                       store_path, config_id, store.outcome_ids_now(), skip, stale, rules, ranges)
             pool = session.pool_for(job)
@@ -229,7 +229,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         if alternatives is not None:
             summary["alternative_replacements"] = alternatives
         if options.jump_probes:
-            summary["jump_probe"] = jump_summary(store, image_id, summary["instructions"], jump_proofs)
+            summary["jump_probe"] = jump_summary(store, image_id, summary["instructions"], jump_proofs,
+                                                 ranges.unchecked)
         wall = time.monotonic() - t0
         verified_now = counts.get("rows", 0)
         summary["run"] = {"id": run_id, "status": status, "verified_now": verified_now, "resumed": len(done),
@@ -454,8 +455,10 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
     return made[0]
 
 
-def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | None) -> dict:
-    """The summary's ``jump_probe``: eligible, and refusals by bucket, adding up to the instructions."""
+def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | None,
+                 unchecked: tuple[str, ...] = ()) -> dict:
+    """The summary's ``jump_probe``: eligible, and refusals by bucket, adding up to the instructions;
+    ``unchecked``: the range rules not asked of this image, with why (``PatchRanges.unchecked``)."""
     counts = store.jump_probe_counts(image_id)
     eligible = counts.pop("eligible", 0)
     out = {"eligible": eligible, "refused": counts, "instructions": instructions,
@@ -464,6 +467,8 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
            "examples": {k: v for k, v in store.jump_probe_examples().items() if k in counts}}
     if proofs is not None:
         out["block_proofs"] = proofs
+    if unchecked:
+        out["unchecked"] = list(unchecked)
     return out
 
 

@@ -10,18 +10,17 @@ cache whose size and mtime match the manifest is reused without hashing it
 again (``verify=True`` re-hashes everything); a ``.deb`` found in the cache
 but not yet in the manifest is hashed and adopted instead of downloaded.
 
-Extraction is pure Python (``ar`` members, then a streamed tar compressed
-with xz, gzip, bzip2 or zstd) and stops as soon as the wanted members are
-out, which skips the bulk of the ``-dbg`` package (module debug info).
+Extraction reads the ``.deb`` with python-debian (``image.debian.open_data_tar``:
+the ar container, then a tar compressed with xz, gzip, bzip2 or zstd,
+decompressed as a stream) and stops as soon as the wanted members are out,
+which skips the bulk of the ``-dbg`` package (module debug info).
 
 The cache directory is ``$RELOCVERIFY_CACHE`` or ``~/.cache/relocverify``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from typing import NamedTuple
 
 from ..environment import default_cache_dir
 from ..errors import FetchError
+from .debian import KernelParts, module_order, open_data_tar
 
 
 class KernelSpec(NamedTuple):
@@ -306,7 +306,7 @@ def _extract_members(deb: Path, members: dict[str, str], target: Path,
     say(f"extracting {', '.join(sorted(members.values()))} from {deb.name} ...")
     found: dict[str, Path] = {}
     try:
-        with _open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:
+        with open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:
             for entry in archive:
                 role = members.get(entry.name) or members.get("./" + entry.name.lstrip("./"))
                 if role is None or not entry.isfile():
@@ -336,69 +336,6 @@ def _copy_hashing(source, sink) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _open_data_tar(deb: Path):
-    """The decompressed ``data.tar.*`` member of a .deb, as a stream."""
-    with open(deb, "rb") as handle:
-        stream = _find_data_tar(deb, handle)
-        try:
-            yield stream
-        finally:
-            stream.close()
-
-
-def _find_data_tar(deb: Path, handle):
-    if handle.read(8) != b"!<arch>\n":
-        raise FetchError(f"{deb.name} is not a Debian package (no ar header)")
-    while True:
-        header = handle.read(60)
-        if len(header) < 60:
-            raise FetchError(f"{deb.name} has no data.tar member")
-        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError:
-            raise FetchError(f"{deb.name}: corrupt ar member header") from None
-        if name.startswith("data.tar"):
-            return _member_stream(handle, size, name, deb)
-        handle.seek(size + (size & 1), io.SEEK_CUR)
-
-
-def _member_stream(handle, size: int, name: str, deb: Path):
-    member = _Bounded(handle, size)
-    if name == "data.tar":
-        return member
-    if name.endswith(".xz"):
-        import lzma
-        return lzma.LZMAFile(member)
-    if name.endswith(".gz"):
-        import gzip
-        return gzip.GzipFile(fileobj=member)
-    if name.endswith(".bz2"):
-        import bz2
-        return bz2.BZ2File(member)
-    if name.endswith(".zst"):
-        import zstandard
-        return zstandard.ZstdDecompressor().stream_reader(member)
-    raise FetchError(f"{deb.name}: unsupported {name}")
-
-
-class _Bounded(io.RawIOBase):
-    """``size`` bytes of ``handle`` from its current position."""
-
-    def __init__(self, handle, size: int) -> None:
-        self.handle, self.left = handle, size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.handle.read(min(len(buffer), self.left))
-        buffer[:len(data)] = data
-        self.left -= len(data)
-        return len(data)
-
-
 def extract_modules(name: str, names: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
                     progress=None) -> list[Path]:
     """The kernel modules of kernel ``name`` (all of them, or those whose file name is in ``names``),
@@ -419,7 +356,7 @@ def extract_modules(name: str, names: list[str] | None = None, cache_dir: str | 
             return found
     (progress or (lambda line: None))(f"extracting modules from {deb.name} ...")
     target.mkdir(parents=True, exist_ok=True)
-    with _open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+    with open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
         for member in tar:
             base = member.name.rsplit("/", 1)[-1]
             if not member.isfile() or ".ko" not in base or (wanted is not None and base not in wanted):
@@ -433,3 +370,15 @@ def extract_modules(name: str, names: list[str] | None = None, cache_dir: str | 
     if wanted is None:
         done.write_text("")
     return sorted(found)
+
+
+def named_parts(name: str, cache_dir: str | os.PathLike | None = None, progress=None) -> KernelParts:
+    """Kernel ``name``'s vmlinux (from -dbg, with its symbols) and every module (``image.debian``)."""
+    kernel = fetch(name, cache_dir, progress=progress)
+    target = Path(cache_dir or default_cache_dir()) / name / "modules"
+    modules = sorted(((p.relative_to(target).as_posix(), str(p)) for p in extract_modules(name, None, cache_dir,
+                                                                                           progress)),
+                     key=lambda item: module_order(item[0]))
+    return KernelParts(kernel.release, kernel.vmlinux, None, tuple(modules),
+                       f"{name}: vmlinux {kernel.vmlinux} (ELF with its symbols); {len(modules):,} modules under "
+                       f"{target}")
