@@ -274,18 +274,20 @@ def test_a_hanging_proof_is_unknown_after_the_timeout(small, tmp_path, monkeypat
     assert summary["totals_add_up"]
 
 
-def test_progress_off_a_terminal_is_plain_lines(small, tmp_path):
+def test_progress_off_a_terminal_is_one_plain_line_per_phase(small, tmp_path):
     import io
 
     stream = io.StringIO()
     _run(small, tmp_path / "s.sqlite", progress=Progress(True, stream, tty=False))
     text = stream.getvalue()
-    assert "\r" not in text
-    assert {line.split(":")[0] for line in text.splitlines()} >= {"survey", "proofs", "rows"}
-    assert all(len(line) < 200 for line in text.splitlines())
+    assert "\r" not in text and "\x1b" not in text, "no bar, no control sequence in a log"
+    lines = text.splitlines()
+    assert {line.split(":")[0] for line in lines} >= {"survey", "proofs", "rows"}
+    assert all(len(line) < 200 for line in lines)
+    assert sum(line.startswith("survey:") for line in lines) == 1, "no progress lines, one line when it ends"
 
 
-def test_progress_on_a_terminal_redraws_one_line():
+def test_progress_on_a_terminal_is_a_rich_bar_then_one_line():
     import io
 
     stream = io.StringIO()
@@ -293,8 +295,15 @@ def test_progress_on_a_terminal_redraws_one_line():
     p.phase("survey", 10, "instructions")
     p.last -= 1
     p.update(5)
+    p.note("a note")
     p.end()
-    assert "\r" in stream.getvalue() and stream.getvalue().count("\n") == 1
+    text = stream.getvalue()
+    assert "\x1b[" in text, "drawn with terminal control sequences"
+    assert "5/10" in text and "a note" in text
+    import re
+
+    last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text.rstrip("\n").splitlines()[-1].split("\r")[-1])
+    assert last.startswith("survey: 10 instructions in "), "the bar is cleared and one line stays"
 
 
 def test_a_worker_crashing_on_jump_probes_refuses_that_function_and_the_run_goes_on(small, tmp_path, monkeypatch):

@@ -43,16 +43,20 @@ def add_parser(sub, types: dict) -> None:
     s.set_defaults(func=command)
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool, label: str, unit: str):
+    """A ``(done, total)`` callback drawing the engine's progress bar (nothing off a terminal)."""
     if not enabled:
         return None
+    from ..engine.progress import Progress
+
+    bar = Progress(True)
 
     def show(done: int, total: int) -> None:
-        if done == total or done % max(total // 50, 1) == 0:
-            sys.stderr.write(f"\r  {done}/{total}")
-            sys.stderr.flush()
-            if done == total:
-                sys.stderr.write("\n")
+        if not bar.label:
+            bar.phase(label, total, unit)
+        bar.update(done)
+        if done == total:
+            bar.end()
     return show
 
 
@@ -66,12 +70,14 @@ def command(args, out: TextIO) -> int:
 
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     names = [n.strip() for n in args.operators.split(",")] if args.operators else None
-    report = run(args.pairs, seed, names, jobs, args.states, _progress(sys.stderr.isatty() and not args.json))
+    report = run(args.pairs, seed, names, jobs, args.states, _progress(sys.stderr.isatty() and not args.json, "selftest", "pairs"))
     if args.json:
         json.dump(report.as_json(), out, indent=2)
         out.write("\n")
     else:
         out.write(render(report))
+    if report.errors:
+        return 4  # the checker itself crashed on a candidate: an internal error to report
     return EXIT_FINDINGS if report.false_proofs else EXIT_CLEAN
 
 
@@ -86,6 +92,9 @@ def render(report) -> str:
                  f"{c.false_proofs:6d}   ({share} proved)")
     total = sum(t.false_proofs for t in report.operators.values()) + c.false_proofs
     lines.append(f"false proofs: {total}")
+    if report.errors:
+        lines.append(f"checker crashes: {len(report.errors)} (each a bug; the first: {report.errors[0]['exception']}; "
+                     f"replay: {report.errors[0]['replay']})")
     for fp in report.false_proofs:
         lines.append(f"  FALSE PROOF [{fp['operator']}, class {fp['class']}] {fp['note']}: {fp['difference']}")
         lines.append(f"    replay: {fp['replay']}")
@@ -120,7 +129,7 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     todo = {form: raws for form, raws in forms.items()
             if form not in old_rows or old_rows[form]["status"] in again}
     out.write(f"validating {len(todo)} forms ({len(forms) - len(todo)} kept from the current table)\n")
-    results = validate_forms(dict(todo), jobs=jobs, progress=_progress(sys.stderr.isatty()))
+    results = validate_forms(dict(todo), jobs=jobs, progress=_progress(sys.stderr.isatty(), "forms", "forms"))
     sources = previous.get("sources", {})
     sources = {"kernels": sorted(set(sources.get("kernels", [])) | set(args.kernel or [])),
                "modules": sources.get("modules", False) or args.modules,

@@ -22,6 +22,7 @@ from typing import Callable
 from ..plan.plan import PlanKind, make_plan
 from ..proof.cache_key import cache_key, reusable
 from ..proof.verdict import Finding, ProofResult, Verdict
+from ..text import one_line
 from ..store.cache import CachedProof
 from ..x86.decode import decode
 from ..x86.instruction import Decoded, Instruction
@@ -127,7 +128,7 @@ class Prover:
         except _Timeout:
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a bug in a third-party library must not stop the run
-            result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {str(exc)[:100]}", "error")
+            result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {one_line(exc)}", "error")
         return result
 
 

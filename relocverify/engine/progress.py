@@ -1,9 +1,10 @@
-"""Progress of a run's phases, on stderr.
+"""Progress of a run's phases, on stderr, drawn by rich (``rich.progress``).
 
-On a terminal: one line per phase, redrawn in place (carriage return) at
-most twice a second.  Anywhere else (a CI log, a file): a plain line when a
-phase starts, then one every 10% or every 30 s, whichever comes first, and
-one when it ends; never a carriage return, so a log stays readable.
+On a terminal: a bar per phase, redrawn in place at most four times a second
+(by ``update`` itself: no refresh thread, so forking workers mid-phase never
+copies a lock some thread holds), then one line saying what the phase did.
+Anywhere else (a CI log, a file, a pipe): no bar at all, only that closing
+line per phase and the run's notes, so a log stays plain text.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import TextIO
+
+REDRAW_SECONDS = 0.25
 
 
 class Progress:
@@ -23,49 +26,60 @@ class Progress:
         self.total = 0
         self.start = 0.0
         self.last = 0.0
-        self.last_fraction = 0.0
         self.done = 0
+        self._bars = None
+        self._task = None
 
     def phase(self, label: str, total: int, unit: str) -> None:
         """Start a phase of ``total`` ``unit``s."""
+        self._close()
         self.label, self.total, self.unit = label, total, unit
         self.start = self.last = time.monotonic()
-        self.last_fraction, self.done = 0.0, 0
-        if self.enabled and not self.tty:
-            self._write(f"{label}: {total:,} {unit}\n")
+        self.done = 0
+        if self.enabled and self.tty:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bars, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            console = Console(file=self.stream, force_terminal=True, highlight=False)
+            self._bars = Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TextColumn(unit), TimeElapsedColumn(), TimeRemainingColumn(),
+                              console=console, auto_refresh=False, transient=True)
+            self._bars.start()
+            self._task = self._bars.add_task(label, total=total)
+            self._bars.refresh()
 
     def update(self, done: int) -> None:
         self.done = done
-        if not self.enabled:
+        if self._bars is None:
             return
         now = time.monotonic()
-        fraction = done / self.total if self.total else 1.0
-        if self.tty:
-            if now - self.last >= 0.5:
-                self.last = now
-                self._write("\r" + self._line(now) + " ")
-        elif fraction - self.last_fraction >= 0.1 or now - self.last >= 30:
-            self.last, self.last_fraction = now, fraction
-            self._write(self._line(now) + "\n")
+        if now - self.last >= REDRAW_SECONDS:
+            self.last = now
+            self._bars.update(self._task, completed=done)
+            self._bars.refresh()
 
     def end(self) -> None:
+        self._close()
         if not self.enabled:
             return
-        now = time.monotonic()
+        seconds = time.monotonic() - self.start
         self.done = max(self.done, self.total)
-        self._write(("\r" if self.tty else "") + self._line(now) + f", done in {now - self.start:.1f} s\n")
+        self._write(f"{self.label}: {self.total:,} {self.unit} in {seconds:.1f} s\n")
 
     def note(self, text: str) -> None:
-        if self.enabled:
-            self._write(("\n" if self.tty and self.label else "") + text + "\n")
+        if not self.enabled:
+            return
+        if self._bars is not None:
+            self._bars.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            self._bars.refresh()
+        else:
+            self._write(text + "\n")
 
-    def _line(self, now: float) -> str:
-        elapsed = max(now - self.start, 1e-9)
-        rate = self.done / elapsed
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        eta = (self.total - self.done) / rate if rate > 0 and self.done < self.total else 0
-        text = f"{self.label}: {self.done:,}/{self.total:,} {self.unit} ({pct:.0f}%), {rate:,.0f}/s"
-        return text + (f", ETA {eta:,.0f} s" if eta else "")
+    def _close(self) -> None:
+        if self._bars is not None:
+            bars, self._bars = self._bars, None
+            bars.stop()
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

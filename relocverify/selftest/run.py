@@ -52,6 +52,7 @@ class Report:
     operators: dict = field(default_factory=dict)  # name -> Tally
     controls: Tally = field(default_factory=Tally)
     false_proofs: list = field(default_factory=list)
+    errors: list = field(default_factory=list)  # candidates on which the checker crashed (a bug to report)
     reasons: Counter = field(default_factory=Counter)  # (operator, verdict, reason head) -> n
 
     def as_json(self) -> dict:
@@ -60,7 +61,7 @@ class Report:
                 "controls": {"generated": self.controls.generated, "proved": self.controls.proved,
                              "refuted": self.controls.refuted, "unknown": self.controls.unknown,
                              "false_proofs": self.controls.false_proofs},
-                "false_proofs": self.false_proofs}
+                "false_proofs": self.false_proofs, "errors": self.errors}
 
 
 def shapes() -> list[bytes]:
@@ -100,6 +101,10 @@ def _check(op: Operator, cand: Candidate, states: int, rng: random.Random) -> di
         verdict, reason = result.verdict, result.reason
     except InputError as exc:
         verdict, reason = Verdict.UNKNOWN, f"refused as input: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a checker crash is a finding of the selftest, not the end of it
+        return {"operator": op.name, "control": op.control, "verdict": "unknown", "reason": "checker crashed",
+                "orig": cand.orig.hex(), "reloc": cand.reloc.hex(),
+                "error": {"operator": op.name, "replay": cand.replay, "exception": f"{type(exc).__name__}: {exc}"[:300]}}
     row = {"operator": op.name, "control": op.control, "verdict": VERDICT_COLUMN[verdict],
            "reason": reason.split(":")[0][:60], "orig": cand.orig.hex(), "reloc": cand.reloc.hex()}
     if verdict is Verdict.PROVED:
@@ -149,6 +154,8 @@ def run(pairs: int, seed: int, names: list[str] | None = None, jobs: int = 1, st
         if "false_proof" in row:
             tally.false_proofs += 1
             report.false_proofs.append(row["false_proof"])
+        if "error" in row:
+            report.errors.append(row["error"])
     return report
 
 
