@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 import os
 
+from .. import inputs
 from ..errors import InputError
-from ..inputs import parse_address, parse_range
-from ..x86.registers import MASK64, is_canonical
 
 #: The longest trampoline the planner builds (plan.plan.TRAMPOLINE_MAX), plus its slot.
-TRAMPOLINE_SPAN = 64
+TRAMPOLINE_SPAN = inputs.TRAMPOLINE_SPAN
 
 
 def seconds(text: str) -> float:
@@ -27,61 +26,55 @@ def seconds(text: str) -> float:
 
 
 def count(text: str) -> int:
-    """A count of at least 1 (functions, jobs, trials)."""
-    try:
-        v = int(text, 10)
-    except ValueError:
-        raise InputError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise InputError(f"expected a number of at least 1, not {v}")
-    return v
+    """A count from 1 to 2^31 (functions, jobs, trials, pairs): a larger one would run for ever."""
+    return inputs.count(text)
+
+
+MAX_TRIALS = 10 ** 6
+
+
+def trials(text: str) -> int:
+    """Random trials of a function (``run``): from 1 to a million, each one a pair of unicorn calls."""
+    return inputs.count(text, "--trials", limit=MAX_TRIALS)
 
 
 def code_address(text: str) -> int:
     """An address code can run at: canonical (bits 63..47 equal), with room for an
-    instruction (15 bytes) before 2^64."""
-    v = parse_address(text)
-    if not is_canonical(v):
-        raise InputError(f"address {text} is not canonical (bits 63..47 must be all 0 or all 1): the CPU "
-                         f"faults on it; e.g. 0xffffffff81000000")
-    if v > MASK64 - 15:
-        raise InputError(f"address {text}: an instruction there would wrap past 2^64")
-    return v
+    instruction (15 bytes) before 2^64 (``inputs.code_address``)."""
+    return inputs.code_address(text)
 
 
 def trampoline_address(text: str) -> int:
     """A trampoline address: canonical, with room for the longest trampoline before 2^64."""
-    v = code_address(text)
-    if v > MASK64 - TRAMPOLINE_SPAN or not is_canonical(v + TRAMPOLINE_SPAN):
-        raise InputError(f"trampoline {text}: a trampoline there would run past the canonical range or 2^64")
-    return v
+    return inputs.trampoline_address(text)
 
 
 def memory_range(text: str) -> tuple[int, int]:
-    """ADDR:SIZE with a size of at least 1 byte that ends at or before 2^64."""
-    addr, size = parse_range(text)
-    if size < 1:
-        raise InputError(f"range {text!r}: the size must be at least 1 byte")
-    if addr + size > MASK64 + 1:
-        raise InputError(f"range {text!r} runs past 2^64")
-    return addr, size
+    """ADDR:SIZE: at least one byte, canonical from start to end (``inputs.memory_range``)."""
+    return inputs.memory_range(text)
+
+
+def location(text: str):
+    """An address as engineers write it (``image.locations``): 0xADDR, FUNCTION+OFF, kprobe:FUNCTION+OFF ..."""
+    from .locate import location as parse
+
+    return parse(text)
 
 
 def input_file(text: str) -> str:
-    """A readable regular file."""
-    if not os.path.exists(text):
-        raise InputError(f"{text}: no such file")
-    if os.path.isdir(text):
-        raise InputError(f"{text}: is a directory, not a file")
-    if not os.access(text, os.R_OK):
-        raise InputError(f"{text}: not readable")
-    return text
+    """A readable regular file (``inputs.input_file``: no FIFO, device, directory or socket)."""
+    return inputs.input_file(text)
 
 
 def output_file(text: str) -> str:
-    """A file the command may write: its directory exists and is writable, and it is not a directory."""
+    """A file the command may write: its directory exists and is writable, and it is not a directory, a
+    device, a FIFO or a socket (``outputs.check_paths`` checks it against the inputs)."""
+    import stat
+
     if os.path.isdir(text):
         raise InputError(f"{text}: is a directory; name a file to write")
+    if os.path.exists(text) and not stat.S_ISREG(os.stat(text).st_mode):
+        raise InputError(f"{text}: not a regular file (a device, FIFO or socket): name a file to write")
     directory = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(directory):
         raise InputError(f"{text}: the directory {directory} does not exist; create it first")

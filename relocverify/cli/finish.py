@@ -8,8 +8,9 @@ import json
 def finish(out, args, document: dict, by_verdict: dict[str, int], complete: bool) -> int:
     """Write ``document`` to ``--summary-json`` if asked; exit 1 on a ``--fail-on`` verdict, 3 if incomplete, else 0."""
     if args.summary_json:
-        with open(args.summary_json, "w") as fh:
-            json.dump(document, fh, indent=2)
+        from ..outputs import write_atomic
+
+        write_atomic(args.summary_json, json.dumps(document, indent=2))
     failing = {v: n for v, n in by_verdict.items() if v in args.fail_on and n}
     if failing:
         out.write("fails on: " + ", ".join(f"{n:,} {v}" for v, n in failing.items()) + "\n")

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sqlite3
 import sys
 from typing import Sequence, TextIO
 
 from ..errors import InputError, RelocverifyError
 from ..inputs import parse_address
+from ..plan.plan import DEFAULT_AT, DEFAULT_TRAMP
 from . import arguments as A
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNKNOWN, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
-DEFAULT_AT = 0xFFFFFFFF81234560  # an address in kernel text
-DEFAULT_TRAMP = 0xFFFFFFFFC0001000  # module space, within rel32 reach of kernel text (as kinst places them)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,12 +49,13 @@ def _typed(fn):
 
 
 SECONDS, COUNT = _typed(A.seconds), _typed(A.count)
+LOCATION = _typed(A.location)
 CODE, TRAMP, RANGE = _typed(A.code_address), _typed(A.trampoline_address), _typed(A.memory_range)
 ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_file), _typed(A.output_file), _typed(A.verdicts)
 #: The argument types, for commands that add their own subparser (``add_parser(sub, TYPES)``).
 TYPES = {"SECONDS": SECONDS, "COUNT": COUNT, "CODE": CODE, "TRAMP": TRAMP, "RANGE": RANGE, "ADDRESS": ADDRESS,
          "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS, "SCHEDULER": _typed(A.scheduler_address),
-         "IN_PATH": _typed(A.file_or_directory)}
+         "IN_PATH": _typed(A.file_or_directory), "LOCATION": LOCATION, "TRIALS": _typed(A.trials)}
 
 
 def cmd_check(args, out: TextIO) -> int:
@@ -136,6 +139,49 @@ class _VersionAsked(Exception):
     """--version: ``main`` prints the versions on its own output stream."""
 
 
+#: Per command: the arguments naming files it reads, files it writes, and directories it writes; checked
+#: against each other by ``outputs.check_paths`` before the command runs (an output never overwrites an input).
+IO = {
+    "check": (("image", "system_map"), (), ()),
+    "vmlinux": (("path", "system_map"), ("db", "summary_json"), ()),
+    "elf": (("paths",), ("db", "summary_json"), ()),
+    "module": (("modules", "kernel", "system_map"), ("db", "summary_json"), ()),
+    "package": (("name",), ("db", "summary_json"), ()),
+    "run": (("image", "system_map", "db"), (), ()),
+    "report": (("db", "baseline"), (), ("output",)),
+    "gate": (("image", "corpus"), ("junit", "sarif"), ()),
+    "corpus": (("paths",), (), ()),
+    "selftest": (("elf",), ("output",), ()),
+    "show": (("source", "system_map"), (), ()),
+    "export": (("store",), ("output",), ()),
+}
+
+
+def _paths(args, names) -> list[str]:
+    out = []
+    for name in names:
+        value = getattr(args, name, None)
+        if isinstance(value, (list, tuple)):
+            out += [v for v in value if isinstance(v, str)]
+        elif isinstance(value, str) and (os.sep in value or os.path.exists(value)):
+            out.append(value)
+    return out
+
+
+def check_io(args) -> None:
+    """Refuse, before any work, an output that is an input (``outputs.check_paths``)."""
+    from ..outputs import check_paths
+
+    spec = IO.get(args.command)
+    if spec is None:
+        return
+    reads, writes, dirs = spec
+    ins, outs = _paths(args, reads), _paths(args, writes)
+    if args.command == "gate" and getattr(args, "baseline", None):
+        (outs if args.update_baseline else ins).append(args.baseline)
+    check_paths(ins, outs, _paths(args, dirs))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="relocverify",
                 description="relocverify: a formally checked x86-64 instruction relocation verifier. Exit codes: "
@@ -144,23 +190,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
-    c = sub.add_parser("check", help="decode, plan and prove one instruction")
-    c.add_argument("hex", metavar="HEX", help="one instruction in hex (spaces allowed), e.g. 'f0 ff 05 10 00 00 00'")
-    c.add_argument("--at", type=CODE, default=DEFAULT_AT, metavar="ADDR",
-                   help=f"the instruction's address A (default {DEFAULT_AT:#x})")
+    c = sub.add_parser("check", help="decode, plan and prove one instruction (its bytes, or its address in --image)")
+    c.add_argument("hex", metavar="HEX|ADDRESS", nargs="+",
+                   help="the instruction's bytes in hex, quoted or not (f0 ff 05 10 00 00 00); with --image and no "
+                        "--at, its ADDRESS instead: tcp_v4_rcv+0x1c, tcp_v4_rcv+28, kprobe:tcp_v4_rcv+28, "
+                        "NAME@0xADDR+OFF or 0xADDR")
+    c.add_argument("--at", type=LOCATION, default=None, metavar="ADDR",
+                   help=f"the instruction's address A (default {DEFAULT_AT:#x}); a FUNCTION+OFF needs --image")
     c.add_argument("--tramp", type=TRAMP, default=DEFAULT_TRAMP, metavar="ADDR",
                    help=f"the trampoline's address T (default {DEFAULT_TRAMP:#x}, module space)")
     c.add_argument("--json", action="store_true", help="print the decode, plan and verdict as JSON")
     c.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="solver timeout in seconds (default 10)")
     c.add_argument("--image", default=None, metavar="VMLINUX", type=IN_FILE,
-                   help="the kernel the bytes come from: also check the kernel sites at --at")
+                   help="the kernel the instruction is in: read its bytes there, check its sites and variants "
+                        "(the image's index is cached on disk: the next question is quick)")
     c.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE,
                    help="System.map or kallsyms for --image")
+    c.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
     c.set_defaults(func=cmd_check)
 
     pr = sub.add_parser("prove", help="check a relocation made by another tool")
     pr.add_argument("--orig", required=True, metavar="HEX", help="the original instruction's bytes")
-    pr.add_argument("--at", type=CODE, required=True, metavar="A", help="the original's address")
+    pr.add_argument("--at", type=LOCATION, required=True, metavar="A",
+                    help="the original's address (0xADDR, or FUNCTION+OFF with --image)")
+    pr.add_argument("--image", default=None, metavar="VMLINUX", type=IN_FILE, help="resolves a symbolic --at")
+    pr.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE, help="System.map for --image")
     pr.add_argument("--reloc", required=True, metavar="HEX", help="the relocated code, as placed at T")
     pr.add_argument("--tramp", type=TRAMP, required=True, metavar="T", help="where the relocated code runs")
     pr.add_argument("--json", action="store_true", help="print the verdict and counterexample as JSON")
@@ -171,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a counterexample concretely on unicorn")
     rp.add_argument("--orig", required=True, metavar="HEX", help="the original instruction's bytes")
-    rp.add_argument("--at", type=CODE, required=True, metavar="A", help="the original's address")
+    rp.add_argument("--at", type=LOCATION, required=True, metavar="A",
+                    help="the original's address (0xADDR, or FUNCTION+OFF with --image)")
+    rp.add_argument("--image", default=None, metavar="VMLINUX", type=IN_FILE, help="resolves a symbolic --at")
+    rp.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE, help="System.map for --image")
     rp.add_argument("--reloc", metavar="HEX", default=None, help="relocated bytes at T (or give --effects)")
     rp.add_argument("--effects", metavar="JSON", default=None, help="an emulate plan's effects as JSON")
     rp.add_argument("--tramp", type=TRAMP, required=True, metavar="T", help="the trampoline's address")
@@ -225,7 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["package"].set_defaults(func=cmd_package)
     from . import run as run_command
 
-    run_command.add_parser(sub)
+    run_command.add_parser(sub, TYPES)
+    from . import export as export_command, show as show_command
+
+    show_command.add_parser(sub, TYPES)
+    export_command.add_parser(sub, TYPES)
     from . import report as report_command
 
     report_command.add_parser(sub)
@@ -238,7 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    if out is None and err is None:  # the real command line: SIGTERM ends a run as Ctrl-C does
+        try:
+            signal.signal(signal.SIGTERM, _terminate)
+        except ValueError:  # not the main thread
+            pass
     out = out or sys.stdout
     err = err or sys.stderr
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -252,6 +322,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         if getattr(args, "func", None) is None:
             parser.print_help(err)
             return EXIT_USAGE
+        check_io(args)
         return args.func(args, out)
     except _VersionAsked:
         out.write(_versions() + "\n")
@@ -261,17 +332,40 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_USAGE
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else EXIT_CLEAN
-    except KeyboardInterrupt:
-        err.write("relocverify: interrupted\n")
-        return 130
+    except KeyboardInterrupt:  # SIGINT or SIGTERM (``_terminate``): the run did not complete
+        err.write("relocverify: interrupted: the run did not complete (what it stored is intact; rerun to finish)\n")
+        return EXIT_UNKNOWN
     except BrokenPipeError:
         return EXIT_CLEAN
+    except sqlite3.DatabaseError as e:  # a store or cache SQLite cannot use: damaged, full or read-only
+        if debug:
+            raise
+        from ..outputs import environment_error
+
+        where = _store_of(argv)
+        env = environment_error(e, where)
+        err.write(f"relocverify: error: {_one_line(env) if env else where + ': a damaged or unusable SQLite file: ' + _one_line(e)}\n")
+        return EXIT_USAGE
     except Exception as e:  # a bug: one line, unless --debug asks for the traceback
+        from ..outputs import environment_error
+
+        env = environment_error(e, getattr(e, "filename", None) or "an output")
+        if env is not None:  # a full or read-only disk is the environment's failure, not ours
+            err.write(f"relocverify: error: {_one_line(env)}\n")
+            return EXIT_USAGE
         if debug:
             raise
         err.write(f"relocverify: internal error: {type(e).__name__}: {_one_line(e)} "
                   f"(rerun with --debug for the traceback, and report it)\n")
         return EXIT_INTERNAL
+
+
+def _store_of(argv) -> str:
+    """The store or cache a command was given, to name it in an error."""
+    for flag in ("--db", "--cache-dir"):
+        if flag in argv and argv.index(flag) + 1 < len(argv):
+            return argv[argv.index(flag) + 1]
+    return "the store"
 
 
 def _one_line(e: BaseException) -> str:

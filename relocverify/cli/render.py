@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import capstone
 
+from ..text import printable
 from ..x86.encoding import iter_code
 
 _CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -30,5 +31,17 @@ def disasm(code: bytes, at: int) -> list[str]:
 def escape(text: str) -> str:
     """A name taken from the input, safe to print: control characters (escape
     sequences, newlines, carriage returns, ...) shown as \\xNN."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-                   for c in text)
+    return printable(text)
+
+
+def wrap(text: str, indent: str = "    ") -> str:
+    """``text`` wrapped at word boundaries to the terminal's width (80 when not a terminal), the continuation
+    lines indented: a reason is never cut, only folded."""
+    import shutil
+    import textwrap
+
+    width = max(shutil.get_terminal_size((100, 24)).columns, 40)
+    if len(text) <= width:
+        return text
+    return textwrap.fill(text, width=width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)

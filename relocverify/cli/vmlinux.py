@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from ..errors import InputError
 from .finish import finish
 from .render import escape
 
 DEFAULT_KERNEL = "debian-6.1-cloud"  # what ``relocverify vmlinux`` verifies when given no path
-KERNEL_HALF = 0xFFFF800000000000  # x86-64 kernels are linked in the upper canonical half
 
 
 def _say(line: str) -> None:
@@ -24,7 +22,7 @@ def command(args, out: TextIO) -> int:
     from ..engine.executors import default_jobs
     from ..engine.progress import Progress
     from ..engine.run import RunOptions, render_summary, run
-    from ..image.loader import load_image
+    from ..image.loader import load_image, require_kernel
     from ..environment import default_proof_cache_dir
 
     path, system_map = args.path, args.system_map
@@ -33,10 +31,7 @@ def command(args, out: TextIO) -> int:
 
         path = str(fetch(DEFAULT_KERNEL, None, progress=None if args.no_progress else _say).vmlinux)
     image = load_image(path, system_map)
-    if not any(s.address >= KERNEL_HALF for s in image.iter_executable_sections()):
-        lowest = min((s.address for s in image.iter_executable_sections()), default=0)
-        raise InputError(f"{path}: not a kernel: its code is linked at {lowest:#x}, below the kernel half "
-                         f"({KERNEL_HALF:#x}); relocverify vmlinux verifies kernel images")
+    require_kernel(image)
     db = args.db or os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
     if args.db is None:
         from . import arguments
