@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                                     "decoders and the plans that follow (docs/gate.md)")
     which = g.add_mutually_exclusive_group(required=True)
     which.add_argument("--decoder", metavar="NAME",
-                       help="the decoder under test: capstone, iced, vex or objdump")
+                       help="the decoder under test: capstone, iced, vex, objdump, or the kernel's own insn decoder "
+                            "built from Debian's linux-source-VERSION or a tree: linux-insn@6.1, linux-insn@/path/to/linux")
     which.add_argument("--decoder-cmd", metavar="CMD",
                        help="an external decoder command speaking the line protocol of docs/gate.md")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
@@ -73,20 +74,57 @@ def command(args, out: TextIO) -> int:
     if args.fuzz:
         units.append(fuzz_unit(args.fuzz, args.seed))
     report = run_gate(tested, others, units, base, prove_per_class=args.prove, jobs=args.jobs or 1)
+    change = _decoder_change(tested, others, units, report, base, args.jobs or 1)
+    if change is not None:
+        from ..gate.change import settle
+        report = settle(report, change)
     if args.update_baseline:
         baseline_mod.save(args.baseline, baseline_mod.build(report))
     if args.junit:
         _write(args.junit, junit_xml(report))
     if args.sarif:
         _write(args.sarif, json.dumps(sarif(report), indent=1) + "\n")
+    failed = report.failed if change is None else change.failed
+    classified = None
+    if tested.name.startswith("linux-insn@"):
+        from ..gate import linux_insn_classes
+        classified = linux_insn_classes.classify_report(report, tested)
     if args.json:
-        json.dump(report.as_json(), out, indent=1)
+        doc = report.as_json()
+        if change is not None:
+            doc["change"] = change.as_json()
+            doc["failed"] = failed
+        if classified is not None:
+            doc["linux_insn_classes"] = [{"bytes": f.raw.hex(" "), "address": hex(f.address), "class": c.name,
+                                          "kind": c.kind} for f, c in classified]
+        json.dump(doc, out, indent=1)
         out.write("\n")
     else:
         out.write(render(report))
+        if classified:
+            out.write(linux_insn_classes.render(classified))
+        if change is not None:
+            from ..gate.change import render as render_change
+            out.write(render_change(change))
         if args.update_baseline:
             out.write(f"baseline written to {args.baseline}\n")
-    return EXIT_CLEAN if args.update_baseline or not report.failed else EXIT_FINDINGS
+    return EXIT_CLEAN if args.update_baseline or not failed else EXIT_FINDINGS
+
+
+def _decoder_change(tested, others, units, report, base, jobs: int):
+    """For a ``linux-insn@`` decoder gated against another build's baseline: the change report
+    (``gate.change``), which fails only on regressions; None otherwise, or when that build is gone."""
+    from ..gate import change
+
+    if not change.applies(base, tested):
+        return None
+    old = change.baseline_decoder(base)
+    if old is None:
+        report.notes.append(f"the baseline's decoder {base.doc['decoder']['name']} "
+                            f"{base.doc['decoder'].get('version')} is neither cached nor buildable: "
+                            f"no change report, changed answers fail as usual")
+        return None
+    return change.decoder_change(old, tested, others, units, report, base, jobs=jobs)
 
 
 def _write(path: str, text: str) -> None:

@@ -9,7 +9,7 @@ NAMES = ("capstone", "iced", "vex", "objdump")
 
 
 def get_adapter(name: str) -> Adapter:
-    """The adapter called ``name`` (one of ``NAMES``)."""
+    """The adapter called ``name`` (one of ``NAMES``, or ``linux-insn@SPEC``)."""
     if name == "capstone":
         from .capstone import CapstoneAdapter
         return CapstoneAdapter()
@@ -22,7 +22,11 @@ def get_adapter(name: str) -> Adapter:
     if name == "objdump":
         from .objdump import ObjdumpAdapter
         return ObjdumpAdapter()
-    raise InputError(f"unknown decoder {name!r}: choose one of {', '.join(NAMES)}, or give --decoder-cmd")
+    if name.startswith("linux-insn@"):
+        from .linux_insn import cached_adapter
+        return cached_adapter(name)
+    raise InputError(f"unknown decoder {name!r}: choose one of {', '.join(NAMES)}, linux-insn@VERSION "
+                     f"or linux-insn@/path/to/linux, or give --decoder-cmd")
 
 
 def external_adapter(command: str) -> Adapter:
