@@ -35,3 +35,36 @@ def debian_kernels():
             cache[name] = (kernel, stripped_copy(kernel.vmlinux))
         return cache[name]
     return get
+
+
+#: What a test run must not leave behind: files under the tracked reports/ directory, and scratch
+#: directories in the system's temporary directory (a Dask LocalCluster's, the engine's shards).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LEFTOVER_PREFIXES = ("dask-scratch-space", "relocverify-dask-")
+
+
+def _footprint() -> dict[str, float]:
+    import tempfile
+
+    out = {}
+    reports = os.path.join(_ROOT, "reports")
+    for name in os.listdir(reports):
+        out[os.path.join(reports, name)] = os.stat(os.path.join(reports, name)).st_mtime
+    scratch = tempfile.gettempdir()
+    for name in os.listdir(scratch):
+        if name.startswith(_LEFTOVER_PREFIXES):
+            out[os.path.join(scratch, name)] = os.stat(os.path.join(scratch, name)).st_mtime
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leaves_nothing_behind():
+    """The whole session leaves reports/ and the temporary directory as it found them: the test
+    fails at the end of the session naming what was written (screenshots go to a temporary
+    directory unless RELOCVERIFY_SCREENSHOTS asks for them)."""
+    before = _footprint()
+    yield
+    after = _footprint()
+    written = sorted(p for p, m in after.items() if before.get(p) != m
+                     and not (os.environ.get("RELOCVERIFY_SCREENSHOTS") and p.endswith(".png")))
+    assert not written, f"the test session wrote outside its temporary directories: {written}"

@@ -45,11 +45,14 @@ def _rows(db) -> list[tuple]:
 
 
 @pytest.fixture()
-def cluster():
+def cluster(tmp_path):
     import logging
 
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  memory_limit=0, silence_logs=logging.ERROR) as c:
+    import dask
+
+    with dask.config.set({"temporary-directory": str(tmp_path)}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     memory_limit=0, silence_logs=logging.ERROR, local_directory=str(tmp_path)) as c:
         yield c
 
 

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import sys
+import shutil
 import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -326,3 +327,20 @@ def test_a_decoder_that_stalls_floods_or_chatters_is_stopped(script, what, tmp_p
         with pytest.raises(InputError, match=what):
             adapter.decode_many(_ONE)
     assert time.monotonic() - t0 < 15
+
+
+def test_junit_stays_valid_xml_when_names_carry_control_characters(tmp_path):
+    """A corpus named with an escape sequence and a bell: the JUnit file still parses (XML 1.0 forbids
+    those characters) and shows them escaped, never raw."""
+    evil = tmp_path / "evil\x1b[31m\x07corpus.toml"
+    shutil.copy(CORPORA[1], evil)
+    base = _baseline_of_correct(tmp_path, "--corpus", str(evil))
+    junit = tmp_path / "g.xml"
+    code, _ = gate("--decoder-cmd", ICED_CMD + " --bug lock", "--corpus", str(evil), "--baseline", base,
+                   "--junit", str(junit))
+    assert code == 1
+    raw = junit.read_bytes()
+    assert b"\x1b" not in raw and b"\x07" not in raw
+    root = ET.parse(junit).getroot()  # raises on an invalid character
+    names = [s.get("name") for s in root.iter("testsuite")]
+    assert any("\\x1b" in n and "\\x07" in n for n in names), names

@@ -159,6 +159,7 @@ def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
     except StoreError as exc:
         raise InputError(str(exc)) from None
     try:
+        store.check_integrity()  # every point comes from a row: never export from a damaged store
         images = _images(store, path)
         functions = {image.id: list(store.iter_functions(image.id)) for image in images}
         names: dict[str, int] = {}

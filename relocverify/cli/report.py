@@ -32,11 +32,48 @@ def command(args, out: TextIO) -> int:
     if limit < 0:
         raise InputError("--plan-limit must be at least 0")
     try:
-        done = build_report(args.db, args.output, args.baseline, limit)
+        done = _build_staged(args.output, lambda staging: build_report(args.db, staging, args.baseline, limit))
     except StoreError as exc:  # DB or --baseline is not a relocverify store: the user's input
         raise InputError(str(exc)) from None
-    out.write(f"report: {escape(done['index'])}\n")
+    out.write(f"report: {escape(os.path.join(args.output, 'index.html'))}\n")
     out.write(f"{done['instructions']:,} instructions in {done['functions']:,} functions, {done['shards']:,} shards, "
               f"{done['plans']:,} plans recomputed, {done['bytes'] / 1e6:.1f} MB, {done['seconds']} s\n")
     out.write(f"rejections grouped by {escape(done['sources'])}\n")
     return 0
+
+
+def _build_staged(output: str, build):
+    """``build(staging)`` into a new directory beside ``output``, then its entries (index.html, assets/,
+    data/) moved into ``output`` one rename each: a failure (a full or read-only disk) leaves ``output``
+    as it was and no staging directory behind; files of the user's in ``output`` are never touched."""
+    import shutil
+    import tempfile
+
+    from ..outputs import environment_error
+
+    parent = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".relocverify-report-", dir=parent)
+    except OSError as exc:
+        raise environment_error(exc, output) or InputError(f"{output}: cannot write: {exc.strerror}") from None
+    aside = None
+    try:
+        done = build(staging)
+        os.makedirs(output, exist_ok=True)
+        aside = tempfile.mkdtemp(prefix=".relocverify-old-", dir=output)
+        for name in sorted(os.listdir(staging), key=lambda n: n == "index.html"):  # index.html last
+            target = os.path.join(output, name)
+            if os.path.lexists(target):
+                os.rename(target, os.path.join(aside, name))
+            os.rename(os.path.join(staging, name), target)
+        return done
+    except OSError as exc:
+        env = environment_error(exc, output)
+        if env is None:
+            raise
+        raise env from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)

@@ -152,6 +152,7 @@ def from_store(path: str, spec: LocationSpec) -> Shown:
             cex = store.counterexample(r.counterexample) if r.counterexample is not None else None
             rows.append(FunctionRow(r, variants, cex))
         if not rows:
+            store.check_integrity()  # a damaged page reads as no rows: say which it is
             raise InputError(f"{function.name}: the store has no rows for it yet (its run stopped before "
                              f"it): rerun `relocverify vmlinux --db {path}` to finish")
         mark = _mark(spec, function, [r.row.address for r in rows])

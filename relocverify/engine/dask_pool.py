@@ -36,6 +36,7 @@ import gc
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, replace
@@ -78,8 +79,19 @@ _STATE: dict = {"worker": None, "token": None, "applied": 0, "images": {}, "dir"
 
 
 def _private_dir() -> str:
+    """This worker's own directory for its shard: inside the Dask worker's local directory (which
+    Dask, or the pool that started the cluster, removes), else a temporary one removed at exit."""
     if _STATE["dir"] is None:
-        _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-dask-")
+        try:
+            import distributed
+
+            base = distributed.get_worker().local_directory
+            _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-", dir=base)
+        except (ImportError, ValueError, OSError):
+            import atexit
+
+            _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-dask-")
+            atexit.register(shutil.rmtree, _STATE["dir"], True)
     return _STATE["dir"]
 
 
@@ -119,16 +131,22 @@ class DaskPool:
 
         logging.getLogger("distributed").setLevel(logging.ERROR)
         self._cluster = None
+        self._scratch = None
         if scheduler is None:
-            self._cluster = distributed.LocalCluster(n_workers=local_workers or 1, threads_per_worker=1,
-                                                     processes=True, dashboard_address=None, memory_limit=0,
-                                                     silence_logs=logging.ERROR)
+            # the workers' scratch space is ours and goes with the cluster (Dask's default,
+            # $TMPDIR/dask-scratch-space, would outlive every run)
+            import dask
+
+            self._scratch = tempfile.mkdtemp(prefix="relocverify-dask-")
+            with dask.config.set({"temporary-directory": self._scratch}):
+                self._cluster = distributed.LocalCluster(n_workers=local_workers or 1, threads_per_worker=1,
+                                                         processes=True, dashboard_address=None, memory_limit=0,
+                                                         silence_logs=logging.ERROR, local_directory=self._scratch)
             scheduler = self._cluster.scheduler_address
         try:
             self.client = distributed.Client(scheduler, timeout="30s")
         except OSError as exc:
-            if self._cluster is not None:
-                self._cluster.close()
+            self._close_cluster()
             raise WorkerError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
         self.n = max(1, len(self.client.scheduler_info()["workers"]) or (local_workers or 1))
         self._counter = itertools.count(1)
@@ -224,8 +242,16 @@ class DaskPool:
         try:
             self.client.close()
         finally:
+            self._close_cluster()
+
+    def _close_cluster(self) -> None:
+        """Close the LocalCluster this pool started, and remove its scratch space."""
+        try:
             if self._cluster is not None:
                 self._cluster.close()
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self):
         return self

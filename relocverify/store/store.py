@@ -169,7 +169,14 @@ class Store:
             self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if not exists:
                 self._create()
+                if self._lock is not None:
+                    self._lock.checked = True
             self._check_schema()
+            if not readonly and exists and not self._lock.checked:
+                # not closed cleanly by us since it last changed (killed, copied, edited): a writer never
+                # adds rows to a damaged store; a store we closed ourselves is not read again
+                self.check_integrity()
+                self._lock.checked = True
             if not readonly:
                 self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
         except sqlite3.DatabaseError as exc:
@@ -579,7 +586,7 @@ REQUIRED_TABLES = frozenset({"meta", "images", "configs", "runs", "functions", "
 
 
 class _WriterLock:
-    """One writer per store: an exclusive ``flock`` on ``<store>.lock``, held while a ``Store`` is open for
+    """One writer per store: an exclusive lock (``lockf``) on ``<store>.lock``, held while a ``Store`` is open for
     writing.  A second run on the same store (another process) is refused at once ("store busy", exit 2),
     before it writes or merges anything, so the first run's shards stay its own; the lock goes with the
     process, so a killed run leaves nothing that blocks the next.  Opens in one process share it."""
@@ -604,19 +611,27 @@ class _WriterLock:
         except OSError as exc:
             raise StoreError(f"{path}: cannot create its lock file {lock_path}: {exc.strerror}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a POSIX record lock, not flock: a worker process forked while the lock is held does not
+            # inherit it, so it goes exactly with the process that took it
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             try:
-                owner = os.read(fd, 64).decode(errors="replace").strip()
+                owner = os.pread(fd, 64, 0).decode(errors="replace").split("\n")[0].strip()
             finally:
                 os.close(fd)
             raise StoreError(f"{path}: store busy: another relocverify run (pid {owner or '?'}) is writing it; "
                              f"wait for it to finish, or use another --db") from None
+        previous = os.pread(fd, 256, 0).decode(errors="replace").split("\n")
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         lock = cls(key, fd)
+        lock.path = path
+        lock.checked = len(previous) == 2 and previous[1] == file_stamp(path)
         cls._held[key] = [lock, 1]
         return lock
+
+    #: Whether the store was left, by the last writer that closed it cleanly, exactly as it is now.
+    checked = False
 
     def release(self) -> None:
         held = self._held.get(self.key)
@@ -625,7 +640,25 @@ class _WriterLock:
         held[1] -= 1
         if held[1] == 0:
             del self._held[self.key]
+            if self.checked:  # the next writer skips the integrity check only if nothing touched the file since
+                try:
+                    os.ftruncate(self.fd, 0)
+                    os.pwrite(self.fd, f"{os.getpid()}\n{file_stamp(self.path)}".encode(), 0)
+                except OSError:
+                    pass
             os.close(self.fd)
+
+
+def file_stamp(path: str) -> str:
+    """Size, modification time and inode of a store and its WAL: what a clean close leaves behind."""
+    parts = []
+    for p in (path, path + "-wal"):
+        try:
+            st = os.stat(p)
+            parts.append(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        except OSError:
+            parts.append("-")
+    return " ".join(parts)
 
 
 class _Transaction:
