@@ -435,13 +435,11 @@ def test_jump_differential_places_jump_probes_and_int3_probes_elsewhere(jd, imag
 
 
 def test_cli_jump_probes_flag(debian_kernels):
-    import argparse
     import io
-    from relocverify.cli import run
+    from relocverify.cli.main import build_parser
 
     kernel, _ = debian_kernels("debian-6.1-cloud")
-    p = argparse.ArgumentParser()
-    run.add_parser(p.add_subparsers())
+    p = build_parser()  # the real command line, with its typed arguments
     args = p.parse_args(["run", "--image", str(kernel.vmlinux), "--function", "strlen", "--args", "str:32",
                          "--trials", "5", "--probe-all", "--jump-probes"])
     out = io.StringIO()

@@ -243,10 +243,9 @@ def test_bad_specs_are_input_errors(spec, message):
 
 
 def _cli(*argv):
-    from relocverify.cli import run
+    from relocverify.cli.main import build_parser
 
-    p = argparse.ArgumentParser()
-    run.add_parser(p.add_subparsers())
+    p = build_parser()  # the real command line, with its typed arguments
     args = p.parse_args(["run", *argv])
     out = io.StringIO()
     return args.func(args, out), out.getvalue()
