@@ -18,7 +18,7 @@ from relocverify.proof import semantics as S
 from relocverify.x86.decode import decode
 from relocverify.plan.plan import make_plan
 from relocverify.proof.cache_key import cache_key, pc_fields
-from relocverify.proof.fast_path import _canon_block
+from relocverify.proof.fast_path import canon_block
 from relocverify.proof.prove import prove_plan, prove_relocation
 from relocverify.proof.verdict import Verdict
 
@@ -49,7 +49,7 @@ def _role_ir(raw: bytes, at: int):
     values = {at: "A", (at + len(raw)) & MASK64: "A+len"}
     for k, f in enumerate(pc_fields(raw, at)):
         values.setdefault(f.value, f"field{k}@{f.value & 63}" if f.data else f"field{k}")
-    return tuple(sorted(values.values())), _roles(_canon_block(S.lift(raw, at, max_inst=1), lambda v: v), values)
+    return tuple(sorted(values.values())), _roles(canon_block(S.lift(raw, at, max_inst=1), lambda v: v), values)
 
 
 @settings(max_examples=150, deadline=None)
@@ -215,7 +215,12 @@ def test_an_instance_key_determines_the_full_key(hexes, rng, t):
         else:
             at = rng.randrange(0xFFFFFFFF81000000, 0xFFFFFFFF9FFFFFFF)
         instances.append((_with_fields(raw, rng, at), at))
-    _check_instance_keys(instances, t)
+    instances.append(instances[0])  # one pair that must share a key unless the key is per instance
+    shared = _check_instance_keys(instances, t)
+    from relocverify.engine.keys import KeyMaker, per_instance
+
+    maker = KeyMaker(t)
+    assert shared >= 1 or all(per_instance(maker.key(r, a)) for r, a in instances), "nothing was compared"
 
 
 @pytest.mark.parametrize("hexes", IMMEDIATE_SAMPLES)

@@ -16,7 +16,9 @@ class _EffectFault(Exception):
 
 
 @dataclass
-class _EffectMachine:
+class EffectMachine:
+    """The one interpreter of the effects language: registers and a byte map in, the writes and the
+    next rip out.  Replay (``run_effects``) and the probe runtime's emulation both run it."""
     regs: dict[str, int]
     memory: dict[int, int]
     writes: dict[int, int] = field(default_factory=dict)
@@ -84,7 +86,7 @@ def run_effects(effects: tuple[fx.Effect, ...], at: int, state: MachineState) ->
     is a fault.  ``at`` is the probed address: a program that ends without
     a jump leaves rip there.
     """
-    m = _EffectMachine(initial_registers(state), {a & MASK64: b & 0xFF for a, b in state.memory.items()})
+    m = EffectMachine(initial_registers(state), {a & MASK64: b & 0xFF for a, b in state.memory.items()})
     next_rip, fault = at & MASK64, None
     try:
         ends = [i for i, e in enumerate(effects) if isinstance(e, (fx.Jump, fx.Branch))]

@@ -129,7 +129,7 @@ UC_REGISTERS = {**{r: getattr(X, f"UC_X86_REG_{r.upper()}") for r in GPRS + XMMS
 
 
 @dataclass
-class _Machine:
+class Machine:
     """One unicorn instance running one side, and what its hooks observed."""
 
     image: dict[int, dict[int, int]]  # page -> {offset: byte}
@@ -199,14 +199,15 @@ def _fill_tlb(uc, vaddr: int, _access, entry, _data) -> bool:
     return True
 
 
-def _page_image(memory: dict[int, int]) -> dict[int, dict[int, int]]:
+def page_image(memory: dict[int, int]) -> dict[int, dict[int, int]]:
+    """A byte map (address -> byte) as the pages ``Machine`` maps on demand: page -> {offset: byte}."""
     image: dict[int, dict[int, int]] = {}
     for addr, b in memory.items():
         image.setdefault(addr & ~(PAGE - 1) & MASK64, {})[addr & (PAGE - 1)] = b & 0xFF
     return image
 
 
-def _start(m: _Machine, state: MachineState) -> None:
+def _start(m: Machine, state: MachineState) -> None:
     uc = m.uc = Uc(UC_ARCH_X86, UC_MODE_64)
     uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
     uc.hook_add(UC_HOOK_TLB_FILL, _fill_tlb)
@@ -228,7 +229,7 @@ def _start(m: _Machine, state: MachineState) -> None:
 _UD = frozenset({"ud0", "ud1", "ud2"})
 
 
-def _unicorn_fault(e: UcError, m: _Machine | None = None) -> str:
+def _unicorn_fault(e: UcError, m: Machine | None = None) -> str:
     """The outcome a unicorn error stands for.  "Invalid instruction" is the CPU's #UD only for an
     instruction that raises it there (ud0/ud1/ud2, or bytes no decoder decodes); for anything
     iced-x86 decodes, it is QEMU that cannot run it (AVX and newer extensions in unicorn 2.1):
@@ -274,7 +275,10 @@ def unicorn_defect(code: bytes, at: int) -> str | None:
     return None
 
 
-def _execute(m: _Machine, state: MachineState, tracer_memory: Iterable[tuple[int, int]]) -> Outcome:
+def execute(m: Machine, state: MachineState, tracer_memory: Iterable[tuple[int, int]]) -> Outcome:
+    """Run ``m`` from ``state`` until its ``leave`` rule says the code was left (or a fault, or its
+    step budget), and return what it did; ``tracer_memory`` is memory the relocated side may use
+    as its own.  ``run_original``, ``run_relocated`` and the block replay share it."""
     start, size = m.region
     code = bytes(m.image.get(start & ~(PAGE - 1), {}).get((start & (PAGE - 1)) + k, 0) for k in range(min(size, 64)))
     defect = unicorn_defect(code, start)
@@ -288,7 +292,7 @@ def _execute(m: _Machine, state: MachineState, tracer_memory: Iterable[tuple[int
     return _outcome(m, tuple(tracer_memory))
 
 
-def _outcome(m: _Machine, tracer_memory: tuple[tuple[int, int], ...]) -> Outcome:
+def _outcome(m: Machine, tracer_memory: tuple[tuple[int, int], ...]) -> Outcome:
     regs = {name: m.uc.reg_read(UC_REGISTERS[name]) for name in REGISTERS}
     rip = m.uc.reg_read(UC_REGISTERS["rip"])
     fault, next_rip = m.fault, m.left_at
@@ -309,8 +313,8 @@ def run_original(orig: bytes, at: int, state: MachineState, max_steps: int = MAX
     def leave(address: int, previous: int | None) -> int | None:
         return None if rep and address == at else address  # one instruction: every later fetch has left
 
-    image = _page_image(with_code(state, at, orig).memory)
-    return _execute(_Machine(image, (at, len(orig)), leave, max_steps), state, ())
+    image = page_image(with_code(state, at, orig).memory)
+    return execute(Machine(image, (at, len(orig)), leave, max_steps), state, ())
 
 
 def run_relocated(reloc: bytes, tramp: int, at: int, orig_len: int, state: MachineState,
@@ -331,6 +335,6 @@ def run_relocated(reloc: bytes, tramp: int, at: int, orig_len: int, state: Machi
             return None if rep_at_t and previous == tramp else at
         return None if in_ranges(address, ((tramp, len(reloc)),)) else address
 
-    image = _page_image(with_code(state, tramp, reloc).memory)
-    return _execute(_Machine(image, (tramp, len(reloc)), leave, max_steps), state, tracer_memory)
+    image = page_image(with_code(state, tramp, reloc).memory)
+    return execute(Machine(image, (tramp, len(reloc)), leave, max_steps), state, tracer_memory)
 

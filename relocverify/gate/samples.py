@@ -94,14 +94,14 @@ def _sweep_run(run: tuple[int, int]):
 def _sweep(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], int]], dict]:
     """section -> (bytes -> [first address, occurrences], instructions) over ``functions``,
     and iced-x86's answer for each distinct valid string, from the sweep's own decode."""
-    from ..image.functions import _function_bytes  # the bytes iter_instruction_spans sweeps
+    from ..image.functions import function_bytes  # the bytes iter_instruction_spans sweeps
     from ..x86.decoders.iced import sweep_into
 
     out: dict[str, tuple[dict[bytes, list[int]], int]] = {}
     facts: dict = {}
     for function in functions:
         samples, count = out.get(function.section, ({}, 0))
-        count += sweep_into(_function_bytes(image, function), function.start, samples, facts)
+        count += sweep_into(function_bytes(image, function), function.start, samples, facts)
         out[function.section] = (samples, count)
     return out, facts
 

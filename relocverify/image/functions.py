@@ -82,7 +82,7 @@ def iter_instruction_spans(image: Image, function: Function) -> Iterator[tuple[i
 
     Nothing is yielded for a function that no executable section holds.
     """
-    data = _function_bytes(image, function)
+    data = function_bytes(image, function)
     decoder = Decoder(64, data, ip=function.start)
     instruction = Instruction()
     position = 0
@@ -95,7 +95,7 @@ def iter_instruction_spans(image: Image, function: Function) -> Iterator[tuple[i
 
 def count_instructions(image: Image, function: Function) -> int:
     """How many spans ``iter_instruction_spans`` yields, without slicing bytes."""
-    decoder = Decoder(64, _function_bytes(image, function), ip=function.start)
+    decoder = Decoder(64, function_bytes(image, function), ip=function.start)
     instruction = Instruction()
     count = 0
     while decoder.can_decode:
@@ -104,11 +104,14 @@ def count_instructions(image: Image, function: Function) -> int:
     return count
 
 
-def _function_bytes(image: Image, function: Function) -> bytes:
+def function_bytes(image: Image, function: Function) -> bytes:
+    """The bytes of ``function`` as its executable section holds them; ``b""`` when no executable
+    section with data holds the whole function (what every sweep of a function reads)."""
     section = image.get_section(function.section)
     if section is None or not section.contains(function.start, function.size):
         section = image.section_at(function.start)
-    if section is None or not section.executable or not section.contains(function.start, function.size):
+    if section is None or not section.executable or not section.data \
+            or not section.contains(function.start, function.size):
         return b""
     offset = function.start - section.address
     return section.data[offset:offset + function.size]

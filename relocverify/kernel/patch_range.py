@@ -54,9 +54,9 @@ from typing import Iterable
 
 from iced_x86 import Decoder, FlowControl, Instruction, Mnemonic, OpKind, Register
 
-from ..image.functions import Function
+from ..image.functions import Function, function_bytes
 from ..image.image import Image
-from .sites import POLICY_BY_KIND, SiteIndex, _read_config
+from .sites import POLICY_BY_KIND, SiteIndex, read_config
 
 THUNK_PREFIXES = ("__x86_indirect_thunk_", "__x86_indirect_jump_thunk_", "__x86_indirect_its_thunk_")
 MARK_ONLY_KINDS = frozenset({"irqentry", "softirqentry", "cpuidle"})
@@ -98,17 +98,6 @@ class JumpCounts:
     @property
     def total(self) -> int:
         return self.table + self.register + self.memory + self.thunk
-
-
-def _function_bytes(image: Image, function: Function) -> bytes:
-    section = image.get_section(function.section)
-    if section is None or not section.contains(function.start, function.size):
-        section = image.section_at(function.start)
-    if section is None or not section.executable or not section.data \
-            or not section.contains(function.start, function.size):
-        return b""
-    offset = function.start - section.address
-    return section.data[offset:offset + function.size]
 
 
 def _thunk_targets(image: Image, sites: SiteIndex | None):
@@ -162,7 +151,7 @@ class PatchRanges:
         counts = self.counts
         ins = Instruction()
         for function in self.functions:
-            data = _function_bytes(self.image, function)
+            data = function_bytes(self.image, function)
             if not data:
                 continue
             decoder = Decoder(64, data, ip=function.start)
@@ -284,7 +273,7 @@ class PatchRanges:
 def _retpoline_config(config) -> tuple[bool | None, str]:
     if config is None:
         return None, "no kernel config"
-    options = _read_config(config)
+    options = read_config(config)
     for name in RETPOLINE_OPTIONS:
         if options.get(name) == "y":
             gcc = options.get("CONFIG_CC_IS_GCC") == "y"

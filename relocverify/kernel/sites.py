@@ -369,7 +369,7 @@ def find_sites(image: Image, config: str | os.PathLike | dict | None = None) -> 
     optional; when given, the ``bug_entry`` layout it implies is tried first
     and a disagreement with the table is noted.
     """
-    options = _read_config(config)
+    options = read_config(config)
     reader = _Reader(image)
     sites: dict[str, list[Site]] = {}
     missing: list[str] = []
@@ -416,7 +416,8 @@ def _why_no_symbols(image: Image, symbol: str) -> str:
     return f"{symbol} is not in the {image.symbol_source} symbols"
 
 
-def _read_config(config) -> dict[str, str]:
+def read_config(config) -> dict[str, str]:
+    """A kernel's build options (``CONFIG_X=y`` lines, a path to them, or a dict already read) as a dict."""
     if config is None:
         return {}
     if isinstance(config, dict):

@@ -57,7 +57,7 @@ from types import SimpleNamespace
 import claripy
 import pyvex
 
-from ..concrete.machine import MAX_STEPS, RELOCATION_MARGIN, _execute, _Machine, _page_image, in_ranges, is_rep_string
+from ..concrete.machine import MAX_STEPS, RELOCATION_MARGIN, execute, Machine, page_image, in_ranges, is_rep_string
 from ..concrete.outcome import Difference, MachineState, with_code
 from ..concrete.replay import Replay, compare
 from ..plan.block import BlockPlan
@@ -67,8 +67,8 @@ from . import lift as L
 from . import semantics as S
 from . import smt
 from .atomicity import atomic, check_atomicity
-from .cache_key import _role_of, _shape, cache_tag, pc_fields
-from .fast_path import NotApplicable, _canon_block, pure_jump_target
+from .cache_key import role_of, shape_of, cache_tag, pc_fields
+from .fast_path import NotApplicable, canon_block, pure_jump_target
 from .lift_gaps import opaque_lift_reason
 from .admission import admit, reexecutes
 from .lifter_checks import flag_names, unaffected_flags
@@ -223,9 +223,9 @@ def replay_block(block: BlockPlan, state: MachineState, first: int = 0) -> Repla
     image = with_code(state, a, run)
     both = with_code(image, t, block.trampoline)
     start_a, start_t = bounds[first], starts[first]
-    original = _execute(_Machine(_page_image(image.memory), (start_a, a + block.length - start_a),
+    original = execute(Machine(page_image(image.memory), (start_a, a + block.length - start_a),
                                  leave_original, MAX_STEPS), image, ())
-    relocated = _execute(_Machine(_page_image(both.memory), (start_t, t + len(block.trampoline) - start_t),
+    relocated = execute(Machine(page_image(both.memory), (start_t, t + len(block.trampoline) - start_t),
                                   leave_relocated, MAX_STEPS + RELOCATION_MARGIN * len(starts)),
                          both, block.tracer_memory)
     return Replay(original, relocated, tuple(compare(original, relocated, block.tracer_memory)))
@@ -241,7 +241,7 @@ def block_fast_path(block: BlockPlan) -> bool:
 
     Argument.  For each i, instruction i lifted alone at A_i and the
     trampoline lifted at T_i must have the same canonical IR
-    (``fast_path._canon_block``: temps renamed, rip never read, writes of
+    (``fast_path.canon_block``: temps renamed, rip never read, writes of
     rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
     target inside the trampoline through the blocks there that only jump,
     one hop at a time (``pure_jump_target`` over the bytes up to the next
@@ -290,8 +290,8 @@ def block_fast_path(block: BlockPlan) -> bool:
             if orig.size != insn.length:
                 return False
             off = block.starts[i] - t
-            reloc = _canon_block(L.lift(block.trampoline[off:], block.starts[i]), resolve)
-            if reloc[-1][0] == "next" or _canon_block(orig, lambda v: v) != reloc:
+            reloc = canon_block(L.lift(block.trampoline[off:], block.starts[i]), resolve)
+            if reloc[-1][0] == "next" or canon_block(orig, lambda v: v) != reloc:
                 return False  # a computed exit may land inside (A, A+L): left to the SMT obligation
     except NotApplicable:
         return False
@@ -327,18 +327,18 @@ def block_key(block: BlockPlan) -> bytes | None:
     for k, f in enumerate(ofields):
         if f.value in roles:
             return None
-        roles[f.value] = _role_of(f.value, f.data, f"f{k}")
+        roles[f.value] = role_of(f.value, f.data, f"f{k}")
     sig = []
     for f in tfields:
         internal = (f.value - t) & MASK64 < len(block.trampoline) + 16
         if internal and f.value in roles:
             return None
-        role = _role_of(f.value, f.data, f"t+{(f.value - t) & MASK64}") if internal else roles.get(f.value)
+        role = role_of(f.value, f.data, f"t+{(f.value - t) & MASK64}") if internal else roles.get(f.value)
         if role is None:
             return None
         sig.append(role)
     layout = ",".join(str(x - t) for x in block.starts) + "|" + ",".join(str(x - t) for x, _ in _slots(block))
-    return (b"block|" + cache_tag() + _shape(run, ofields) + b"|" + _shape(block.trampoline, tfields) + b"|"
+    return (b"block|" + cache_tag() + shape_of(run, ofields) + b"|" + shape_of(block.trampoline, tfields) + b"|"
             + ",".join(sig).encode() + b"|" + layout.encode())
 
 

@@ -54,14 +54,15 @@ def pc_fields(code: bytes, base: int) -> list[PcField] | None:
     return fields
 
 
-def _role_of(value: int, data: bool, name: str) -> str:
+def role_of(value: int, data: bool, name: str) -> str:
     """A role, with the address's alignment (mod 64) when it addresses data:
     VEX decides at lift time whether an aligned access (movdqa, cmpxchg16b)
     faults, from the constant address itself (found by tests/test_cache.py)."""
     return f"{name}@{value & 63}" if data else name
 
 
-def _shape(code: bytes, fields) -> bytes:
+def shape_of(code: bytes, fields) -> bytes:
+    """``code`` with the bytes of its address-dependent ``fields`` zeroed: what a proof of it depends on."""
     b = bytearray(code)
     for f in fields:
         b[f.offset:f.offset + f.size] = bytes(f.size)
@@ -141,7 +142,7 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
        trampoline's bytes (or the effect program) with every address-valued
        field zeroed (``pc_fields``), and the *role* of each such field's
        value: the original's own target, A+len, or a trampoline offset; a
-       data address also keeps its alignment mod 64 (``_role_of``).
+       data address also keeps its alignment mod 64 (``role_of``).
        Roles must be unambiguous (distinct values), else no key.  Only
        fast-path proofs are stored under such keys (see ``reusable``).
        Why reuse is sound: VEX lifts bytes at an address to IR that depends
@@ -169,12 +170,12 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     for k, f in enumerate(ofields):
         if f.value in roles:
             return None
-        roles[f.value] = _role_of(f.value, f.data, f"f{k}")
+        roles[f.value] = role_of(f.value, f.data, f"f{k}")
     if plan.kind is PlanKind.EMULATE:
         body = repr(tuple(_effect_roles(e, roles) for e in plan.effects))
         if "?" in body:
             return None
-        return b"emu|" + tag + _shape(decoded.raw, ofields) + b"|" + body.encode()
+        return b"emu|" + tag + shape_of(decoded.raw, ofields) + b"|" + body.encode()
     tfields = pc_fields(plan.trampoline, t)
     if tfields is None:
         return None
@@ -184,12 +185,12 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
         internal = 0 <= (v - t) & MASK64 < len(plan.trampoline) + 16
         if internal and v in roles:
             return None  # ambiguous: a trampoline address that is also one of the original's
-        r = _role_of(v, f.data, f"t+{(v - t) & MASK64}") if internal else roles.get(v)
+        r = role_of(v, f.data, f"t+{(v - t) & MASK64}") if internal else roles.get(v)
         if r is None:
             return None
         sig.append(r)
-    return (b"rel|" + tag + plan.rule.encode() + b"|" + _shape(decoded.raw, ofields) + b"|"
-            + _shape(plan.trampoline, tfields) + b"|" + ",".join(sig).encode())
+    return (b"rel|" + tag + plan.rule.encode() + b"|" + shape_of(decoded.raw, ofields) + b"|"
+            + shape_of(plan.trampoline, tfields) + b"|" + ",".join(sig).encode())
 
 
 def _effect_roles(e, roles):

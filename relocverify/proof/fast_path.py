@@ -43,7 +43,7 @@ def _define(temps: dict, tmp: int) -> int:
     return temps[tmp]
 
 
-def _canon_block(irsb, resolve, constant=None) -> tuple:
+def canon_block(irsb, resolve, constant=None) -> tuple:
     """A canonical form of an IRSB: temps renamed by definition order, IMarks
     and writes of rip dropped (every exit and the block's end overwrite rip,
     and no statement reads it: checked), exit targets passed through ``resolve``.
@@ -180,7 +180,7 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
     """Prove equivalence by IR identity, or return False (no conclusion).
 
     Argument.  The original is one IRSB lifted at A; the relocation's first
-    IRSB is lifted at T.  After canonicalisation (``_canon_block``) the two
+    IRSB is lifted at T.  After canonicalisation (``canon_block``) the two
     statement lists are required to be identical, and no statement reads
     rip.  Both run from the same initial state, and the only state they may
     see differently is rip (A vs T), which neither reads: by induction over
@@ -220,13 +220,13 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
         if orig.size != len(raw):
             return False
         reloc = L.lift(code, tramp)
-        return _canon_block(orig, lambda v: v) == _canon_block(reloc, resolve_reloc, qword)
+        return canon_block(orig, lambda v: v) == canon_block(reloc, resolve_reloc, qword)
     except NotApplicable:
         return False
 
 
 def _effects_image(effects) -> tuple | None:
-    """The IR image of an effect program, in ``_canon_block``'s canonical form,
+    """The IR image of an effect program, in ``canon_block``'s canonical form,
     or None when the program uses a form this translation does not cover
     (memory operands: those go to the SMT path).
 
@@ -330,7 +330,7 @@ def fast_path_effects(raw: bytes, at: int, effects) -> bool:
         orig = L.lift(raw, at, max_inst=1)
         if orig.size != len(raw):
             return False
-        return _canon_block(orig, lambda v: v) == image
+        return canon_block(orig, lambda v: v) == image
     except NotApplicable:
         return False
 

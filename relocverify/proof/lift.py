@@ -29,10 +29,11 @@ SYNTHETIC_BASE = 0x10000
 ZMM_HI = tuple(f"zmmhi{i}" for i in range(16))
 for _i, _name in enumerate(ZMM_HI):
     REG_BY_NAME[_name] = (SYNTHETIC_BASE + 32 * _i, 32)
-_REG_OF_BYTE: dict[int, tuple[str, int, int]] = {}
+#: VEX guest-state byte offset -> (register name, its offset, its size): which register a Put/Get touches.
+REG_OF_BYTE: dict[int, tuple[str, int, int]] = {}
 for _name, (_off, _size) in REG_BY_NAME.items():
     for _k in range(_size):
-        _REG_OF_BYTE[_off + _k] = (_name, _off, _size)
+        REG_OF_BYTE[_off + _k] = (_name, _off, _size)
 
 FLAG_THUNK = ("cc_op", "cc_dep1", "cc_dep2", "cc_ndep")
 # VEX bookkeeping, not architectural state: emulation notes, the clflush

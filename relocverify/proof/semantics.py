@@ -43,7 +43,7 @@ from ..plan.effects import AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Te
 from ..x86.registers import MASK64
 from .forms import InsnFacts, facts
 from .lift import (ARCH, FAULT_CODES, FAULT_JUMPKINDS, FLAG_THUNK, G_CC_OP_COPY, NORMAL_JUMPKINDS,
-                   OSZACP, REG_BY_NAME, ZMM_HI, _REG_OF_BYTE, Gap, lift)
+                   OSZACP, REG_BY_NAME, ZMM_HI, REG_OF_BYTE, Gap, lift)
 
 # angr's IR operations log a warning when a rounding mode is symbolic ("using default"): the
 # checker already treats every floating-point result as loose (``lifter_checks``), so the line
@@ -155,7 +155,7 @@ class World:
         return sym
 
     def initial_register_byte(self, offset: int, start_pc: int):
-        info = _REG_OF_BYTE.get(offset)
+        info = REG_OF_BYTE.get(offset)
         if info is None:
             key = f"guest_{offset}"
             sym = self.reg_syms.get(key)

@@ -31,7 +31,7 @@ def _written_registers(outs) -> set[str]:
     names = set()
     for o in outs:
         for off in o.regs:
-            info = L._REG_OF_BYTE.get(off)
+            info = L.REG_OF_BYTE.get(off)
             names.add(info[0] if info else f"guest_{off}")
     return names
 

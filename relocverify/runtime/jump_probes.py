@@ -87,7 +87,7 @@ from ..x86.decode import decode
 from ..x86.registers import MASK64
 from .differential import DEFAULT_BUDGET, Differential, Function, live_instructions
 from .kernel import DEFAULT_CPU_FEATURES, KernelMachine
-from .probes import Callback, Enabled, ProbeRuntime, Refused, Stop, Thread, _Probe
+from .probes import Callback, Enabled, ProbeRuntime, Refused, Stop, Thread, Probe
 from .verdicts import LiveVerdicts
 
 JUMP_TRAMP_BASE = 0xFFFFFFFFC0080000  # module space: within rel32 reach of text, clear of the contexts' pages
@@ -362,7 +362,7 @@ class JumpProbes(ProbeRuntime):
 
     def _install_trap(self, j: JumpProbe) -> None:
         first = j.original_at(j.address)
-        self._probes[j.address] = _Probe(j.address, first, [], j.consumers)
+        self._probes[j.address] = Probe(j.address, first, [], j.consumers)
 
     def _settle(self, patch: Patch) -> None:
         j = patch.probe

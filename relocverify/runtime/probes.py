@@ -45,7 +45,7 @@ import iced_x86
 from unicorn import UC_HOOK_INTR, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UcError
 from unicorn import x86_const as X
 
-from ..concrete.effect_machine import _EffectMachine  # the one effect interpreter; see its module
+from ..concrete.effect_machine import EffectMachine  # the one effect interpreter; see its module
 from ..concrete.machine import VECTORS
 from ..concrete.outcome import GPRS
 from ..image.functions import find_functions
@@ -102,7 +102,9 @@ class Thread:
 
 
 @dataclass
-class _Probe:
+class Probe:
+    """A placed probe: its address, the original bytes under it, the plans of the instructions it
+    covers, and who is called when it fires (the int3 runtime and the jump-probe runtime share it)."""
     address: int
     raw: bytes
     plans: list[Plan]
@@ -110,7 +112,7 @@ class _Probe:
 
 
 class _LiveMemory:
-    """The byte map ``_EffectMachine`` reads (``.get``), backed by the machine's memory."""
+    """The byte map ``EffectMachine`` reads (``.get``), backed by the machine's memory."""
 
     def __init__(self, uc):
         self.uc = uc
@@ -124,7 +126,7 @@ class ProbeRuntime:
         self.kernel = kernel
         self.verdicts = verdicts
         self.uc = kernel.uc
-        self._probes: dict[int, _Probe] = {}
+        self._probes: dict[int, Probe] = {}
         self._loaded: dict[int, int | None] = {c.index: None for c in kernel.contexts}
         self._journal: dict[int, int] = {}
         self._trap: int | None = None
@@ -194,12 +196,12 @@ class ProbeRuntime:
         self._probes[address].plans[context] = plan
         self._loaded[context] = None
 
-    def _enabled(self, probe: _Probe) -> Enabled:
+    def _enabled(self, probe: Probe) -> Enabled:
         patch = self.kernel.patches.get(probe.address)
         findings = tuple(self.verdicts.finding(probe.address, probe.raw, c.tramp) for c in self.kernel.contexts)
         return Enabled(probe.address, len(probe.raw), patch.variant if patch else "on disk", findings)
 
-    def _place(self, address: int) -> _Probe | Refused:
+    def _place(self, address: int) -> Probe | Refused:
         if not self.kernel.image.is_executable(address):
             return Refused(address, Verdict.REJECTED.value, f"{address:#x} is not in an executable section")
         boundary = self._boundary_problem(address)
@@ -215,7 +217,7 @@ class ProbeRuntime:
                 return Refused(address, f.verdict.value, f"context {c.index} (trampoline {c.tramp:#x}): {f.reason}")
         plans = [make_plan(decode(raw, address), c.tramp) for c in self.kernel.contexts]
         self.kernel.write_code(address, b"\xcc")
-        probe = self._probes[address] = _Probe(address, raw, plans)
+        probe = self._probes[address] = Probe(address, raw, plans)
         return probe
 
     def _boundary_problem(self, address: int) -> str | None:
@@ -355,7 +357,7 @@ class ProbeRuntime:
     def _emulate(self, plan: Plan, address: int) -> str | None:
         names = GPRS + ("rflags", "fs_base", "gs_base")
         regs = dict(zip(names, self.uc.reg_read_batch([_UC_IDS[n] for n in names])))
-        m = _EffectMachine(dict(regs), _LiveMemory(self.uc))
+        m = EffectMachine(dict(regs), _LiveMemory(self.uc))
         next_rip = address
         try:
             for e in plan.effects:
