@@ -30,8 +30,7 @@ def summarize(store: Store, image: int, image_info: dict, functions: int, expect
             if verdict != Verdict.PROVED.value:
                 by_function.setdefault(verdict, Counter())[f.name] += n
     n = sum(by_verdict.values())
-    verified = store.db.execute("SELECT count(*) FROM functions WHERE image=? AND config IS NOT NULL",
-                                (image,)).fetchone()[0]
+    verified = store.verified_function_count(image)
     relocatable = n - by_verdict[Verdict.REJECTED.value]
     summary = {
         "image": image_info,

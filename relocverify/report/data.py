@@ -8,7 +8,6 @@ are read here in one scan each, read-only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -52,25 +51,12 @@ def outcome_key(row: InstructionRow) -> tuple:
 
 def last_run(store: Store, image: int) -> dict:
     """The newest run of the image with its summary, configuration and host ({} if none)."""
-    row = store.db.execute("SELECT id, started, finished, status, config, versions, summary, host FROM runs "
-                           "WHERE image=? ORDER BY (summary IS NOT NULL) DESC, id DESC LIMIT 1",
-                           (image,)).fetchone()
-    if row is None:
-        return {}
-    return {"id": row[0], "started": row[1], "finished": row[2], "status": row[3],
-            "config": json.loads(row[4] or "{}"), "versions": json.loads(row[5] or "{}"),
-            "summary": json.loads(row[6] or "{}"), "host": row[7]}
+    return store.last_run(image)
 
 
 def variants(store: Store, image: int) -> dict[tuple[int, int], list[tuple[str, str, str]]]:
     """(function id, offset) -> [(variant name, verdict, reason)] for every boot-patched site of the image."""
-    out: dict[tuple[int, int], list[tuple[str, str, str]]] = {}
-    for fid, off, name, verdict, reason in store.db.execute(
-            "SELECT v.function, v.offset, n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
-            "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
-            "JOIN functions f ON f.id = v.function WHERE f.image=? ORDER BY 1, 2, 3", (image,)):
-        out.setdefault((fid, off), []).append((name, verdict, reason))
-    return out
+    return store.image_variants(image)
 
 
 def iter_function_rows(store: Store, image: int) -> Iterator[tuple[FunctionRecord, list[InstructionRow]]]:
@@ -102,21 +88,15 @@ def function_ids(store: Store, image: int) -> dict[tuple[int, str], int]:
 
 def answer_rows(store: Store, image: int) -> dict[tuple[str, int], str]:
     """(function name, offset) -> the decoders' answers (JSON), for every row where the decoders disagree."""
-    return {(name, off): answers for name, off, answers in store.db.execute(
-        "SELECT f.name, i.offset, i.answers FROM instructions i JOIN functions f ON f.id = i.function "
-        "WHERE i.answers IS NOT NULL AND f.image=?", (image,))}
+    return store.disagreement_answers(image)
 
 
 def jump_buckets(store: Store) -> list[tuple[int, str, str]] | None:
     """(id, name, example reason) of every jump-probe bucket, or None when the store has no
     jump-probe answers (a run without ``--jump-probes``, or a store older than them)."""
-    try:
-        rows = list(store.db.execute("SELECT id, name, example FROM jump_buckets ORDER BY id"))
-    except Exception:  # sqlite3.OperationalError: no such table (a store read-only before the tables)
-        return None
-    return rows or None
+    return store.jump_bucket_names() or None
 
 
 def jump_answers(store: Store, function: int) -> dict[int, int]:
     """offset -> jump-probe bucket id of one function's instructions."""
-    return dict(store.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))
+    return store.jump_answers(function)

@@ -533,6 +533,50 @@ class Store:
                                     "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
                                     "WHERE v.function=? AND v.offset=?", (function, offset)))
 
+    def image_variants(self, image: int) -> dict[tuple[int, int], list[tuple[str, str, str]]]:
+        """(function id, offset) -> [(variant name, verdict, reason)] for every boot-patched site of the image."""
+        out: dict[tuple[int, int], list[tuple[str, str, str]]] = {}
+        for fid, off, name, verdict, reason in self.db.execute(
+                "SELECT v.function, v.offset, n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
+                "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
+                "JOIN functions f ON f.id = v.function WHERE f.image=? ORDER BY 1, 2, 3", (image,)):
+            out.setdefault((fid, off), []).append((name, verdict, reason))
+        return out
+
+    def last_run(self, image: int) -> dict:
+        """The newest run of the image, preferring one with a summary, with its configuration, versions and
+        host ({} if none)."""
+        row = self.db.execute("SELECT id, started, finished, status, config, versions, summary, host FROM runs "
+                              "WHERE image=? ORDER BY (summary IS NOT NULL) DESC, id DESC LIMIT 1",
+                              (image,)).fetchone()
+        if row is None:
+            return {}
+        return {"id": row[0], "started": row[1], "finished": row[2], "status": row[3],
+                "config": json.loads(row[4] or "{}"), "versions": json.loads(row[5] or "{}"),
+                "summary": json.loads(row[6] or "{}"), "host": row[7]}
+
+    def disagreement_answers(self, image: int) -> dict[tuple[str, int], str]:
+        """(function name, offset) -> the decoders' answers (JSON), for every row where the decoders disagree."""
+        return {(name, off): answers for name, off, answers in self.db.execute(
+            "SELECT f.name, i.offset, i.answers FROM instructions i JOIN functions f ON f.id = i.function "
+            "WHERE i.answers IS NOT NULL AND f.image=?", (image,))}
+
+    def jump_bucket_names(self) -> list[tuple[int, str, str]]:
+        """(id, name, example reason) of every jump-probe bucket ([] for a run without ``--jump-probes``)."""
+        try:
+            return list(self.db.execute("SELECT id, name, example FROM jump_buckets ORDER BY id"))
+        except sqlite3.OperationalError:  # a store opened read-only from before the jump tables
+            return []
+
+    def jump_answers(self, function: int) -> dict[int, int]:
+        """offset -> jump-probe bucket id of one function's instructions."""
+        return dict(self.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))
+
+    def verified_function_count(self, image: int) -> int:
+        """How many functions of the image a run has verified (stored with a configuration)."""
+        return self.db.execute("SELECT count(*) FROM functions WHERE image=? AND config IS NOT NULL",
+                               (image,)).fetchone()[0]
+
     def counterexample(self, cex: int) -> dict | None:
         r = self.db.execute("SELECT state, differences, replay FROM counterexamples WHERE id=?", (cex,)).fetchone()
         if r is None:
