@@ -68,3 +68,18 @@ def _leaves_nothing_behind():
     written = sorted(p for p, m in after.items() if before.get(p) != m
                      and not (os.environ.get("RELOCVERIFY_SCREENSHOTS") and p.endswith(".png")))
     assert not written, f"the test session wrote outside its temporary directories: {written}"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (whole real kernels; CI runs them: .ci/run)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Plain ``pytest`` is the fast suite; ``--slow`` (or ``-m slow``) adds the whole-kernel tests."""
+    if config.getoption("--slow") or "slow" in (config.getoption("-m") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

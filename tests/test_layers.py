@@ -1,0 +1,135 @@
+"""The house's rules, executable: imports go only down the pipeline's stages, no module reaches into
+another's private names, no import cycle, SQL only in store/.  Read from the source with ``ast``, so a
+change that breaks a rule fails here, naming the file and the line."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "relocverify"
+
+#: The stages, lowest first: a module may import from its own stage or any stage below it.  A top-level
+#: module (``errors.py``) is its own stage, named by its file.
+STAGES = [
+    ("errors", "text", "environment", "outputs"),  # the shared base: no project imports but each other
+    ("x86",),  # the decoder-neutral instruction
+    ("inputs", "versions", "__init__"),  # values a user types; the tools' versions
+    ("image", "plan"),  # image -> functions; instruction -> plan
+    ("concrete",),  # concrete execution: unicorn, the native CPU, the effect interpreter
+    ("proof",),  # plan -> proof
+    ("kernel", "corpus"),  # kernel sites and patch ranges (read proofs); the corpora runner
+    ("store", "selftest", "gate"),  # results on disk; the false-proof generator; the decoder gate
+    ("engine", "report"),  # batch orchestration; the HTML report (reads the store)
+    ("runtime", "tracers"),  # probes placed for proved plans; tracer models audited
+    ("cli",),  # parse, call, render
+    ("__main__",),
+]
+RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}
+
+SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|PRAGMA|WITH)\b", re.I)
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        yield rel, ast.parse(path.read_text(), str(path))
+
+
+def _stage(rel: Path) -> str:
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(rel: Path, tree: ast.Module):
+    """(line, target module path parts under relocverify, imported names) of every project import."""
+    here = list(rel.with_suffix("").parts)
+    if here[-1] == "__init__":
+        here = here[:-1] + ["__init__"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = here[:len(here) - node.level]
+            target = base + (node.module.split(".") if node.module else [])
+            yield node.lineno, target, [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("relocverify"):
+            yield node.lineno, node.module.split(".")[1:], [a.name for a in node.names]
+
+
+def test_every_module_has_a_stage():
+    unknown = sorted({_stage(rel) for rel, _ in _modules()} - set(RANK))
+    assert not unknown, f"add these to STAGES (where they sit in the pipeline): {unknown}"
+
+
+def test_imports_go_only_down_the_stages():
+    wrong = []
+    for rel, tree in _modules():
+        mine = RANK[_stage(rel)]
+        for line, target, _ in _imports(rel, tree):
+            theirs = RANK.get(target[0] if target else "__init__", RANK["__init__"])
+            if theirs > mine:
+                wrong.append(f"relocverify/{rel}:{line} imports {'.'.join(target)} (a later stage)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    wrong = []
+    for rel, tree in _modules():
+        for line, target, names in _imports(rel, tree):
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    wrong.append(f"relocverify/{rel}:{line} imports {name} from {'.'.join(target)}")
+    assert not wrong, "make these public (named, documented) or move the code:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycle_between_modules():
+    graph: dict[str, set[str]] = {}
+    names = {".".join(rel.with_suffix("").parts) for rel, _ in _modules()}
+    for rel, tree in _modules():
+        me = ".".join(rel.with_suffix("").parts)
+        for _, target, imported in _imports(rel, tree):
+            submodules = [".".join(target + [n]) for n in imported if ".".join(target + [n]) in names]
+            # `from . import check` imports the module check; `from .x import name` imports x (or x/__init__)
+            for option in submodules or [".".join(target), ".".join(target + ["__init__"])]:
+                if option in names and option != me:
+                    graph.setdefault(me, set()).add(option)
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle.extend(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+                return True
+            if state.get(nxt) is None and visit(nxt, path + [nxt]):
+                return True
+        state[node] = 2
+        return False
+
+    for node in sorted(graph):
+        if state.get(node) is None and visit(node, [node]):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_sql_lives_only_in_store():
+    wrong = []
+    for rel, tree in _modules():
+        if rel.parts[0] == "store":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.match(node.value) \
+                    and (" FROM " in node.value.upper() or " TABLE " in node.value.upper()
+                         or node.value.upper().lstrip().startswith(("INSERT", "PRAGMA"))):
+                wrong.append(f"relocverify/{rel}:{node.lineno}: {node.value.strip()[:60]}")
+    assert not wrong, "SQL belongs in relocverify/store/:\n" + "\n".join(wrong)
+
+
+def test_the_rules_can_fail(tmp_path):
+    """The checks above see what they are meant to: a private import, an upward import and SQL."""
+    tree = ast.parse("from ..cli.main import _Parser\nQ = 'SELECT id FROM runs'\n")
+    rel = Path("proof") / "bad.py"
+    found = list(_imports(rel, tree))
+    assert found == [(1, ["cli", "main"], ["_Parser"])]
+    assert RANK["cli"] > RANK["proof"]
+    assert any(isinstance(n, ast.Constant) and SQL.match(str(n.value)) for n in ast.walk(tree))
