@@ -145,6 +145,24 @@ def test_known_answers(v61, v612, hexes, length, disp, imm, target, flags):
         assert flags <= d.flags, (adapter.name, d.flags)
 
 
+#: capstone's own x86-64 test vector (tests/test_x86.c, X86_CODE64, at 0x1000) and the answers its
+#: test prints: push, a RIP-relative mov, jmp/call rel32 to 0xffffffffdeadcef7, jmp through the GOT, je rel8.
+CAPSTONE_X86_CODE64 = "55 48 8b 05 b8 13 00 00 e9 ea be ad de ff 25 23 01 00 00 e8 df be ad de 74 ff"
+CAPSTONE_EXPECTED = [(1, None, None, None), (7, (3, 4), None, None), (5, None, (1, 4), 0xFFFFFFFFDEADCEF7),
+                     (6, (2, 4), None, None), (5, None, (1, 4), 0xFFFFFFFFDEADCEF7), (2, None, (1, 1), 0x1019)]
+
+
+def test_capstones_test_vector_walked_by_the_kernels_lengths(v61, v612):
+    raw = bytes.fromhex(CAPSTONE_X86_CODE64)
+    for adapter in (v61, v612):
+        at, got = 0, []
+        while at < len(raw):
+            f = adapter.decode_many([(0x1000 + at, raw[at:at + 15])])[0]
+            got.append((f.length, f.field("disp"), f.field("imm"), f.target(0x1000 + at)))
+            at += f.length
+        assert got == CAPSTONE_EXPECTED, adapter.name
+
+
 def test_offsets_add_up_to_the_length(v61):
     raws = [bytes.fromhex(k[0]) for k in KNOWN]
     for raw, d in zip(raws, v61.decode_detail(raws)):
@@ -314,10 +332,16 @@ def test_the_6_1_to_6_12_change_is_gated(v61, v612, tmp_path):
     ("ea a7 08 00 01 08 00", "i64-decoded-in-64-bit-mode"),  # pvh_start_xen's .code32 far jump
     ("42 3e d2 39", "rex-before-another-prefix"),
     ("66 67 0f 38 39 97 c3 77 e1 d4", "mandatory-prefix-not-last"),
+    ("f3 66 0f 52 0c da", "mandatory-prefix-not-last"),  # the CPU takes F3 (rsqrtss), the map the last, 66
+    ("f3 0f 47 85 4d 2e f8 9a", "unlisted-prefix-variant"),  # rep cmova: the F3 table has no 47
+    ("0f 19 25 2b d0 ab ab", "no-opcode-map-line"),  # a hint nop; the map's '19:' line is empty
+    ("0f ff 00", "ud0-without-modrm"),
     ("0f 20 93 11 22 33 44", "mov-cr-dr-register-only"),
     ("8f e8 78 a2 c1 10", "amd-only-encoding"),
     ("c4 e3 79 4b c1 20", "is4-register-byte"),
     ("f0 41 ff d3", "accepts-what-the-cpu-rejects"),
+    # a 66 before 67, but LOCK on setne: the CPU rejects it whatever the prefix order, so not a prefix-order row
+    ("f0 66 67 0f 95 3f", "accepts-what-the-cpu-rejects"),
     ("c4 e2 79 e0 08", "newer-than-this-map"),
 ])
 def test_classes(v61, hexes, name):
@@ -337,3 +361,90 @@ def test_measured_kernel_classes_are_rows():
     names = {c.name for c in classes.CLASSES}
     for counts in classes.MEASURED.values():
         assert set(counts) <= names
+
+
+@pytest.mark.parametrize("hexes,words", [
+    ("42 3e d2 39", "misbehaves: kprobes copies 2 bytes of a 4-byte instruction"),
+    ("c4 e2 79 e0 08", "refuses the address"),  # 6.1's insn_decode fails: kprobes refuses
+    ("0f 38 5c 1f", "#UD"),  # the kernel decodes what the CPU rejects
+    ("0f b9 cc", "no misbehaviour: the length"),  # capstone's ud1: the kernel is right
+    ("0f ff 00", "raises #UD whether kprobes copies 2 bytes or the 3"),  # ud0: AMD's length, Intel's
+])
+def test_what_a_kprobe_does_with_the_kernels_answer(v61, hexes, words):
+    raw = bytes.fromhex(hexes)
+    others = [get_adapter("capstone"), get_adapter("iced")]
+    from relocverify.gate import answers
+
+    table = answers.answers([v61] + others, [(A, raw)])
+    (finding,) = compare("u", {raw: [A, 1]}, v61, others, table)
+    assert words in classes.kprobe_effect(finding, v61.decode_detail([raw])[0])
+
+
+def test_a_gate_report_is_classified_with_bytes_answers_and_kprobe(v61, tmp_path):
+    code, out = gate("--decoder", "linux-insn@6.1", "--corpus", str(ROOT / "corpora" / "adversary.toml"),
+                     "--fuzz", "300", "--baseline", str(tmp_path / "b.json"), "--update-baseline", "--json")
+    doc = json.loads(out)
+    rows = doc["linux_insn_classes"]
+    assert code == 0 and rows and len(rows) == len(doc["cohorts"])
+    assert {r["class"] for r in rows} <= {c.name for c in classes.CLASSES}, "every disagreement has a row"
+    finding = next(r for r in rows if r["bytes"] == "48 66 01 c0")
+    assert finding["class"] == "rex-before-another-prefix" and finding["kind"] == classes.FINDING
+    assert finding["answers"] == {"linux-insn@6.1": "len=2 disp=- imm=- target=-",
+                                  "capstone": "len=4 disp=- imm=- target=-", "iced": "len=4 disp=- imm=- target=-"}
+    assert finding["kprobe"].startswith("misbehaves")
+    total = doc["linux_insn_class_counts"]
+    assert sum(c["distinct"] for c in total.values()) == len(rows)
+    code, text = gate("--decoder", "linux-insn@6.1", "--corpus", str(ROOT / "corpora" / "adversary.toml"),
+                      "--fuzz", "300", "--baseline", str(tmp_path / "b.json"))
+    assert code == 0 and "rex-before-another-prefix" in text and "48 66 01 c0" in text and "kprobe: misbehaves" in text
+
+
+# ------------------------------------------------------------------ real code beyond the kernel image
+
+
+@pytest.mark.parametrize("version", ["6.1", "6.12"])
+def test_a_foreign_elf_and_kernel_modules(v61, v612, version, tmp_path):
+    """A user-space library and kernel modules go through the kernel's decoder without an internal error;
+    every disagreement there has a class that is not a finding."""
+    from relocverify.image.fetch import extract_modules
+
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for path in extract_modules("debian-6.1-cloud", ["vsock_loopback.ko", "af_key.ko"]):
+        shutil.copy(path, modules)
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    base = str(tmp_path / "b.json")
+    argv = ("--decoder", f"linux-insn@{version}", "--image", libc, "--module", str(modules), "--baseline", base)
+    code, out = gate(*argv, "--update-baseline", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    units = {u["name"] for u in doc["units"]}
+    assert f"{tmp_path.name}/modules/*.ko:.text" in units and "libc.so.6:.text" in units
+    assert sum(u["instructions"] for u in doc["units"] if "/modules/" in u["name"]) > 5_000
+    assert all(r["kind"] != classes.FINDING for r in doc["linux_insn_classes"])
+    assert gate(*argv)[0] == 0
+
+
+def test_module_inputs_that_are_not_modules(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, message = gate("--decoder", "iced", "--module", str(tmp_path / "empty"), "--baseline",
+                         str(tmp_path / "b.json"), "--update-baseline")
+    assert code == 2 and "no .ko" in message
+    (tmp_path / "x.ko").write_bytes(b"not an elf")
+    code, message = gate("--decoder", "iced", "--module", str(tmp_path / "x.ko"), "--baseline",
+                         str(tmp_path / "b.json"), "--update-baseline")
+    assert code == 2 and "x.ko" in message and "\n" not in message.strip()
+
+
+# ------------------------------------------------------------------ whole kernels (slow)
+
+
+@pytest.mark.slow
+def test_the_debian_6_1_kernel_through_linux_insn(v61, debian_kernels, tmp_path):
+    """Every disagreement over the whole Debian 6.1 kernel has the class and count ``MEASURED`` keeps."""
+    kernel, _ = debian_kernels("debian-6.1-cloud")
+    code, out = gate("--decoder", "linux-insn@6.1", "--image", kernel.vmlinux, "--baseline",
+                     str(tmp_path / "b.json"), "--update-baseline", "--json")
+    assert code == 0
+    got = {k: (v["distinct"], v["instructions"]) for k, v in json.loads(out)["linux_insn_class_counts"].items()}
+    assert got == classes.MEASURED[("debian-6.1-cloud", "linux-insn@6.1")]

@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
                        help="an external decoder command speaking the line protocol of docs/gate.md")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="a kernel image (vmlinux ELF or bzImage) whose every instruction is decoded; repeatable")
+    g.add_argument("--module", action="append", default=[], metavar="PATH",
+                   help="kernel modules (.ko, .ko.xz, .ko.zst): a file, or a directory searched for them "
+                        "(e.g. /lib/modules/RELEASE/kernel); repeatable, one input each")
     g.add_argument("--corpus", action="append", default=[], metavar="TOML",
                    help="a corpus file whose entries' bytes are decoded; repeatable")
     g.add_argument("--fuzz", type=int, default=0, metavar="N",
@@ -54,13 +57,14 @@ def command(args, out: TextIO) -> int:
     from ..gate import baseline as baseline_mod
     from ..gate.fuzz import fuzz_unit
     from ..gate.junit import junit_xml
+    from ..gate.module_samples import module_units
     from ..gate.run import render, run_gate
     from ..gate.samples import corpus_units, image_units
     from ..gate.sarif import sarif
     from ..x86.decoders.adapters import external_adapter, get_adapter
 
-    if not (args.image or args.corpus or args.fuzz):
-        raise InputError("gate: give at least one input: --image PATH, --corpus TOML or --fuzz N")
+    if not (args.image or args.module or args.corpus or args.fuzz):
+        raise InputError("gate: give at least one input: --image PATH, --module PATH, --corpus TOML or --fuzz N")
     if args.fuzz < 0 or (args.prove is not None and args.prove < 0):
         raise InputError("gate: --fuzz and --prove take a count >= 0")
     tested = external_adapter(args.decoder_cmd) if args.decoder_cmd else get_adapter(args.decoder)
@@ -70,7 +74,9 @@ def command(args, out: TextIO) -> int:
         raise InputError("gate: no decoder left to compare with; give --consensus NAME")
     base = None if args.update_baseline else baseline_mod.load(args.baseline)
     units = [u for path in args.image for u in image_units(path, jobs=args.jobs or 1)]
-    units += corpus_units(args.corpus)
+    units += [u for path in args.module for u in module_units(path)]
+    if args.corpus:  # the corpus loader's imports cost a second: only when asked
+        units += corpus_units(args.corpus)
     if args.fuzz:
         units.append(fuzz_unit(args.fuzz, args.seed))
     report = run_gate(tested, others, units, base, prove_per_class=args.prove, jobs=args.jobs or 1)
@@ -78,8 +84,11 @@ def command(args, out: TextIO) -> int:
     if change is not None:
         from ..gate.change import settle
         report = settle(report, change)
+    written = None
     if args.update_baseline:
-        baseline_mod.save(args.baseline, baseline_mod.build(report))
+        doc = baseline_mod.build(report)
+        baseline_mod.save(args.baseline, doc)
+        written = (args.baseline, len(doc.get("accepted", ())))
     if args.junit:
         _write(args.junit, junit_xml(report))
     if args.sarif:
@@ -95,19 +104,17 @@ def command(args, out: TextIO) -> int:
             doc["change"] = change.as_json()
             doc["failed"] = failed
         if classified is not None:
-            doc["linux_insn_classes"] = [{"bytes": f.raw.hex(" "), "address": hex(f.address), "class": c.name,
-                                          "kind": c.kind} for f, c in classified]
+            doc["linux_insn_classes"] = [c.as_json() for c in classified]
+            doc["linux_insn_class_counts"] = linux_insn_classes.counts(classified)
         json.dump(doc, out, indent=1)
         out.write("\n")
     else:
-        out.write(render(report))
+        out.write(render(report, written))
         if classified:
             out.write(linux_insn_classes.render(classified))
         if change is not None:
             from ..gate.change import render as render_change
             out.write(render_change(change))
-        if args.update_baseline:
-            out.write(f"baseline written to {args.baseline}\n")
     return EXIT_CLEAN if args.update_baseline or not failed else EXIT_FINDINGS
 
 

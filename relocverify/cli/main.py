@@ -149,7 +149,7 @@ IO = {
     "package": (("name",), ("db", "summary_json"), ()),
     "run": (("image", "system_map", "db"), (), ()),
     "report": (("db", "baseline"), (), ("output",)),
-    "gate": (("image", "corpus"), ("junit", "sarif"), ()),
+    "gate": (("image", "corpus", "module"), ("junit", "sarif"), ()),
     "corpus": (("paths",), (), ()),
     "selftest": (("elf",), ("output",), ()),
     "show": (("source", "system_map"), (), ()),
@@ -296,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import selftest as selftest_command
 
     selftest_command.add_parser(sub, TYPES)
+    from . import audit as audit_command
+
+    audit_command.add_parser(sub, TYPES)
     return p
 
 

@@ -218,17 +218,17 @@ def _map_entries(old: Adapter, new: Adapter, raws: list[bytes]):
 
 def _plan(raw: bytes, address: int, facts: Facts) -> tuple[str, str]:
     """The plan built from ``facts`` put in the consensus decode: (label, trampoline hex)."""
-    from ..plan.plan import make_plan
+    from ..plan.plan import DEFAULT_TRAMP, make_plan
     from ..x86.decode import decode
     from ..x86.instruction import Instruction
-    from .consequence import DEFAULT_TRAMP, _as_answered
+    from .consequence import as_answered
 
     true = decode(raw, address)
     if not isinstance(true, Instruction):
         return ("none: no consensus instruction", "")
     if not facts.ok:
         return ("none: undecodable", "")
-    fake = _as_answered(true, raw, facts)
+    fake = as_answered(true, raw, facts)
     if fake is None:
         return (f"none: length {facts.length} past the bytes", "")
     try:

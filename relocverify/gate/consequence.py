@@ -61,7 +61,7 @@ def consequence(raw: bytes, address: int, tested: Facts, tramp: int = DEFAULT_TR
     if not tested.ok:
         return Consequence("none: the tested decoder cannot decode it", Verdict.REJECTED, tested.error,
                            cplan, v0.verdict)
-    fake = _as_answered(true, raw, tested)
+    fake = as_answered(true, raw, tested)
     if fake is None:
         return Consequence("none", Verdict.REJECTED,
                            f"the tested length {tested.length} runs past the {len(raw)} bytes the sample has",
@@ -82,8 +82,17 @@ def consequence(raw: bytes, address: int, tested: Facts, tramp: int = DEFAULT_TR
     return Consequence(label, result.verdict, result.reason, cplan, v0.verdict)
 
 
-def _as_answered(true: Instruction, raw: bytes, f: Facts) -> Instruction | None:
-    """The consensus record with the tested decoder's facts in place of its own."""
+def as_answered(true: Instruction, raw: bytes, f: Facts) -> Instruction | None:
+    """The consensus record ``true`` with a decoder's answer ``f`` in place of its own facts.
+
+    The instruction is ``raw`` cut to ``f.length``; the displacement and
+    immediate offsets and sizes, and the branch target, are ``f``'s for every
+    field ``f`` reports (a field in ``f.unreported`` keeps the consensus's).
+    Everything else (mnemonic, operands, registers) stays the consensus's:
+    the record is what a planner that trusts this decoder would see.  None
+    when ``f`` has no length or a length past the ``len(raw)`` bytes there are.
+    Used for the plan a tested answer leads to (``consequence``) and for
+    the plans before and after a decoder change (``gate.change``)."""
     if f.length is None or f.length > len(raw):
         return None
     kw = {"raw": raw[:f.length]}

@@ -144,7 +144,7 @@ def run_gate(tested: Adapter, others: list[Adapter], units: list[Unit], baseline
     return report
 
 
-def render(report: GateReport) -> str:
+def render(report: GateReport, baseline_written: tuple[str, int] | None = None) -> str:
     """The short grouped diff: new failures by class with examples, then the counts."""
     others = ", ".join(f"{n} {v}" for n, v in report.versions.items() if n != report.tested)
     total = sum(u.instructions for u in report.units)
@@ -176,5 +176,9 @@ def render(report: GateReport) -> str:
             status = ("new" if k in new_classes else "accepted" if any(f.failing for f in group)
                       else "contested" if any(f.contested for f in group) else "explained")
             out.append(f"  {k:<40} {c['distinct']:>7} / {c['instructions']:>8}  {status}")
-    out.append("FAILED" if report.failed else "clean")
+    if baseline_written is not None:  # the differences are what the new baseline accepts, not a failure
+        path, accepted = baseline_written
+        out.append(f"baseline written: {accepted} accepted differences, {len(report.units)} units ({path})")
+    else:
+        out.append("FAILED" if report.failed else "clean")
     return "\n".join(out) + "\n"

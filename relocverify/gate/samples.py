@@ -60,7 +60,7 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
             parts = pool.map(_sweep_run, runs, chunksize=1)
         _SWEEP.clear()
     else:
-        parts = [_sweep(image, functions)]
+        parts = [sweep_functions(image, functions)]
     from ..x86.decoders.iced import version as iced_version
     from .answers import remember
 
@@ -88,10 +88,10 @@ _SWEEP: list = []  # (image, functions) for forked sweep workers
 
 def _sweep_run(run: tuple[int, int]):
     image, functions = _SWEEP
-    return _sweep(image, functions[run[0]:run[1]])
+    return sweep_functions(image, functions[run[0]:run[1]])
 
 
-def _sweep(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], int]], dict]:
+def sweep_functions(image, functions) -> tuple[dict[str, tuple[dict[bytes, list[int]], int]], dict]:
     """section -> (bytes -> [first address, occurrences], instructions) over ``functions``,
     and iced-x86's answer for each distinct valid string, from the sweep's own decode."""
     from ..image.functions import function_bytes  # the bytes iter_instruction_spans sweeps

@@ -135,6 +135,9 @@ class ExternalAdapter:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._stop(proc)
+                if len(lines) == n and not buf:
+                    raise InputError(f"--decoder-cmd {self.command!r} answered every input but did not exit "
+                                     f"within {self.answer_seconds:g} s: killed")
                 raise InputError(f"--decoder-cmd {self.command!r} gave no answer for {self.answer_seconds:g} s "
                                  f"after {len(lines)} of {n} (it stalls): killed")
             if not sel.select(left):
@@ -155,8 +158,8 @@ class ExternalAdapter:
                 self._stop(proc)
                 raise InputError(f"--decoder-cmd {self.command!r} wrote a line longer than {MAX_LINE} bytes "
                                  f"(answer {len(lines) + 1}): killed")
-            if len(lines) == n and not buf:
-                return lines  # every answer: the command must now exit (the caller waits, bounded)
+            # every answer in: read on to the end of its output, so that an extra line is seen as a flood
+            # (and a command that keeps its output open is stopped at the deadline)
         if buf.strip():
             lines.append(buf.decode("utf-8", "replace"))
         if len(lines) != n:

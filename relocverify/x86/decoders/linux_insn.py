@@ -726,7 +726,7 @@ class LinuxInsnAdapter:
         strings = [raw[:MAX_INSN] for _, raw in items]
         buf = self._lib.decode(strings)
         shapes, size, out, short = self._shapes, _OUT.size, [], []
-        unpack = _OUT.unpack_from
+        unpack, imm1, new = _OUT.unpack_from, _IMM1.unpack_from, tuple.__new__
         for i in range(len(strings)):
             at = i * size
             key = buf[at:at + _SHAPE]
@@ -734,10 +734,12 @@ class LinuxInsnAdapter:
             if hit is None:
                 row = unpack(buf, at)
                 d = _decoded(row, False)
-                hit = shapes[key] = (_shape(d), _relative_branch(d), row[0] == -61)
+                f = _shape(d)
+                # a branch keeps its Facts' fields before and after target_delta, to build one per target
+                hit = shapes[key] = (f, (f[:6], f[7:]) if _relative_branch(d) else None, row[0] == -61)
             f, branch, ran_out = hit
-            if branch:
-                f = f._replace(target_delta=(buf[at + 12] + _IMM1.unpack_from(buf, at + _SHAPE)[0]) & MASK64)
+            if branch is not None:  # Facts(*head, target, *tail), without _replace's per-field work
+                f = new(Facts, branch[0] + (((buf[at + 12] + imm1(buf, at + _SHAPE)[0]) & MASK64),) + branch[1])
             elif ran_out and len(strings[i]) < MAX_INSN:
                 short.append(i)
             out.append(f)
