@@ -44,8 +44,9 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
     """Load a vmlinux ELF or a bzImage, with symbols from ``system_map`` if given."""
     path = os.fspath(path)
     with OpenInput(path, "kernel image") as handle:
+        opened = os.fstat(handle.fileno())  # the file as read: what the content hash is remembered under
         try:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            if not stat.S_ISREG(opened.st_mode):
                 raise ImageError(f"{path}: not a regular file; pass a vmlinux or vmlinuz file")
             head = handle.read(0x400)
             if head[:4] == b"\x7fELF":
@@ -68,7 +69,7 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
             symbols, map_notes = load_system_map(system_map, elf.sections)
             source = "system.map"
             notes.extend(map_notes)
-        identity = hashlib.sha256(memoryview(buffer)[:elf.extent]).hexdigest()
+        identity = _content_hash(opened, buffer, elf.extent)
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
@@ -79,6 +80,44 @@ def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = N
                  sections=elf.sections, symbols=symbols, symbol_source=source,
                  notes=tuple(notes), source=ImageSource("image", os.path.abspath(path), identity,
                                                         None if system_map is None else os.path.abspath(system_map)))
+
+
+#: How many files' hashes the memo keeps (the newest).
+HASH_MEMO_ENTRIES = 256
+
+
+def _content_hash(st: os.stat_result, buffer, extent: int) -> str:
+    """SHA-256 of the image's bytes (``buffer[:extent]``): the identity a store keys its rows by.
+
+    A whole debug vmlinux (about 600 MB) takes about 0.8 s to hash, most of a repeated run: the
+    hash is remembered in ``<cache>/index/sha256.json`` under the open file's device, inode,
+    size, modification *and change* time (the change time cannot be set back by a user: any
+    write to the file moves it), and recomputed whenever any of them differs."""
+    import json
+
+    from ..environment import default_cache_dir
+    from ..outputs import write_atomic
+
+    key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{extent}"
+    memo_path = os.path.join(default_cache_dir(), "index", "sha256.json")
+    try:
+        with open(memo_path) as fh:
+            memo = json.load(fh)
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    known = memo.get(key)
+    if isinstance(known, str) and len(known) == 64:
+        return known
+    digest = hashlib.sha256(memoryview(buffer)[:extent]).hexdigest()
+    memo[key] = digest
+    try:
+        os.makedirs(os.path.dirname(memo_path), exist_ok=True)
+        write_atomic(memo_path, json.dumps(dict(list(memo.items())[-HASH_MEMO_ENTRIES:])))
+    except Exception:  # noqa: BLE001 - a cache that cannot be written only costs the next run the hash
+        pass
+    return digest
 
 
 def _symbols_past_their_section(symbols, sections) -> int:

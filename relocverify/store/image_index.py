@@ -134,7 +134,7 @@ class _ByName:
 
 def _identity(path: str) -> list:
     st = os.stat(path)
-    return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _key(path: str, system_map: str | None, kernel: bool) -> str:

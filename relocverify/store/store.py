@@ -699,9 +699,11 @@ def file_stamp(path: str) -> str:
     for p in (path, path + "-wal"):
         try:
             st = os.stat(p)
-            parts.append(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
         except OSError:
-            parts.append("-")
+            st = None
+        # an empty WAL holds nothing (a reader's open leaves one behind): the same as none
+        parts.append("-" if st is None or (p != path and st.st_size == 0) else
+                     f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
     return " ".join(parts)
 
 
