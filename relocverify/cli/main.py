@@ -296,9 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import selftest as selftest_command
 
     selftest_command.add_parser(sub, TYPES)
-    from . import audit as audit_command
 
-    audit_command.add_parser(sub, TYPES)
     return p
 
 
