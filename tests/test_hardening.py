@@ -226,9 +226,9 @@ def _damaged(store: str, tmp: Path, how: str) -> str:
         con.execute("DROP TABLE runs")
     con.commit()
     con.close()
-    if how == "corrupt-page":  # the cells of the instructions table's root page scrambled
+    if how == "corrupt-page":  # the cells of the packed rows' root page scrambled
         con = sqlite3.connect(p)
-        root, = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'instructions'").fetchone()
+        root, = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'packed'").fetchone()
         page, = con.execute("PRAGMA page_size").fetchone()
         con.close()
         data = bytearray(p.read_bytes())

@@ -19,6 +19,7 @@ processes and a distributed one rebuilds from the image's path.
 from __future__ import annotations
 
 import os
+import sys
 from array import array
 from dataclasses import dataclass, field, replace
 
@@ -327,8 +328,9 @@ class Worker:
         sweep = _SiteSweep(self.job.sites.sites_at(start, fn.size)) if self.job.sites is not None else None
         next_site = sweep.next_start() if sweep else None
         learned = self.learned
-        plain = batch.plain
+        plain = array("I")  # this function's packed rows (store.PACKED_ROW)
         per: dict[int, int] = {}
+        kmap: dict[int, int] = {}  # outcome id -> the function's own index of it
         for off, n, key in keys:
             address = start + off
             if skip is not None and address in skip:
@@ -336,10 +338,12 @@ class Worker:
             site = next_site is not None and next_site < address + n
             hit = learned.get(key) or self.lookup(key)
             if not site and hit is not None and hit.plain is not None and hit.address != address:
-                oid = hit.plain[0]  # the common case: a shared finding, no site, a plain row
+                oid, us, fresh = hit.plain  # the common case: a shared finding, no site, a plain row
                 per[oid] = per.get(oid, 0) + 1
-                plain.extend((fid, off, n))
-                plain.extend(hit.plain)
+                k = kmap.get(oid)
+                if k is None:
+                    k = kmap[oid] = len(kmap)
+                plain.extend((off, n | fresh << 4 | k << 5, us if us < _U32 else _U32 - 1))
                 continue
             finding = None if hit is None else hit.shared
             if finding is not None and hit.address != address:
@@ -366,13 +370,17 @@ class Worker:
             oid = ids[0]
             per[oid] = per.get(oid, 0) + 1
             if mask is None and finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
-                plain.extend((fid, off, n, oid, finding.proof_us, 1 if finding.fresh else 0))
+                k = kmap.get(oid)
+                if k is None:
+                    k = kmap[oid] = len(kmap)
+                us = finding.proof_us
+                plain.extend((off, n | (16 if finding.fresh else 0) | k << 5, us if us < _U32 else _U32 - 1))
             else:
                 batch.add_full(self.ids, fid, off, n, oid, ids[1], finding, mask)
             for name, vf in live:
                 vid, vreason = self.ids.outcome(vf)
                 batch.variants.append((fid, off, name, vid, None if vf.reason == vreason else vf.reason))
-        batch.end_function(fid, per, self.ids)
+        batch.end_function(fid, per, self.ids, kmap, plain)
 
     def crashed(self, fid: int, why: str) -> int:
         """Every instruction of a function whose verification killed its worker: unknown, with why,
@@ -500,31 +508,47 @@ class OutcomeIds:
                 self.provisional.pop(oid, None)
 
 
+_U32 = 1 << 32  # a packed row's proof time saturates below it (71 minutes)
+
+
 class _Batch:
     """A ``RowBatch`` being filled."""
 
     def __init__(self):
         self.functions: list[int] = []
-        self.plain = array("q")
+        self.packed: list[tuple[int, bytes]] = []
+        self.n_packed = 0
         self.full: list[tuple] = []
         self.counts: list[tuple] = []
         self.variants: list[tuple] = []
 
     @property
     def n(self) -> int:
-        return len(self.plain) // 6 + len(self.full)
+        return self.n_packed + len(self.full)
 
     def add_full(self, ids, fid: int, off: int, n: int, oid: int, outcome_reason: str, f: Finding,
                  mask: int | None) -> None:
         self.full.append((fid, off, n, oid, None if f.reason == outcome_reason else f.reason, f.proof_us,
                           1 if f.fresh else 0, mask, f.answers, f.counterexample))
 
-    def end_function(self, fid: int, per: dict[int, int], ids: OutcomeIds) -> None:
+    def end_function(self, fid: int, per: dict[int, int], ids: OutcomeIds, kmap: dict[int, int] | None = None,
+                     plain: array | None = None) -> None:
+        """The function is done: its counts per outcome, each with the function's own index ``k`` of the
+        outcome (the packed rows name outcomes by it), and its packed rows as one blob."""
+        kmap = {} if kmap is None else kmap
         self.functions.append(fid)
-        self.counts.extend((fid, o, c, ids.weak(o)) for o, c in per.items())
+        for o in per:
+            if o not in kmap:
+                kmap[o] = len(kmap)
+        self.counts.extend((fid, o, c, ids.weak(o), kmap[o]) for o, c in per.items())
+        if plain:
+            if sys.byteorder != "little":
+                plain.byteswap()
+            self.packed.append((fid, plain.tobytes()))
+            self.n_packed += len(plain) // 3
 
     def done(self, ids: OutcomeIds) -> RowBatch:
-        return RowBatch(self.functions, self.plain.tobytes(), self.full, self.counts, self.variants, self.n,
+        return RowBatch(self.functions, self.packed, self.full, self.counts, self.variants, self.n,
                         ids.definitions())
 
 

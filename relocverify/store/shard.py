@@ -8,11 +8,13 @@ in parallel, and the parent moves a shard into the store with a handful of
 ``INSERT ... SELECT`` statements (about 1 µs a row, in C) when the worker
 is done with it.
 
-A shard holds the store's row tables (``instructions``, ``function_outcomes``,
-``variants``) with three differences, all resolved by the merge:
+A shard holds the store's row tables (``instructions``, ``packed``,
+``function_outcomes``, ``variants``) with three differences, all resolved by the merge:
 
 * an outcome the worker found new has a provisional negative id, defined in
-  ``new_outcomes``; the merge numbers it in the store and maps it;
+  ``new_outcomes``; the merge numbers it in the store and maps it (a packed
+  row names its outcome by the function's own index ``k``, which
+  ``function_outcomes`` maps: the blobs are copied as they are);
 * a variant is named by its text (the store numbers names);
 * a counterexample has the shard's own id (the merge offsets it).
 
@@ -29,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import struct
 
 from ..errors import StoreError
 
@@ -38,9 +39,10 @@ CREATE TABLE instructions (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL, outcome INTEGER NOT NULL,
     reason TEXT, proof_us INTEGER NOT NULL, fresh INTEGER NOT NULL, sites INTEGER, answers TEXT, cex INTEGER,
     PRIMARY KEY (function, offset)) WITHOUT ROWID;
+CREATE TABLE packed (function INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE function_outcomes (
     function INTEGER NOT NULL, outcome INTEGER NOT NULL, n INTEGER NOT NULL, weak INTEGER NOT NULL,
-    PRIMARY KEY (function, outcome)) WITHOUT ROWID;
+    k INTEGER NOT NULL, PRIMARY KEY (function, outcome)) WITHOUT ROWID;
 CREATE TABLE variants (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL, outcome INTEGER NOT NULL, reason TEXT,
     PRIMARY KEY (function, offset, name)) WITHOUT ROWID;
@@ -83,12 +85,11 @@ class ShardWriter:
             db.executemany("INSERT OR IGNORE INTO new_outcomes VALUES (?,?,?,?,?,?,?,?)",
                            [(pid,) + tuple(outcome) + (reason,) for pid, outcome, reason in batch.outcomes])
             # Most rows have no instance reason, sites, answers or counterexample: they come packed,
-            # and struct.iter_unpack feeds them to SQLite without a Python object per row.
-            db.executemany("INSERT INTO instructions (function, offset, length, outcome, proof_us, fresh) "
-                           "VALUES (?,?,?,?,?,?)", struct.iter_unpack("<6q", batch.plain))
+            # one blob per function (``store.PACKED_ROW``), one SQLite row per function.
+            db.executemany("INSERT INTO packed VALUES (?,?)", batch.packed)
             db.executemany("INSERT INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?)",
                            [r[:9] + (None if r[9] is None else self._counterexample(db, r[9]),) for r in batch.full])
-            db.executemany("INSERT INTO function_outcomes VALUES (?,?,?,?)", batch.counts)
+            db.executemany("INSERT INTO function_outcomes VALUES (?,?,?,?,?)", batch.counts)
             db.executemany("INSERT INTO variants VALUES (?,?,?,?,?)", batch.variants)
             db.executemany("INSERT OR REPLACE INTO done VALUES (?,?)", [(f, config) for f in batch.functions])
             db.execute("COMMIT")
@@ -194,7 +195,7 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         done = _union(names, "done", "function")
         # Functions stored before (under another configuration, or by an earlier merge of these very
         # shards) lose their old rows first.
-        for table in ("instructions", "function_outcomes", "variants"):
+        for table in ("instructions", "packed", "function_outcomes", "variants"):
             db.execute(f"DELETE FROM main.{table} WHERE function IN (SELECT d.function FROM ({done}) d "
                        f"JOIN main.functions f ON f.id = d.function WHERE f.config IS NOT NULL)")
         rows = " UNION ALL ".join(
@@ -203,7 +204,9 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute("INSERT INTO main.instructions SELECT i.function, i.offset, i.length, coalesce(m.final, i.outcome), "
                    f"i.reason, i.proof_us, i.fresh, i.sites, i.answers, i.cex FROM ({rows}) i "
                    "LEFT JOIN temp.idmap m ON m.pid = i.outcome ORDER BY i.function, i.offset")
-        db.execute("INSERT INTO main.function_outcomes SELECT c.function, coalesce(m.final, c.outcome), c.n, c.weak "
+        db.execute(f"INSERT INTO main.packed SELECT function, data FROM ({_union(names, 'packed', '*')}) "
+                   "ORDER BY 1")
+        db.execute("INSERT INTO main.function_outcomes SELECT c.function, coalesce(m.final, c.outcome), c.n, c.weak, c.k "
                    f"FROM ({_union(names, 'function_outcomes', '*')}) c LEFT JOIN temp.idmap m ON m.pid = c.outcome "
                    "ORDER BY 1, 2")
         db.execute("INSERT INTO main.variants SELECT v.function, v.offset, n.id, coalesce(m.final, v.outcome), "

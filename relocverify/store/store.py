@@ -1,20 +1,25 @@
-"""The result store: one SQLite file, schema 2.
+"""The result store: one SQLite file, schema 3.
 
 Tables (integer keys throughout; ``schema.sql`` is the exact text):
 
-  meta             ``application = relocverify`` and ``schema = 2``: what makes a file a store
+  meta             ``application = relocverify`` and ``schema = 3``: what makes a file a store
   images           one row per image: sha256, path, format, symbol source
   runs             one row per run: configuration, versions, status, summary, pid and host
   functions        one row per function: start, size, name, section, its bytes, and the
                    configuration its rows were verified under (NULL: not yet verified)
   outcomes         (verdict, method, plan kind, rule, class, reason key) shared by all rows,
                    with the reason text of the first instruction that had it
-  instructions     one row per instruction, keyed by (function, offset): length, outcome,
-                   the instance reason only where it differs from its outcome's, the proof
-                   time in µs, fresh (proved for it in its run) or cached, the kernel site
+  packed           one row per function: its plain instructions (no site, no instance reason,
+                   no answers, no counterexample: nearly all of them) as one blob of
+                   ``PACKED_ROW`` records (offset, length, fresh, outcome index, proof µs);
+                   2.6 million instructions are 46 thousand rows to write and merge
+  instructions     the other instructions, one row each, keyed by (function, offset): length,
+                   outcome, the instance reason only where it differs from its outcome's, the
+                   proof time in µs, fresh (proved for it in its run) or cached, the kernel site
                    kinds (a bitmask over ``SITE_KINDS``), the decoders' answers where they
                    disagree (JSON), and a counterexample id
-  function_outcomes per function and outcome, how many instructions: the function table's
+  function_outcomes per function and outcome, how many instructions and the function's own
+                   index ``k`` of the outcome (what its packed rows name): the function table's
                    counts, and (indexed for the outcomes that are not proofs) the way from a
                    verdict and reason to the functions, then the instructions, that have it
   variants         for an instruction at a boot-patched site, each live variant's finding
@@ -45,6 +50,7 @@ import json
 import os
 import socket
 import sqlite3
+import struct
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -54,7 +60,7 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from . import shard
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Tables added to schema 2 without changing it (``CREATE ... IF NOT EXISTS``): a store written
 #: before them is still read, and gains them when first opened for writing.
@@ -146,6 +152,7 @@ class Store:
         self.readonly = readonly
         self._memo: dict = {}
         self._lock = None
+        self._outcomes: dict[int, tuple] | None = None
         if os.path.exists(path):
             try:
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
@@ -478,36 +485,86 @@ class Store:
             "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
 
     # -- queries ---------------------------------------------------------------------------
-    _ROW_SQL = ("SELECT f.start, i.offset, i.length, substr(f.bytes, i.offset + 1, i.length), f.name, f.start, "
-                "f.section, o.verdict, o.method, o.plan_kind, o.rule, o.klass, o.reason_key, "
-                "coalesce(i.reason, o.reason), i.proof_us, i.fresh, i.sites, i.answers, i.cex "
-                "FROM instructions i JOIN functions f ON f.id = i.function JOIN outcomes o ON o.id = i.outcome ")
+    # Full rows (a site, an instance reason, answers or a counterexample) are rows of ``instructions``;
+    # the others are packed, one blob per function (``PACKED_ROW``), their outcome named by the
+    # function's own index ``k`` in ``function_outcomes``.  Readers put the two together by offset.
+    _FULL_SQL = ("SELECT i.function, i.offset, i.length, i.outcome, i.reason, i.proof_us, i.fresh, i.sites, "
+                 "i.answers, i.cex FROM instructions i ")
 
-    @staticmethod
-    def _row(r) -> InstructionRow:
-        start = unsigned(r[0])
-        return InstructionRow(start + r[1], r[2], bytes(r[3]), r[4], unsigned(r[5]), r[6], r[7], r[8], r[9], r[10],
-                              r[11], r[12], r[13], r[14], bool(r[15]), site_kinds(r[16]), r[17], r[18])
+    def _outcome_fields(self, need: Iterable[int] = ()) -> dict[int, tuple]:
+        """outcome id -> (verdict, method, plan kind, rule, class, reason key, reason), read once per Store
+        and again when an id in ``need`` is new (a merge added outcomes)."""
+        if self._outcomes is None or any(o not in self._outcomes for o in need):
+            self._outcomes = {r[0]: tuple(r[1:]) for r in self.db.execute(
+                "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
+        return self._outcomes
+
+    def _rows_of(self, fid: int, start: int, name: str, section: str, code: bytes, packed: bytes | None,
+                 kmap: dict[int, int], full: list[tuple], only: frozenset[int] | None = None) -> list[InstructionRow]:
+        """The rows of one function in offset order: its packed rows and its full rows; with ``only``,
+        the rows whose outcome id is in it."""
+        outcomes = self._outcome_fields(list(kmap.values()) + [r[3] for r in full])
+        rows: list[tuple[int, InstructionRow]] = []
+        if packed:
+            for off, word, us in struct.iter_unpack(PACKED_ROW, packed):
+                n = word & 15
+                oid = kmap[word >> 5]
+                if only is not None and oid not in only:
+                    continue
+                o = outcomes[oid]
+                rows.append((off, InstructionRow(start + off, n, code[off:off + n], name, start, section, o[0], o[1],
+                                                 o[2], o[3], o[4], o[5], o[6], us, bool(word & 16), (), None, None)))
+        for _, off, n, oid, reason, us, fresh, sites, answers, cex in full:
+            if only is not None and oid not in only:
+                continue
+            o = outcomes[oid]
+            rows.append((off, InstructionRow(start + off, n, bytes(code[off:off + n]), name, start, section, o[0],
+                                             o[1], o[2], o[3], o[4], o[5], reason if reason is not None else o[6],
+                                             us, bool(fresh), site_kinds(sites), answers, cex)))
+        if packed and full:
+            rows.sort(key=lambda r: r[0])
+        return [r for _, r in rows]
+
+    def _functions_rows(self, where: str, args: tuple, only: frozenset[int] | None = None) -> Iterator[InstructionRow]:
+        """The rows of the functions ``SELECT ... FROM functions f WHERE <where>`` picks, in (start, name)
+        order: three index-backed scans (functions with their blobs, the outcome indexes, the full rows)."""
+        kmaps: dict[int, dict[int, int]] = {}
+        for fid, k, oid in self.db.execute("SELECT fo.function, fo.k, fo.outcome FROM function_outcomes fo "
+                                           f"JOIN functions f ON f.id = fo.function WHERE {where}", args):
+            kmaps.setdefault(fid, {})[k] = oid
+        full: dict[int, list[tuple]] = {}
+        for r in self.db.execute(self._FULL_SQL + f"JOIN functions f ON f.id = i.function WHERE {where} "
+                                 "ORDER BY i.function, i.offset", args):
+            full.setdefault(r[0], []).append(r)
+        for fid, start, name, section, code, packed in self.db.execute(
+                "SELECT f.id, f.start, f.name, f.section, f.bytes, p.data FROM functions f LEFT JOIN packed p "
+                f"ON p.function = f.id WHERE {where} ORDER BY f.start, f.name", args):
+            if packed is None and fid not in full:
+                continue
+            yield from self._rows_of(fid, unsigned(start), name, section, bytes(code), packed, kmaps.get(fid, {}),
+                                     full.get(fid, []), only)
 
     def instruction_at(self, image: int, address: int) -> InstructionRow | None:
-        """The instruction starting at ``address`` (functions table index, then the row's primary key)."""
+        """The instruction starting at ``address``: the functions that may hold it (the functions table's
+        index), the earliest-starting one with a row at that offset."""
         maxsize = self.db.execute("SELECT max(size) FROM functions WHERE image=?", (image,)).fetchone()[0] or 0
         lo, a = signed(address - maxsize), signed(address)
         if lo > a:  # wrapped below the signed range: the lower bound is meaningless
             lo = -(1 << 63)
-        r = self.db.execute(self._ROW_SQL + "WHERE f.image=? AND f.start BETWEEN ? AND ? "
-                            "AND i.offset = ? - f.start ORDER BY f.start LIMIT 1",
-                            (image, lo, a, a)).fetchone()
-        return None if r is None else self._row(r)
+        for fid, start in list(self.db.execute("SELECT id, start FROM functions WHERE image=? AND start BETWEEN ? AND ? "
+                                               "AND start + size > ? ORDER BY start, name", (image, lo, a, a))):
+            offset = a - start
+            for row in self.function_rows(fid):
+                if row.address - row.function_start == offset:
+                    return row
+        return None
 
     def iter_rows(self, image: int) -> Iterator[InstructionRow]:
-        """Every instruction of the image, in address order."""
-        for r in self.db.execute(self._ROW_SQL + "WHERE f.image=? ORDER BY f.start, i.offset", (image,)):
-            yield self._row(r)
+        """Every instruction of the image, in address order (functions by start, then name)."""
+        yield from self._functions_rows("f.image=?", (image,))
 
     def function_rows(self, function: int) -> list[InstructionRow]:
-        return [self._row(r) for r in self.db.execute(self._ROW_SQL + "WHERE i.function=? ORDER BY i.offset",
-                                                      (function,))]
+        return list(self._functions_rows("f.id=?", (function,)))
 
     def rows_with(self, image: int, verdict: str, reason_key: str | None = None) -> Iterator[InstructionRow]:
         """The instructions with a verdict (and reason key): outcome ids, then the
@@ -522,10 +579,9 @@ class Store:
             return
         marks = ",".join("?" * len(ids))
         weak = "AND fo.weak" if verdict != "proved" else ""  # the partial index holds only the weak outcomes
-        yield from (self._row(r) for r in self.db.execute(
-            self._ROW_SQL + f"WHERE i.function IN (SELECT fo.function FROM function_outcomes fo WHERE "
-            f"fo.outcome IN ({marks}) {weak}) AND i.outcome IN ({marks}) AND f.image=? ORDER BY f.start, i.offset",
-            (*ids, *ids, image)))
+        yield from self._functions_rows(
+            f"f.id IN (SELECT fo.function FROM function_outcomes fo WHERE fo.outcome IN ({marks}) {weak}) "
+            "AND f.image=?", (*ids, image), frozenset(ids))
 
     def variants_at(self, function: int, offset: int) -> list[tuple[str, str, str]]:
         """(variant name, verdict, reason) of each live variant of an instruction at a boot-patched site."""
@@ -611,12 +667,13 @@ class Store:
 class RowBatch:
     """Whole functions' results as a worker writes them (``shard.ShardWriter.write``).
 
-    ``plain`` packs the rows without an instance reason, sites, answers or counterexample as
-    little-endian int64 sextuples (function, offset, length, outcome, proof µs, fresh); ``full``
-    holds the other rows with every column; ``counts`` is (function, outcome, n, weak)."""
+    ``packed`` holds, per function, its rows without an instance reason, sites, answers or
+    counterexample as one blob of ``PACKED_ROW`` records; ``full`` holds the other rows with every
+    column; ``counts`` is (function, outcome, n, weak, k), ``k`` the function's own index of the
+    outcome that its packed rows use."""
 
     functions: list[int] = field(default_factory=list)
-    plain: bytes = b""
+    packed: list[tuple[int, bytes]] = field(default_factory=list)
     full: list[tuple] = field(default_factory=list)  # ... the last column a Counterexample (or None)
     counts: list[tuple] = field(default_factory=list)
     variants: list[tuple] = field(default_factory=list)  # (function, offset, variant name, outcome, reason)
@@ -624,9 +681,15 @@ class RowBatch:
     outcomes: list[tuple] = field(default_factory=list)  # (provisional id, outcome tuple, reason) new here
 
 
-#: The tables every schema-2 store has (``schema.sql``).
+#: A packed row (``packed.data``, one after another per function), three little-endian u32: the offset in
+#: the function; length | fresh << 4 | k << 5 (``k`` the function's index of its outcome in
+#: ``function_outcomes``); the proof time in µs (saturating).  12 bytes an instruction.
+PACKED_ROW = "<III"
+
+#: The tables every schema-3 store has (``schema.sql``).
 REQUIRED_TABLES = frozenset({"meta", "images", "configs", "runs", "functions", "outcomes", "counterexamples",
-                             "instructions", "function_outcomes", "variant_names", "variants", "replacements"})
+                             "instructions", "packed", "function_outcomes", "variant_names", "variants",
+                             "replacements"})
 
 
 class _WriterLock:
