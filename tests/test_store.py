@@ -87,6 +87,12 @@ def test_queries_by_address_function_verdict_and_the_function_table(small_store)
         opaque = list(store.rows_with(iid, "opaque"))
         assert [r.klass for r in opaque] == ["cpuid"]
         assert list(store.rows_with(iid, "proved", "proved by fast-path")) == [r for r in rows if r.verdict == "proved"]
+        by_function = {}
+        for r in rows:
+            by_function.setdefault((r.function_start, r.function), []).append(
+                (r.address - r.function_start, r.length, r.verdict, site_mask(r.sites) if r.sites else None))
+        assert [((start, name), rs) for _, start, name, _, rs in store.function_verdicts(iid)] == \
+            list(by_function.items())  # the packed and the full rows, as iter_rows gives them
         plan = store.db.execute("EXPLAIN QUERY PLAN SELECT function FROM function_outcomes WHERE outcome=? AND weak",
                                 (1,)).fetchall()
         assert "function_outcomes_weak" in str(plan)

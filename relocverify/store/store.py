@@ -544,6 +544,31 @@ class Store:
             yield from self._rows_of(fid, unsigned(start), name, section, bytes(code), packed, kmaps.get(fid, {}),
                                      full.get(fid, []), only)
 
+    def function_verdicts(self, image: int) -> Iterator[tuple[int, int, str, bytes, list[tuple]]]:
+        """Per function of the image with stored rows, in (start, name) order: (id, start, name, bytes,
+        [(offset, length, verdict, site mask or None)] by offset): what a pass over a whole image needs,
+        without an ``InstructionRow`` per instruction."""
+        verdict_of = {oid: o[0] for oid, o in self._outcome_fields().items()}
+        kmaps: dict[int, dict[int, int]] = {}
+        for fid, k, oid in self.db.execute("SELECT fo.function, fo.k, fo.outcome FROM function_outcomes fo "
+                                           "JOIN functions f ON f.id = fo.function WHERE f.image=?", (image,)):
+            kmaps.setdefault(fid, {})[k] = oid
+        full: dict[int, list[tuple]] = {}
+        for fid, off, n, oid, sites in self.db.execute(
+                "SELECT i.function, i.offset, i.length, i.outcome, i.sites FROM instructions i "
+                "JOIN functions f ON f.id = i.function WHERE f.image=?", (image,)):
+            full.setdefault(fid, []).append((off, n, verdict_of[oid], sites))
+        for fid, start, name, code, packed in self.db.execute(
+                "SELECT f.id, f.start, f.name, f.bytes, p.data FROM functions f LEFT JOIN packed p "
+                "ON p.function = f.id WHERE f.image=? ORDER BY f.start, f.name", (image,)):
+            if packed is None and fid not in full:
+                continue
+            kmap = kmaps.get(fid, {})
+            rows = [(off, word & 15, verdict_of[kmap[word >> 5]], None)
+                    for off, word, _ in struct.iter_unpack(PACKED_ROW, packed or b"")] + full.get(fid, [])
+            rows.sort(key=lambda r: r[0])
+            yield fid, unsigned(start), name, bytes(code), rows
+
     def instruction_at(self, image: int, address: int) -> InstructionRow | None:
         """The instruction starting at ``address``: the functions that may hold it (the functions table's
         index), the earliest-starting one with a row at that offset."""
