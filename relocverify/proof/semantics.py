@@ -72,7 +72,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class WayOut:
     """One way out of a piece of code: the state when control left it."""
 
     guard: object  # claripy Bool: the inputs that take this way out
@@ -501,7 +501,7 @@ def _loadg_convert(cvt: str, v):
 # ---------------------------------------------------------------------------
 
 
-def execute_original(world: World, raw: bytes, at: int) -> list[Outcome]:
+def execute_original(world: World, raw: bytes, at: int) -> list[WayOut]:
     """One instruction at ``at``.  Every way out is final, including a jump back to ``at`` (rep loops)."""
     irsb = lift(raw, at, max_inst=1)
     if irsb.size != len(raw):
@@ -511,7 +511,7 @@ def execute_original(world: World, raw: bytes, at: int) -> list[Outcome]:
     return [_finish(p, tgt, jk) for p, tgt, jk in outs]
 
 
-def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks: int = 32) -> list[Outcome]:
+def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks: int = 32) -> list[WayOut]:
     """The relocated code from ``tramp`` until control leaves ``[tramp, tramp+len)``.
 
     A concrete jump to ``tramp`` itself is the relocated instruction starting
@@ -521,7 +521,7 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
     end = tramp + len(code)
     interp = _Interp(world, tramp, code, tramp)
     work = [(tramp, _Path(claripy.true()))]
-    finals: list[Outcome] = []
+    finals: list[WayOut] = []
     blocks = 0
     while work:
         pc, path = work.pop()
@@ -548,11 +548,11 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
     return finals
 
 
-def _finish(p: _Path, target, jk: str) -> Outcome:
+def _finish(p: _Path, target, jk: str) -> WayOut:
     code = claripy.BVV(FAULT_CODES[FAULT_JUMPKINDS[jk]] if jk in FAULT_JUMPKINDS else 0, 8)
     for condition, fault in reversed(p.faults):
         code = claripy.If(condition, claripy.BVV(fault, 8), code)
-    return Outcome(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, tuple(p.events), code,
+    return WayOut(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, tuple(p.events), code,
                    tuple(p.insns))
 
 
@@ -600,7 +600,7 @@ def _current_flags(world: World, path: _Path, start_pc: int):
     return tuple(r[k:k] for k in (0, 2, 6, 7, 11))  # CF PF ZF SF OF
 
 
-def execute_effects(world: World, effects, at: int, tramp: int) -> list[Outcome]:
+def execute_effects(world: World, effects, at: int, tramp: int) -> list[WayOut]:
     """Run an emulate plan's effect program (see effects.py for its meaning)."""
     path = _Path(claripy.true())
     rsp_off = REG_BY_NAME["rsp"][0]

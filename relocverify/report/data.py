@@ -18,7 +18,7 @@ VERDICTS = ("proved", "opaque", "unknown", "rejected", "refuted")  # strongest f
 
 
 @dataclass(frozen=True)
-class Outcome:
+class StoredOutcome:
     id: int
     verdict: str
     method: str
@@ -40,9 +40,9 @@ def open_store(path: str) -> tuple[Store, int]:
     return store, image
 
 
-def outcomes(store: Store) -> dict[tuple, Outcome]:
+def outcomes(store: Store) -> dict[tuple, StoredOutcome]:
     """(verdict, method, plan kind, rule, class, reason key) -> the stored outcome."""
-    return {key: Outcome(oid, *key, reason) for key, (oid, reason) in store.outcome_ids_now().items()}
+    return {key: StoredOutcome(oid, *key, reason) for key, (oid, reason) in store.outcome_ids_now().items()}
 
 
 def outcome_key(row: InstructionRow) -> tuple:
