@@ -63,6 +63,7 @@ class ShardWriter:
     def __init__(self, path: str):
         self.path = path
         self.db: sqlite3.Connection | None = None
+        self._defined: set[int] = set()  # provisional outcome ids this shard defines already
 
     def _open(self) -> sqlite3.Connection:
         if self.db is None:
@@ -82,8 +83,9 @@ class ShardWriter:
         db = self._open()
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.executemany("INSERT OR IGNORE INTO new_outcomes VALUES (?,?,?,?,?,?,?,?)",
-                           [(pid,) + tuple(outcome) + (reason,) for pid, outcome, reason in batch.outcomes])
+            new = [(pid,) + tuple(outcome) + (reason,) for pid, outcome, reason in batch.outcomes
+                   if pid not in self._defined]
+            db.executemany("INSERT OR IGNORE INTO new_outcomes VALUES (?,?,?,?,?,?,?,?)", new)
             # Most rows have no instance reason, sites, answers or counterexample: they come packed,
             # one blob per function (``store.PACKED_ROW``), one SQLite row per function.
             db.executemany("INSERT INTO packed VALUES (?,?)", batch.packed)
@@ -96,6 +98,7 @@ class ShardWriter:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._defined.update(r[0] for r in new)
 
     @staticmethod
     def _counterexample(db: sqlite3.Connection, c) -> int:
