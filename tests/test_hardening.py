@@ -92,6 +92,9 @@ COMMANDS = [
     ("gate --corpus", ["gate", "--decoder", "iced", "--corpus", "{X}", "--baseline", "{OUT}.json",
                        "--update-baseline"], ()),
     ("gate --baseline", ["gate", "--decoder", "iced", "--corpus", CORPUS, "--baseline", "{X}"], ()),
+    ("audit", ["audit", "{X}", "--tracer", "kinst", "--db", "{OUT}.sqlite", "--no-progress", "--no-cache"], ()),
+    ("audit --system-map", ["audit", "{SMALL}", "--tracer", "kinst", "--system-map", "{X}", "--db",
+                            "{OUT}.sqlite", "--no-progress", "--no-cache"], ()),
     ("gate --image", ["gate", "--decoder", "iced", "--image", "{X}", "--baseline", "{OUT}.json",
                       "--update-baseline"], ()),
 ]

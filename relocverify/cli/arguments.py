@@ -100,16 +100,18 @@ def file_or_directory(text: str) -> str:
     return text if os.path.isdir(text) else input_file(text)
 
 
-def add_batch_options(parser, types: dict, summary_help: str) -> None:
-    """The options every batch command (vmlinux, elf, module, package) shares, said once."""
+def add_batch_options(parser, types: dict, summary_help: str, fail_on: bool = True) -> None:
+    """The options every batch command (vmlinux, elf, module, package, audit) shares, said once; ``fail_on``:
+    whether the command's exit code follows ``--fail-on`` verdicts (audit's follows its buckets)."""
     parser.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N",
                         help="worker processes (default: one per CPU)")
     parser.add_argument("--timeout", type=types["SECONDS"], default=10.0, metavar="S",
                         help="solver timeout per proof (default 10)")
     parser.add_argument("--summary-json", default=None, metavar="FILE", type=types["OUT_FILE"], help=summary_help)
-    parser.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}),
-                        metavar="VERDICT[,VERDICT...]",
-                        help="exit 1 when any instruction has one of these verdicts (default: refuted)")
+    if fail_on:
+        parser.add_argument("--fail-on", type=types["VERDICTS"], default=frozenset({"refuted"}),
+                            metavar="VERDICT[,VERDICT...]",
+                            help="exit 1 when any instruction has one of these verdicts (default: refuted)")
     parser.add_argument("--no-progress", action="store_true", help="print no progress on stderr")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="the persistent proof cache's directory (default: $RELOCVERIFY_PROOF_CACHE, else "

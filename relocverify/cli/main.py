@@ -154,6 +154,7 @@ IO = {
     "selftest": (("elf",), ("output",), ()),
     "show": (("source", "system_map"), (), ()),
     "export": (("store",), ("output",), ()),
+    "audit": (("image", "system_map"), ("db", "summary_json"), ()),
 }
 
 
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import selftest as selftest_command
 
     selftest_command.add_parser(sub, TYPES)
+    from . import audit as audit_command
+
+    audit_command.add_parser(sub, TYPES)
 
     return p
 

@@ -35,6 +35,7 @@ from importlib import resources
 from ..errors import InputError
 from ..store.store import SITE_KINDS, site_mask
 from . import baseline as baseline_mod
+from . import tracers as tracer_page
 from . import data, page
 from .listing import disassemble, plan_text
 from .sources import SourceNames
@@ -193,8 +194,11 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
         _write(out_dir, "data/meta.js", js_data("RV.meta", meta))
         _write(out_dir, "data/functions.js", js_data("RV.functions", table))
         provenance = _provenance(info, run, db)
-        _write(out_dir, "index.html", page.index_html(info, run, provenance, totals, sources.kind, text_bounds,
-                                                      comparison, TIME_BUCKETS))
+        index_html = page.index_html(info, run, provenance, totals, sources.kind, text_bounds, comparison,
+                                     TIME_BUCKETS)
+        if tracer_page.write_tracer_page(db, out_dir):  # the tracer audit's page, when the store has one
+            index_html = tracer_page.link(index_html)
+        _write(out_dir, "index.html", index_html)
         for name in ("report.js", "report.css"):
             with resources.files(__package__).joinpath("assets", name).open("rb") as src, \
                     open(os.path.join(out_dir, "assets", name), "wb") as dst:

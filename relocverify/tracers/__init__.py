@@ -1,0 +1,44 @@
+"""Tracer models: what kprobes, uprobes, kinst and fasttrap do with an instruction (optprobes: docs/audit.md).
+
+One module per tracer and version (``kprobes_6_1``, ``kprobes_6_12``, ``uprobes_6_1``, ...), over
+shared model code (``kprobes``, ``uprobes``, ...); ``history`` holds versions from before known
+fixes.  ``model.py`` says what a model answers; ``judge.py`` proves an answer; ``audit.py``
+buckets every instruction of an image per tracer.  Nothing below this package imports it.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ..errors import InputError
+
+#: name -> (module, attribute): the models ``relocverify audit --tracer`` knows.
+_MODELS = {
+    "kprobes@6.1": ("kprobes_6_1", "MODEL"),
+    "kprobes@6.12": ("kprobes_6_12", "MODEL"),
+    "uprobes@6.1": ("uprobes_6_1", "MODEL"),
+    "uprobes@6.12": ("uprobes_6_12", "MODEL"),
+    "kinst": ("kinst", "MODEL"),
+    "fasttrap": ("fasttrap", "MODEL"),
+}
+ALIASES = {"kprobes": "kprobes@6.1", "uprobes": "uprobes@6.1"}
+
+
+def names() -> list[str]:
+    from .history import HISTORY
+
+    return list(_MODELS) + list(HISTORY)
+
+
+def get_model(name: str):
+    """The model called ``name`` ('kprobes@6.1', 'kinst', a ``history`` version)."""
+    name = ALIASES.get(name, name)
+    if name in _MODELS:
+        module, attr = _MODELS[name]
+        return getattr(import_module(f"{__name__}.{module}"), attr)
+    from .history import HISTORY
+
+    if name in HISTORY:
+        return HISTORY[name]
+    raise InputError(f"no tracer model {name!r}; known: {', '.join(names())} (or audit an unmodelled tracer "
+                     f"with --tracer-cmd)")

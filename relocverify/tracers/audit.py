@@ -1,0 +1,407 @@
+"""The tracer audit: every instruction of an image in exactly one bucket per tracer.
+
+Buckets (``BUCKETS``), from the tracer's answer (``model.Answer``) and relocverify's own
+verdict for the same instruction (the store's row, plans and kernel sites included):
+
+  agree                    the tracer relocates or emulates, and its relocation is proved
+  tracer-wrong             the tracer relocates or emulates, and its relocation is refuted
+                           (a counterexample unicorn replays, and a replay command)
+  tracer-refuses-provable  the tracer refuses, and relocverify proves a plan for it
+  both-refuse              the tracer refuses, and relocverify has no proof either
+                           (its plan is rejected, unknown or opaque)
+  unknown                  the tracer relocates, and there is no verdict on it (solver unknown,
+                           opaque semantics, an answer the effects language cannot express,
+                           or an original our decoders do not agree on)
+
+How it scales: an instance key (``engine.keys``) determines the instruction's bytes (with the
+displacement and operand immediate zeroed only for instructions that fall through) and where
+every address it refers to lies from T.  A tracer model's answer depends on exactly those
+facts (its decisions read opcode, ModRM, SIB, prefixes and whether a target is in rel32 reach;
+the displacement and immediate values they do read only appear in branch and RIP-relative
+instructions, whose keys keep them as roles), so the answer's verdict is computed once per
+(tracer, key) and stands for every instance.  Three things are per instance and applied first:
+address blacklists (kernel sites), kprobes' ``can_probe`` walk, and a key whose target is A or
+A+len (``keys.per_instance``).  An instance whose kernel decoder length differs from ours is
+answered on its own too.  The proofs themselves are filed under ``proof.cache_key`` keys
+(``judge``): shared between tracers and with the engine's own plans.
+
+Outcomes per (tracer, key) are kept in ``tracers/`` in the proof-cache directory (``OutcomeMemo``), under
+the tools' cache tag and a digest of the tracer models' source, so a warm audit proves nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import marshal
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine.keys import KeyMaker, per_instance
+from ..proof.cache_key import cache_tag, reusable
+from ..proof.verdict import Verdict
+from ..store.cache import CachedProof, ProofCache
+from ..store.store import Store, site_kinds
+from ..x86.decode import decode
+from ..x86.instruction import Instruction
+from ..x86.registers import MASK64
+from . import linux_facts
+from .judge import proof_key, prove_answer
+from .model import Context, Refuse
+
+BUCKETS = ("agree", "tracer-wrong", "tracer-refuses-provable", "both-refuse", "unknown")
+EXAMPLES = 3  # instances kept per group
+_HEX = re.compile(r"0x[0-9a-f]+|\b[0-9a-f]{6,}\b")
+
+
+@dataclass(frozen=True)
+class TracerOutcome:
+    """A tracer's answer for one instruction (or one key), judged."""
+
+    kind: str  # 'refuse' | 'relocate' | 'emulate' | 'unmodelled' | 'undecodable'
+    verdict: str  # the proof's verdict for a relocating answer; '' for a refusal
+    reason: str
+    method: str
+    group: str  # what instances are grouped by in the summary
+    detail: str  # JSON: the answer, the source it cites, and a counterexample if refuted
+
+    def bucket(self, own: str) -> str:
+        if self.kind == "refuse":
+            return "tracer-refuses-provable" if own == "proved" else "both-refuse"
+        if self.verdict == "proved":
+            return "agree"
+        if self.verdict == "refuted":
+            return "tracer-wrong"
+        return "unknown"
+
+    def row(self) -> tuple:
+        return (self.kind, self.verdict, self.reason, self.method, self.group, self.detail)
+
+
+_NOT_MODELS = frozenset({"audit.py", "__init__.py"})  # bucketing and the registry: no outcome depends on them
+
+
+def models_digest() -> str:
+    """The tracer models' source: a change to any model invalidates its remembered outcomes."""
+    h = hashlib.sha256()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        if p.name not in _NOT_MODELS:
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class OutcomeMemo:
+    """``<cache>/tracers/``: one file per (tag, tracer) holding {instance key: outcome row} as a marshal
+    blob, written whole and atomically (``os.replace``); a file that does not load is ignored (its
+    outcomes are judged again).  Only ever read from the user's own cache directory."""
+
+    def __init__(self, directory: str | None):
+        self.directory = None if directory is None else os.path.join(directory, "tracers")
+        if self.directory is not None:
+            os.makedirs(self.directory, exist_ok=True)
+
+    def _path(self, tag: bytes, tracer: str) -> str:
+        return os.path.join(self.directory, hashlib.blake2b(tag + b"|" + tracer.encode(),
+                                                            digest_size=16).hexdigest() + ".marshal")
+
+    def load(self, tag: bytes, tracer: str) -> dict[bytes, tuple]:
+        if self.directory is None:
+            return {}
+        try:
+            with open(self._path(tag, tracer), "rb") as fh:
+                doc = marshal.load(fh)
+        except (OSError, ValueError, EOFError, TypeError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def save(self, tag: bytes, tracer: str, memo: dict[bytes, tuple]) -> None:
+        if self.directory is None:
+            return
+        path = self._path(tag, tracer)
+        partial = f"{path}.{os.getpid()}"
+        with open(partial, "wb") as fh:
+            marshal.dump(memo, fh)
+        os.replace(partial, path)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Tally:
+    """One tracer's counts: per bucket, per group within it, with a few instances each."""
+
+    instructions: int = 0
+    buckets: dict = field(default_factory=lambda: {b: 0 for b in BUCKETS})
+    groups: dict = field(default_factory=dict)  # (bucket, group) -> [count, detail, examples]
+
+    def add(self, bucket: str, outcome: TracerOutcome, count: int, examples: list) -> None:
+        self.instructions += count
+        self.buckets[bucket] += count
+        g = self.groups.get((bucket, outcome.group))
+        if g is None:
+            g = self.groups[(bucket, outcome.group)] = [0, outcome.detail, []]
+        g[0] += count
+        g[2].extend(examples[:EXAMPLES - len(g[2])])
+
+    def as_json(self) -> dict:
+        groups: dict[str, list] = {b: [] for b in BUCKETS}
+        for (bucket, group), (n, detail, examples) in sorted(self.groups.items(), key=lambda kv: -kv[1][0]):
+            groups[bucket].append({"group": group, "count": n, "detail": json.loads(detail),
+                                   "examples": [{"address": hex(a), "function": f"{fn}+{off:#x}", "bytes": raw or None}
+                                                for a, fn, off, raw in examples]})
+        return {"instructions": self.instructions, "buckets": dict(self.buckets),
+                "totals_add_up": sum(self.buckets.values()) == self.instructions, "groups": groups}
+
+
+class Auditor:
+    """Judges instructions for a set of tracer models at one trampoline address."""
+
+    def __init__(self, models: list, tramp: int, timeout_s: float = 10.0, cache_dir: str | None = None,
+                 rules=None):
+        self.models = models
+        self.tramp = tramp & MASK64
+        self.timeout_s = timeout_s
+        self.rules = rules
+        self.tag = cache_tag()
+        self.cache = ProofCache(cache_dir)
+        self.proofs: dict[bytes, CachedProof] = self.cache.proofs(self.tag)
+        self.new_proofs: dict[bytes, CachedProof] = {}
+        self.memo = OutcomeMemo(cache_dir)
+        digest = models_digest()
+        self.memo_tags = {m.name: self.tag + f"|{m.name}|{getattr(m, 'version_tag', digest)}".encode()
+                          for m in models}
+        self.outcomes = {m.name: self.memo.load(self.memo_tags[m.name], m.name) for m in models}
+        self.verdicts: dict[bytes, tuple] = self.memo.load(self.tag + b"|obligations", "obligations")
+        self.verdicts_known = len(self.verdicts)
+        self.walks: dict[str, dict] = {}
+        self.walks_changed: set[str] = set()
+        self.counts = {"keys_judged": 0, "proofs_made": 0, "proofs_shared": 0, "per_instance": 0}
+
+    def walk(self, spec: str, data: bytes, start: int, offsets: list[int]) -> frozenset[int]:
+        """The offsets of a function that kprobes' can_probe walk (``linux_facts.boundaries``) does not
+        reach, remembered by the function's bytes and start (a warm audit decodes nothing)."""
+        memo = self.walks.get(spec)
+        if memo is None:
+            memo = self.walks[spec] = self.memo.load(self.tag + b"|walk|" + spec.encode(), "walks")
+        k = hashlib.blake2b(data, digest_size=12).digest() + start.to_bytes(8, "little")
+        hit = memo.get(k)
+        if hit is None:
+            reached = linux_facts.boundaries(spec, data, offsets)
+            hit = memo[k] = tuple(o for o in offsets if o not in reached)
+            self.walks_changed.add(spec)
+        return frozenset(hit)
+
+    def close(self) -> None:
+        if len(self.verdicts) != self.verdicts_known:
+            self.memo.save(self.tag + b"|obligations", "obligations", self.verdicts)
+        for spec in self.walks_changed:
+            self.memo.save(self.tag + b"|walk|" + spec.encode(), "walks", self.walks[spec])
+        for m in self.models:
+            self.memo.save(self.memo_tags[m.name], m.name, self.outcomes[m.name])
+        if self.new_proofs:
+            self.cache.add(self.tag, {}, self.new_proofs)
+        self.memo.close()
+        self.cache.close()
+
+    # -- one instruction -----------------------------------------------------------------
+    def judge(self, model, stream: bytes, address: int, context: Context) -> TracerOutcome:
+        """The outcome of ``model`` for the instruction at the start of ``stream``."""
+        insn = decode(stream, address)
+        if not isinstance(insn, Instruction):
+            return TracerOutcome("undecodable", "unknown", f"relocverify's decoders: {insn.reason}", "",
+                                 "our decoders do not agree on the original", json.dumps({"reason": insn.reason}))
+        answer = model.answer(insn, self.tramp, Context(context.boundary, context.sites, context.function,
+                                                        stream[:15]))
+        if isinstance(answer, Refuse):
+            return TracerOutcome("refuse", "", answer.reason, "", _HEX.sub("N", answer.reason),
+                           json.dumps({"answer": answer.as_json()}))
+        key = proof_key(insn, answer, self.tramp, self.rules)
+        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
+        cex = None
+        same = _obligation(insn, answer, self.tramp)
+        seen = self.verdicts.get(same)
+        if hit is not None:
+            self.counts["proofs_shared"] += 1
+            verdict, reason, method = hit.verdict, hit.reason, hit.method
+        elif seen is not None:  # this very obligation was judged before (another tracer, another model version)
+            self.counts["proofs_shared"] += 1
+            verdict, reason, method, cex_json = seen
+            cex = json.loads(cex_json) if cex_json else None
+        else:
+            t0 = time.perf_counter()
+            result = prove_answer(insn, answer, self.tramp, self.timeout_s)
+            self.counts["proofs_made"] += 1
+            verdict, reason, method = result.verdict.value, result.reason, result.method
+            if key is not None and reusable(key, result):
+                self.new_proofs[key] = CachedProof(verdict, reason, method,
+                                                   max(1, int((time.perf_counter() - t0) * 1e6)))
+            if result.counterexample is not None and result.verdict is Verdict.REFUTED:
+                cex = result.counterexample.as_json()
+            if result.method not in ("timeout", "error"):
+                self.verdicts[same] = (verdict, reason, method, json.dumps(cex) if cex else "")
+        group = _group(insn, answer, verdict, reason, cex)
+        detail = {"answer": answer.as_json(), "original": insn.text, "bytes": insn.raw.hex(),
+                  "address": hex(insn.address), "tramp": hex(self.tramp), "reason": reason}
+        if cex is not None:
+            detail["counterexample"] = cex
+        return TracerOutcome(answer.kind, verdict, reason, method, group, json.dumps(detail))
+
+    def outcome(self, model, key: bytes, stream: bytes, address: int, context: Context, length: int) -> TracerOutcome:
+        """``judge`` through the per-key memo (instances that cannot share a key are judged alone)."""
+        site = model.site_refusal(context)
+        if site is not None:
+            return TracerOutcome("refuse", "", site.reason, "", site.reason, json.dumps({"answer": site.as_json()}))
+        memo = self.outcomes[model.name]
+        if context.boundary is False:  # judged alone: the walk's answer is the instance's
+            key = b"B" + address.to_bytes(8, "little") + key
+        elif per_instance(key):  # a target at A or A+len: no key stands for its instances
+            key = b"I" + address.to_bytes(8, "little") + key
+        row = memo.get(key)
+        if row is not None:
+            return TracerOutcome(*row)
+        reads_past = getattr(model, "reads_past", None)
+        if key[:1] not in (b"B", b"I") and reads_past is not None and reads_past(stream[:length]):
+            key = b"P" + address.to_bytes(8, "little") + stream + key  # an answer from the bytes after it
+            row = memo.get(key)
+            if row is not None:
+                return TracerOutcome(*row)
+        elif key[:1] not in (b"B", b"I") and self._length_differs(model, stream, address):
+            # the tracer's decoder reads another length: its answer may depend on the bytes after ours
+            key = b"L" + stream + key
+            row = memo.get(key)
+            if row is not None:
+                return TracerOutcome(*row)
+        out = self.judge(model, stream, address, context)
+        self.counts["per_instance" if key[:1] in (b"B", b"I", b"L", b"P") else "keys_judged"] += 1
+        memo[key] = out.row()
+        return out
+
+    @staticmethod
+    def _length_differs(model, stream: bytes, address: int) -> bool:
+        spec = getattr(model, "decoder", None)
+        if not spec:
+            return False
+        ours = decode(stream, address)
+        d = linux_facts.insn_of(spec.split("@", 1)[1], stream[:15])
+        return not d.ok or not isinstance(ours, Instruction) or d.length != ours.length
+
+
+def _obligation(insn: Instruction, answer, tramp: int) -> bytes:
+    """The proof obligation itself: the original's bytes at A, and what runs from T.  The same
+    obligation under the same tools (the memo's tag) has the same verdict, whichever tracer or model
+    version produced it."""
+    doc = answer.as_json()
+    body = json.dumps({k: doc.get(k) for k in ("kind", "code", "tracer_memory", "effects", "reason")},
+                      sort_keys=True).encode()
+    return hashlib.blake2b(insn.raw + insn.address.to_bytes(8, "little") + tramp.to_bytes(8, "little") + body,
+                           digest_size=20).digest()
+
+
+def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | None) -> str:
+    cite = answer.cite.function
+    if verdict == "refuted":
+        what = ",".join(sorted({re.sub(r"\[.*\]", "[]", d["what"]) for d in (cex or {}).get("differences", [])}))
+        return f"{insn.opname} via {cite}: differs in {what or 'an obligation'}"
+    if verdict == "proved":
+        return f"{answer.kind} ({cite})"
+    return f"{insn.opname} via {cite}: {_HEX.sub('N', reason)[:120]}"
+
+
+# -- a whole image ------------------------------------------------------------------------
+
+def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, limit: int | None = None,
+                progress=None) -> dict:
+    """Every stored instruction of the image, bucketed per tracer; the summary's ``tracers``.
+
+    Two passes: the first groups the instructions into *cases*, the facts a bucket depends on
+    (instance key, relocverify's own verdict, kernel site kinds, kprobes' boundary walk, and the
+    address itself where a key cannot stand for its instances), counting each and keeping a
+    few instances; the second judges each case once per tracer.  Every instruction is in
+    exactly one case, so the buckets add up to the instructions by construction, and the
+    summary checks that they do."""
+    t0 = time.monotonic()
+    store = Store(store_path, readonly=True)
+    try:
+        image_id = image_id if image_id is not None else store.find_image()
+        functions = list(store.function_verdicts(image_id))
+    finally:
+        store.close()
+    if limit is not None:
+        functions = functions[:limit]
+    km = KeyMaker(auditor.tramp)
+    walkers = sorted({m.decoder.split("@", 1)[1] for m in auditor.models
+                      if getattr(m, "needs_boundary", False) and m.decoder})
+    readers = [m.reads_past for m in auditor.models if hasattr(m, "reads_past")]
+    total = sum(len(r) for *_, r in functions)
+    cases: dict[tuple, list] = {}
+    done = 0
+    step = max(1, total // 100)
+    next_say = step
+    for fid, start, name, data, rows in functions:
+        keys = {off: key for off, _, key in km.keys(data, start)}
+        off_walk = tuple(auditor.walk(spec, data, start, [r[0] for r in rows]) for spec in walkers)
+        for off, n, own, mask in rows:
+            key = keys.get(off)
+            if key is None:
+                key = keys[off] = km.key(data[off:off + n], start + off)
+            bnd = tuple(off not in bad for bad in off_walk)
+            alone = per_instance(key) or False in bnd or any(rp(data[off:off + n]) for rp in readers)
+            case = (key, own, mask, bnd, start + off if alone else None)
+            c = cases.get(case)
+            if c is None:
+                cases[case] = [1, [(start + off, name, off, n)], data[off:off + 15]]
+            else:
+                c[0] += 1
+                if len(c[1]) < EXAMPLES:
+                    c[1].append((start + off, name, off, n))
+        done += len(rows)
+        if progress is not None and done >= next_say:
+            progress("survey", done, total)
+            next_say = done + step
+    t1 = time.monotonic()
+    for m in auditor.models:
+        if hasattr(m, "prefetch"):  # a command answers in batches: ask about every case it lacks
+            memo = auditor.outcomes[m.name]
+            m.prefetch([((c[1][0][0]) & MASK64, auditor.tramp, c[2][:c[1][0][3]]) for (key, *_), c in cases.items()
+                        if key not in memo])
+    tallies = {m.name: Tally() for m in auditor.models}
+    sites_of: dict = {}
+    for k, (case, (count, examples, stream)) in enumerate(cases.items()):
+        key, own, mask, bnd, _ = case
+        sites = sites_of.get(mask)
+        if sites is None:
+            sites = sites_of[mask] = site_kinds(mask)
+        address, name = examples[0][0] & MASK64, examples[0][1]
+        for m in auditor.models:
+            boundary = bnd[walkers.index(m.decoder.split("@", 1)[1])] if walkers and getattr(
+                m, "needs_boundary", False) else None
+            out = auditor.outcome(m, key, stream, address, Context(boundary, sites, name), examples[0][3])
+            tallies[m.name].add(out.bucket(own), out, count,
+                                [(a & MASK64, fn, off, stream[:n].hex() if j == 0 else "") for j, (a, fn, off, n)
+                                 in enumerate(examples)])
+        if progress is not None and k % 1000 == 0:
+            progress("judge", k, len(cases))
+    return {"instructions": total, "functions": len(functions), "tramp": hex(auditor.tramp), "cases": len(cases),
+            "tracers": {name: t.as_json() | {"source": _source_of(auditor, name)} for name, t in tallies.items()},
+            "counts": dict(auditor.counts),
+            "phases": {"survey_s": round(t1 - t0, 3), "judge_s": round(time.monotonic() - t1, 3)},
+            "wall_s": round(time.monotonic() - t0, 3)}
+
+
+def _source_of(auditor: Auditor, name: str) -> str:
+    return next((getattr(m, "source", "") for m in auditor.models if m.name == name), "")
+
+
+def summary_path(store_path: str) -> str:
+    """Where an audit's summary is kept: beside its store (the report's tracer page reads it)."""
+    return store_path + ".audit.json"
+
+
+def save_summary(store_path: str, summary: dict) -> None:
+    from ..outputs import write_atomic
+
+    write_atomic(summary_path(store_path), json.dumps(summary, indent=1))

@@ -1,0 +1,145 @@
+"""An unmodelled tracer behind a command (``relocverify audit --tracer-cmd CMD``).
+
+The protocol (docs/audit.md has an example tracer).  The command reads lines on stdin:
+
+    ADDR_HEX TRAMP_HEX BYTES_HEX
+
+(the instruction's address A, the slot's address T, and the instruction's bytes), and writes one
+line per input line, in order:
+
+    refuse REASON          the tracer does not probe there (REASON: free text, one line)
+    reloc CODE_HEX         the bytes that run from T instead of the instruction, the tracer's jump
+                           back included (its fixups after a single-step written as that jump)
+
+Process hygiene is ``x86.decoders.external.ExternalAdapter``'s (its own process group, a
+deadline per answer, bounded lines, no more answers than inputs, stderr drained and its tail
+kept, a stalling or flooding or dying command killed and reported as one ``InputError``).
+A line that is neither form is the tracer's answer "unknown" with the reason.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+
+from ..errors import InputError
+from ..x86.decoders.external import STDERR_TAIL, ExternalAdapter
+from ..x86.instruction import Instruction
+from .model import NO_CONTEXT, Answer, Cite, Context, Refuse, Relocate, Unmodelled
+
+BATCH = 4096
+MAX_CODE = 256
+
+
+def parse_answer(line: str, cite: Cite) -> Answer:
+    word, _, rest = line.strip().partition(" ")
+    if word == "refuse":
+        return Refuse(rest.strip() or "(no reason given)", cite)
+    if word == "reloc":
+        try:
+            code = bytes.fromhex(rest.strip())
+        except ValueError:
+            return Unmodelled(f"protocol: reloc bytes are not hex: {rest[:60]!r}", cite)
+        if not 0 < len(code) <= MAX_CODE:
+            return Unmodelled(f"protocol: reloc must be 1..{MAX_CODE} bytes, got {len(code)}", cite)
+        return Relocate(code, code, "as the command answered", cite)
+    return Unmodelled(f"protocol: expected 'refuse REASON' or 'reloc HEX', got {line[:60]!r}", cite)
+
+
+class ExternalTracer:
+    """A tracer answered by a command, in batches (``prefetch``), each answer remembered."""
+
+    decoder = None
+    needs_boundary = False
+
+    def __init__(self, command: str, answer_seconds: float = 10.0):
+        self.command = command
+        self.name = f"cmd:{command}"
+        self.source = f"--tracer-cmd {command}"
+        self.version_tag = command
+        self.cite = Cite(f"--tracer-cmd {command}", "its answer")
+        self._process = _Process(command, answer_seconds)
+        self._answers: dict[tuple[int, int, bytes], Answer] = {}
+
+    def site_refusal(self, context: Context) -> Refuse | None:
+        return None
+
+    def prefetch(self, items: list[tuple[int, int, bytes]]) -> None:
+        """Ask the command about (A, T, bytes) items it was not asked yet, ``BATCH`` a process."""
+        todo = list(dict.fromkeys(i for i in items if i not in self._answers))
+        for k in range(0, len(todo), BATCH):
+            chunk = todo[k:k + BATCH]
+            for item, line in zip(chunk, self._process.ask(chunk)):
+                self._answers[item] = parse_answer(line, self.cite)
+
+    def answer(self, insn: Instruction, tramp: int, context: Context = NO_CONTEXT) -> Answer:
+        item = (insn.address, tramp, insn.raw)
+        if item not in self._answers:
+            self.prefetch([item])
+        return self._answers[item]
+
+
+class _Process(ExternalAdapter):
+    """ExternalAdapter's process handling, for the tracer protocol's lines."""
+
+    def __init__(self, command: str, answer_seconds: float):
+        super().__init__(command, "tracer", answer_seconds)
+
+    def ask(self, items: list[tuple[int, int, bytes]]) -> list[str]:
+        text = "".join(f"{a:x} {t:x} {raw.hex()}\n" for a, t, raw in items)
+        try:
+            argv = shlex.split(self.command)
+        except ValueError as e:
+            raise InputError(f"--tracer-cmd {self.command!r} is not a command line: {e}") from None
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as e:
+            raise InputError(f"--tracer-cmd {self.command!r} cannot be started: {e.strerror or e}") from None
+        tail = _Tail(proc.stderr)
+        threading.Thread(target=_feed, args=(proc, text.encode()), daemon=True).start()
+        try:
+            lines = self._answers(proc, len(items), tail)
+            rc = proc.wait(timeout=self.answer_seconds)
+        except subprocess.TimeoutExpired:
+            self._stop(proc)
+            raise InputError(f"--tracer-cmd {self.command!r} answered every input but did not exit within "
+                             f"{self.answer_seconds:g} s: killed") from None
+        except InputError as e:  # the adapter's messages name its own option
+            raise InputError(str(e).replace("--decoder-cmd", "--tracer-cmd")) from None
+        finally:
+            if proc.poll() is None:
+                self._stop(proc)
+            tail.join()
+        if rc != 0:
+            raise InputError(f"--tracer-cmd {self.command!r} exited {rc} after {len(lines)} answers for "
+                             f"{len(items)} inputs: {tail.text() or 'no message'}")
+        return lines
+
+
+class _Tail(threading.Thread):
+    """Drains the command's stderr, keeping its last ``STDERR_TAIL`` bytes (as the decoder adapter does)."""
+
+    def __init__(self, pipe) -> None:
+        super().__init__(daemon=True)
+        self.pipe, self.data = pipe, b""
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for chunk in iter(lambda: self.pipe.read1(65536), b""):
+                self.data = (self.data + chunk)[-STDERR_TAIL:]
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        return " ".join(self.data.decode("utf-8", "replace").split())[-200:]
+
+
+def _feed(proc, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass

@@ -1,0 +1,94 @@
+"""A tracer's answer, judged: the proof of its relocation, and the key that proof is shared under.
+
+A tracer's relocation is keyed exactly as the engine keys its own plans (``proof.cache_key``):
+the relocated bytes (or the effect program) with every address-valued field zeroed, and the
+role of each field's value.  So the same relocated bytes get the same proof, whichever tracer
+made them, and a tracer relocation byte-identical to relocverify's own plan (kprobes copying a
+position-independent instruction and jumping back with rel32, as our ``copy`` plan does) takes
+the proof the engine stored for that plan, and the other way round.  Only what
+``cache_key.reusable`` allows is kept under a shared key (copies: any verdict; other shapes:
+fast-path proofs).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+
+from ..plan.plan import Plan, PlanKind, make_plan
+from ..proof.cache_key import cache_key
+from ..proof.verdict import ProofResult, Verdict
+from ..x86.encoding import jump
+from ..x86.instruction import Instruction
+from .model import Answer, Emulate, Refuse, Relocate, Unmodelled
+
+WATCHDOG_MARGIN_S = 1.0
+
+
+def plan_of(insn: Instruction, answer: Answer, tramp: int, rules=None) -> Plan | None:
+    """The answer as a ``Plan`` for ``cache_key``: our own plan itself when the bytes are the same."""
+    if isinstance(answer, Emulate):
+        return Plan(PlanKind.EMULATE, "tracer", "", insn.address, insn.length, tramp, effects=answer.effects)
+    if not isinstance(answer, Relocate):
+        return None
+    memory = ((tramp, len(answer.code)),) + answer.tracer_memory
+    if answer.code == insn.raw + jump(tramp + insn.length, insn.end) and not answer.tracer_memory:
+        return Plan(PlanKind.COPY, "tracer", "", insn.address, insn.length, tramp, answer.code, tracer_memory=memory)
+    own = make_plan(insn, tramp, rules)
+    if own.kind in (PlanKind.COPY, PlanKind.REWRITE) and own.trampoline == answer.code \
+            and own.tracer_memory == memory:
+        return own
+    return Plan(PlanKind.REWRITE, "tracer", "", insn.address, insn.length, tramp, answer.code, tracer_memory=memory)
+
+
+def proof_key(insn: Instruction, answer: Answer, tramp: int, rules=None) -> bytes | None:
+    plan = plan_of(insn, answer, tramp, rules)
+    return None if plan is None else cache_key(insn, plan)
+
+
+def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float = 10.0) -> ProofResult | None:
+    """The verdict on a relocating answer (None for a refusal), under a watchdog: anything that
+    hangs past the solver's timeout is ``unknown``."""
+    if isinstance(answer, Refuse):
+        return None
+    if isinstance(answer, Unmodelled):
+        return ProofResult(Verdict.UNKNOWN, f"not modelled: {answer.reason}", "unmodelled")
+    from ..proof.prove import prove_effects, prove_relocation
+
+    t0 = time.perf_counter()
+    try:
+        with _watchdog(timeout_s + WATCHDOG_MARGIN_S):
+            if isinstance(answer, Emulate):
+                return prove_effects(insn, answer.effects, tramp, timeout_ms=int(timeout_s * 1000))
+            return prove_relocation(insn, answer.code, tramp, timeout_ms=int(timeout_s * 1000),
+                                    tracer_memory=answer.tracer_memory)
+    except _Timeout:
+        return ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {timeout_s:g} s", "timeout",
+                           seconds=time.perf_counter() - t0)
+    except Exception as exc:  # a bug in a third-party library must not stop an audit
+        return ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}"[:300], "error",
+                           seconds=time.perf_counter() - t0)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _raise(signum, frame):
+    raise _Timeout()
+
+
+@contextmanager
+def _watchdog(seconds: float):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -1,0 +1,61 @@
+"""The kernel's own decoder (``x86.decoders.linux_insn``) as the Linux tracer models see it.
+
+kprobes, optprobes and uprobes branch on ``struct insn`` as ``insn_decode()`` fills it:
+the opcode bytes, ModRM, the immediate's size and value, ``addr_bytes``, the REX prefix,
+``insn_rip_relative()`` and ``insn_has_emulate_prefix()``.  ``insn_of`` gives exactly those
+facts (``linux_insn.Decoded``) for the bytes at an address, from the decoder built out of the
+same kernel's source as the model (``linux-insn@6.1`` for the 6.1 models).
+
+``boundaries`` is kprobes' ``can_probe`` walk over a whole function: the offsets
+``insn_decode_kernel`` reaches from the function's start, decoded in one batch.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..x86.decoders import linux_insn
+
+MAX_INSN = 15
+
+
+@lru_cache(maxsize=4)
+def _adapter(spec: str):
+    return linux_insn.cached_adapter(linux_insn.PREFIX + spec)
+
+
+@lru_cache(maxsize=200_000)
+def insn_of(spec: str, stream: bytes) -> linux_insn.Decoded:
+    """``insn_decode(stream, 64-bit)`` of the kernel ``spec`` ('6.1', '6.12')."""
+    return _adapter(spec).decode_detail([stream[:MAX_INSN]])[0]
+
+
+def legacy_prefixes(d: linux_insn.Decoded, stream: bytes) -> bytes:
+    start = d.emulate_prefix
+    return stream[start:start + d.prefixes]
+
+
+def rex_byte(d: linux_insn.Decoded, stream: bytes) -> int:
+    return stream[d.emulate_prefix + d.prefixes] if d.rex == 1 else 0
+
+
+def boundaries(spec: str, data: bytes, offsets: list[int]) -> frozenset[int]:
+    """The offsets of ``data`` (a function's bytes) that kprobes' ``can_probe`` walk reaches:
+    ``addr += insn.length`` from the start, stopping where ``insn_decode_kernel`` fails.
+
+    ``offsets`` are where our decode puts the instructions; they are asked in one batch, and the
+    walk follows them while the kernel's lengths agree, decoding on its own after the first
+    disagreement."""
+    ad = _adapter(spec)
+    facts = ad.decode_many([(o, data[o:o + MAX_INSN]) for o in offsets])
+    reached: set[int] = set()
+    pos = 0
+    index = {o: i for i, o in enumerate(offsets)}
+    while pos < len(data):
+        i = index.get(pos)
+        f = facts[i] if i is not None else ad.decode_many([(pos, data[pos:pos + MAX_INSN])])[0]
+        if not f.ok or not f.length:
+            break
+        reached.add(pos)
+        pos += f.length
+    return frozenset(reached)
