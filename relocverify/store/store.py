@@ -158,13 +158,25 @@ class Store:
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
             except InputError as exc:
                 raise StoreError(str(exc)) from None
-        exists = os.path.exists(path) and os.path.getsize(path) > 0
-        if readonly and not exists:
+        if readonly and not (os.path.exists(path) and os.path.getsize(path) > 0):
             raise StoreError(f"{path}: no such store")
-        if exists:
-            self._check_foreign(path)
+        had_lock_file = os.path.exists(path + ".lock")
         if not readonly:
+            # the lock first: another writer may be creating this very store, and until it is done the
+            # file looks like nobody's SQLite file; the second writer is told the store is busy
             self._lock = _WriterLock.acquire(path)
+        exists = os.path.exists(path) and os.path.getsize(path) > 0
+        if exists:
+            try:
+                self._check_foreign(path)
+            except StoreError:
+                self._release()
+                if not had_lock_file and not readonly:
+                    try:  # leave another program's file as we found it: no lock file beside it
+                        os.remove(path + ".lock")
+                    except OSError:
+                        pass
+                raise
         try:
             uri = f"file:{path}?mode=ro" if readonly else path
             self.db = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=readonly)
