@@ -39,6 +39,12 @@ class Verdict(str, Enum):
         """0 for the strongest claim (proved) .. 4 for the weakest (refuted)."""
         return _RANK[self]
 
+    def __str__(self) -> str:  # printed and formatted as its name in every output ("proved")
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 _RANK = {v: i for i, v in enumerate(Verdict)}
 

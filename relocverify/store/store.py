@@ -58,6 +58,7 @@ from typing import Iterable, Iterator
 
 from ..errors import InputError, StoreError
 from ..inputs import input_file
+from ..proof.verdict import Verdict
 from . import shard
 
 SCHEMA_VERSION = 3
@@ -121,7 +122,7 @@ class FunctionRecord:
 
 @dataclass(frozen=True)
 class InstructionRow:
-    """One stored instruction, joined with its function and outcome."""
+    """One stored instruction, joined with its function and outcome (its verdict a ``Verdict``)."""
 
     address: int
     length: int
@@ -129,7 +130,7 @@ class InstructionRow:
     function: str
     function_start: int
     section: str
-    verdict: str
+    verdict: Verdict
     method: str
     plan_kind: str
     rule: str
@@ -507,7 +508,7 @@ class Store:
         """outcome id -> (verdict, method, plan kind, rule, class, reason key, reason), read once per Store
         and again when an id in ``need`` is new (a merge added outcomes)."""
         if self._outcomes is None or any(o not in self._outcomes for o in need):
-            self._outcomes = {r[0]: tuple(r[1:]) for r in self.db.execute(
+            self._outcomes = {r[0]: (Verdict(r[1]),) + tuple(r[2:]) for r in self.db.execute(
                 "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
         return self._outcomes
 
