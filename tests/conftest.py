@@ -83,3 +83,35 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def ensure_linux_source(version: str) -> None:
+    """/usr/src/linux-source-VERSION.tar.xz (the kernel's insn decoder and the tracers' decision code
+    are built from it), installed with apt-get when missing, as the report tests' Chromium is; a skip
+    with the reason only when it cannot be installed here."""
+    import shutil
+    import subprocess
+
+    from relocverify.x86.decoders import linux_insn
+
+    tarball = linux_insn.PACKAGE_TARBALL.format(version=version)
+    if os.path.isfile(tarball):
+        return
+    package = f"linux-source-{version}"
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip(f"{tarball} is missing and cannot be installed here (not root): apt-get install {package}")
+    why = ""
+    for command in (["apt-get", "install", "-y", "-qq", package],
+                    ["sh", "-c", f"apt-get update -qq && apt-get install -y -qq {package}"]):
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if os.path.isfile(tarball):
+            return
+        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+    pytest.skip(f"cannot install {package}: {why}")
+
+
+@pytest.fixture(scope="session")
+def linux_sources():
+    """Both Debian kernel source packages the Linux tracer models and linux-insn are built from."""
+    for version in ("6.1", "6.12"):
+        ensure_linux_source(version)

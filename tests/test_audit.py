@@ -21,6 +21,12 @@ from relocverify.tracers.judge import proof_key, prove_answer
 from relocverify.tracers.model import Context, Emulate, Refuse, Relocate, Unmodelled
 from relocverify.x86.decode import decode
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _sources(linux_sources):
+    """The Linux models decode with the kernel's own decoder, built from the source packages."""
+
+
 ROOT = Path(__file__).resolve().parent.parent
 A = 0xFFFFFFFF81234560
 T = DEFAULT_TRAMP

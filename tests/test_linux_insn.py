@@ -30,21 +30,9 @@ A = 0xFFFFFFFF81234560
 
 
 def _ensure_source(version: str) -> None:
-    """/usr/src/linux-source-VERSION.tar.xz, installed with apt-get when missing (as root); else a skip."""
-    tarball = linux_insn.PACKAGE_TARBALL.format(version=version)
-    if os.path.isfile(tarball):
-        return
-    package = f"linux-source-{version}"
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip(f"{tarball} is missing and cannot be installed here (not root): apt-get install {package}")
-    why = ""
-    for command in (["apt-get", "install", "-y", "-qq", package],
-                    ["sh", "-c", f"apt-get update -qq && apt-get install -y -qq {package}"]):
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if os.path.isfile(tarball):
-            return
-        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-    pytest.skip(f"cannot install {package}: {why}")
+    from conftest import ensure_linux_source
+
+    ensure_linux_source(version)
 
 
 @pytest.fixture(scope="module")
