@@ -19,12 +19,7 @@ A line that is neither form is the tracer's answer "unknown" with the reason.
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import threading
-
-from ..errors import InputError
-from ..x86.decoders.external import STDERR_TAIL, ExternalAdapter
+from ..x86.decoders.external import ExternalAdapter
 from ..x86.instruction import Instruction
 from .model import NO_CONTEXT, Answer, Cite, Context, Refuse, Relocate, Unmodelled
 
@@ -81,65 +76,12 @@ class ExternalTracer:
 
 
 class _Process(ExternalAdapter):
-    """ExternalAdapter's process handling, for the tracer protocol's lines."""
+    """ExternalAdapter's process handling (``exchange``), for the tracer protocol's lines."""
+
+    option = "--tracer-cmd"
 
     def __init__(self, command: str, answer_seconds: float):
         super().__init__(command, "tracer", answer_seconds)
 
     def ask(self, items: list[tuple[int, int, bytes]]) -> list[str]:
-        text = "".join(f"{a:x} {t:x} {raw.hex()}\n" for a, t, raw in items)
-        try:
-            argv = shlex.split(self.command)
-        except ValueError as e:
-            raise InputError(f"--tracer-cmd {self.command!r} is not a command line: {e}") from None
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-        except OSError as e:
-            raise InputError(f"--tracer-cmd {self.command!r} cannot be started: {e.strerror or e}") from None
-        tail = _Tail(proc.stderr)
-        threading.Thread(target=_feed, args=(proc, text.encode()), daemon=True).start()
-        try:
-            lines = self._answers(proc, len(items), tail)
-            rc = proc.wait(timeout=self.answer_seconds)
-        except subprocess.TimeoutExpired:
-            self._stop(proc)
-            raise InputError(f"--tracer-cmd {self.command!r} answered every input but did not exit within "
-                             f"{self.answer_seconds:g} s: killed") from None
-        except InputError as e:  # the adapter's messages name its own option
-            raise InputError(str(e).replace("--decoder-cmd", "--tracer-cmd")) from None
-        finally:
-            if proc.poll() is None:
-                self._stop(proc)
-            tail.join()
-        if rc != 0:
-            raise InputError(f"--tracer-cmd {self.command!r} exited {rc} after {len(lines)} answers for "
-                             f"{len(items)} inputs: {tail.text() or 'no message'}")
-        return lines
-
-
-class _Tail(threading.Thread):
-    """Drains the command's stderr, keeping its last ``STDERR_TAIL`` bytes (as the decoder adapter does)."""
-
-    def __init__(self, pipe) -> None:
-        super().__init__(daemon=True)
-        self.pipe, self.data = pipe, b""
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for chunk in iter(lambda: self.pipe.read1(65536), b""):
-                self.data = (self.data + chunk)[-STDERR_TAIL:]
-        except (OSError, ValueError):
-            pass
-
-    def text(self) -> str:
-        return " ".join(self.data.decode("utf-8", "replace").split())[-200:]
-
-
-def _feed(proc, data: bytes) -> None:
-    try:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    except (BrokenPipeError, OSError, ValueError):
-        pass
+        return self.exchange("".join(f"{a:x} {t:x} {raw.hex()}\n" for a, t, raw in items), len(items))

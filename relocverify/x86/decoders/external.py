@@ -76,6 +76,7 @@ class ExternalAdapter:
     and reported as one ``InputError`` line naming the command and what it did (exit 2)."""
 
     fields = frozenset({"length", "disp", "imm", "target"})
+    option = "--decoder-cmd"  # how the user named the command, for the messages
 
     def __init__(self, command: str, name: str = "external", answer_seconds: float = ANSWER_SECONDS) -> None:
         self.command = command
@@ -94,32 +95,38 @@ class ExternalAdapter:
             if not 0 < len(raw) <= MAX_BYTES:
                 raise InputError(f"external decoder input must be 1..{MAX_BYTES} bytes, got {len(raw)}")
         text = "".join(f"{address & 0xFFFFFFFFFFFFFFFF:x} {raw.hex()}\n" for address, raw in items)
+        lines = self.exchange(text, len(items))
+        return [parse_answer(line, address) for line, (address, _) in zip(lines, items)]
+
+    def exchange(self, text: str, n: int) -> list[str]:
+        """Run the command once with ``text`` (``n`` lines) on its stdin: its ``n`` answer lines, under the
+        hygiene the class doc describes; every failure an ``InputError`` naming ``self.option``."""
         try:
             argv = shlex.split(self.command)
         except ValueError as e:
-            raise InputError(f"--decoder-cmd {self.command!r} is not a command line: {e}") from None
+            raise InputError(f"{self.option} {self.command!r} is not a command line: {e}") from None
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as e:
-            raise InputError(f"--decoder-cmd {self.command!r} cannot be started: {e.strerror or e}") from None
+            raise InputError(f"{self.option} {self.command!r} cannot be started: {e.strerror or e}") from None
         tail = _Tail(proc.stderr)
         threading.Thread(target=_feed, args=(proc, text.encode()), daemon=True).start()
         try:
-            lines = self._answers(proc, len(items), tail)
+            lines = self._answers(proc, n, tail)
             rc = proc.wait(timeout=self.answer_seconds)
         except subprocess.TimeoutExpired:
             self._stop(proc)
-            raise InputError(f"--decoder-cmd {self.command!r} answered every input but did not exit within "
+            raise InputError(f"{self.option} {self.command!r} answered every input but did not exit within "
                              f"{self.answer_seconds:g} s: killed") from None
         finally:
             if proc.poll() is None:
                 self._stop(proc)
             tail.join()
         if rc != 0:
-            raise InputError(f"--decoder-cmd {self.command!r} exited {rc} after {len(lines)} answers for "
-                             f"{len(items)} inputs: {tail.text() or 'no message'}")
-        return [parse_answer(line, address) for line, (address, _) in zip(lines, items)]
+            raise InputError(f"{self.option} {self.command!r} exited {rc} after {len(lines)} answers for "
+                             f"{n} inputs: {tail.text() or 'no message'}")
+        return lines
 
     def _answers(self, proc, n: int, tail: "_Tail") -> list[str]:
         import selectors
@@ -136,9 +143,9 @@ class ExternalAdapter:
             if left <= 0:
                 self._stop(proc)
                 if len(lines) == n and not buf:
-                    raise InputError(f"--decoder-cmd {self.command!r} answered every input but did not exit "
+                    raise InputError(f"{self.option} {self.command!r} answered every input but did not exit "
                                      f"within {self.answer_seconds:g} s: killed")
-                raise InputError(f"--decoder-cmd {self.command!r} gave no answer for {self.answer_seconds:g} s "
+                raise InputError(f"{self.option} {self.command!r} gave no answer for {self.answer_seconds:g} s "
                                  f"after {len(lines)} of {n} (it stalls): killed")
             if not sel.select(left):
                 continue
@@ -152,11 +159,11 @@ class ExternalAdapter:
                 deadline = time.monotonic() + self.answer_seconds
                 if len(lines) > n:
                     self._stop(proc)
-                    raise InputError(f"--decoder-cmd {self.command!r} wrote more answers than the {n} inputs "
+                    raise InputError(f"{self.option} {self.command!r} wrote more answers than the {n} inputs "
                                      f"(it floods): killed")
             if len(buf) > MAX_LINE:
                 self._stop(proc)
-                raise InputError(f"--decoder-cmd {self.command!r} wrote a line longer than {MAX_LINE} bytes "
+                raise InputError(f"{self.option} {self.command!r} wrote a line longer than {MAX_LINE} bytes "
                                  f"(answer {len(lines) + 1}): killed")
             # every answer in: read on to the end of its output, so that an extra line is seen as a flood
             # (and a command that keeps its output open is stopped at the deadline)
@@ -170,7 +177,7 @@ class ExternalAdapter:
                 what = "closed its output"
             self._stop(proc)
             tail.join(timeout=1)
-            raise InputError(f"--decoder-cmd {self.command!r} {what} after {len(lines)} answers for {n} inputs: "
+            raise InputError(f"{self.option} {self.command!r} {what} after {len(lines)} answers for {n} inputs: "
                              f"{tail.text() or 'no message'}")
         return lines
 
