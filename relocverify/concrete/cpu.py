@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import signal
 import struct
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from functools import lru_cache
 import iced_x86 as iced
 
 from ..x86.registers import GPR64, MASK64
+from .native import child_fault, in_child, send
 from .outcome import MachineState, Outcome
 
 PAGE = 0x1000
@@ -474,40 +474,7 @@ def _child(program: Program, states: list[MachineState], w: int) -> None:
             after = ctypes.string_at(p, PAGE)
             if after != before[p]:
                 writes.update({p + i: after[i] for i in range(PAGE) if after[i] != before[p][i]})
-        blob = pickle.dumps((result, program.exits[exit_id], writes))
-        os.write(w, struct.pack("<I", len(blob)) + blob)
-
-
-def _fault(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status))
-        return "timeout" if sig is signal.SIGALRM else f"signal {sig.name}"
-    return f"child exited with status {os.WEXITSTATUS(status)}"
-
-
-def _run_child(program: Program, states: list[MachineState]) -> tuple[list, int]:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 0
-        try:
-            _child(program, states, w)
-        except BaseException:  # noqa: BLE001 - the parent sees the exit status
-            code = 3
-        os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    results, offset = [], 0
-    while offset + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, offset)
-        if offset + 4 + size > len(data):
-            break
-        results.append(pickle.loads(data[offset + 4:offset + 4 + size]))
-        offset += 4 + size
-    return results, status
+        send(w, (result, program.exits[exit_id], writes))
 
 
 def run_on_cpu(program: Program, states: list[MachineState]) -> list[Outcome]:
@@ -515,11 +482,11 @@ def run_on_cpu(program: Program, states: list[MachineState]) -> list[Outcome]:
     program.check()
     outcomes: list[Outcome] = []
     while len(outcomes) < len(states):
-        results, status = _run_child(program, states[len(outcomes):])
+        results, status = in_child(lambda w: _child(program, states[len(outcomes):], w))
         for regs, exit_address, writes in results:
             outcomes.append(Outcome(regs, exit_address, writes))
         if len(outcomes) < len(states):
             if not results and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
                 raise RuntimeError("the CPU judge's child could not set up its pages (see concrete.cpu)")
-            outcomes.append(Outcome(dict(states[len(outcomes)].registers), 0, {}, _fault(status)))
+            outcomes.append(Outcome(dict(states[len(outcomes)].registers), 0, {}, child_fault(status)))
     return outcomes

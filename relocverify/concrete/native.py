@@ -404,39 +404,48 @@ def run_native(raw: bytes, states: list[MachineState], at: int | None = None) ->
     outcomes: list[Outcome] = []
     while len(outcomes) < len(states):
         start = len(outcomes)
-        results, status = _run_child(raw, states[start:], where - (NATIVE_AT - CODE))
+        results, status = in_child(lambda w: _child(raw, states[start:], w, where - (NATIVE_AT - CODE)))
         for regs, writes, taken in results:
             next_rip = (at + len(raw)) if not taken else at + _pad(raw)[0] - NATIVE_AT
             outcomes.append(Outcome(regs, next_rip & MASK64, writes))
         if len(outcomes) < len(states):
-            outcomes.append(Outcome(dict(states[len(outcomes)].registers), at, {}, _fault(status)))
+            outcomes.append(Outcome(dict(states[len(outcomes)].registers), at, {}, child_fault(status)))
     return outcomes
 
 
-def _fault(status: int) -> str:
+def child_fault(status: int) -> str:
+    """What a child's wait status says about how it ended early (``SIGALRM``: its time limit)."""
     if os.WIFSIGNALED(status):
-        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+        sig = signal.Signals(os.WTERMSIG(status))
+        return "timeout" if sig is signal.SIGALRM else f"signal {sig.name}"
     return f"child exited with status {os.WEXITSTATUS(status)}"
 
 
-def _run_child(raw: bytes, states: list[MachineState], code_page: int) -> tuple[list, int]:
+def send(w: int, value) -> None:
+    """In a child of ``in_child``: one result to the parent (a length-framed pickle)."""
+    blob = pickle.dumps(value)
+    os.write(w, struct.pack("<I", len(blob)) + blob)
+
+
+def in_child(work: Callable[[int], None]) -> tuple[list, int]:
+    """Run ``work(w)`` in a forked child, which ``send``s its results to the pipe ``w``: the results that
+    arrived whole, in order, and the child's wait status.  A child that faults mid-way has sent the
+    results before the fault; the caller reads the cause from the status (``child_fault``)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(r)
         code = 0
         try:
-            _child(raw, states, w, code_page)
+            work(w)
         except BaseException:  # noqa: BLE001 - the parent sees the exit status
             code = 3
         os._exit(code)
     os.close(w)
-    data = b""
     with os.fdopen(r, "rb") as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
-    results = []
-    offset = 0
+    results, offset = [], 0
     while offset + 4 <= len(data):
         (size,) = struct.unpack_from("<I", data, offset)
         if offset + 4 + size > len(data):
@@ -494,8 +503,7 @@ def _child(raw: bytes, states: list[MachineState], w: int, code_page: int) -> No
         taken = struct.unpack_from("<I", block, H.TAKEN)[0]
         after = ctypes.string_at(ARENA, ARENA_SIZE)
         writes = {} if after == before else _diff(before, after)
-        blob = pickle.dumps((out, writes, taken))
-        os.write(w, struct.pack("<I", len(blob)) + blob)
+        send(w, (out, writes, taken))
 
 
 def _diff(before: bytes, after: bytes) -> dict[int, int]:
