@@ -16,6 +16,7 @@ import sys
 from typing import TextIO
 
 from .arguments import add_batch_options
+from .elf import user_trampoline
 from .render import escape
 
 
@@ -80,7 +81,7 @@ def command(args, out: TextIO) -> int:
         tramp = args.trampoline_base if args.trampoline_base is not None else DEFAULT_TRAMP
         policy = "kernel"
     else:
-        tramp, policy = _user_tramp(image, args), "user"
+        tramp, policy = user_trampoline(image, args.trampoline_base), "user"
     db = args.db or os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     options = RunOptions(tramp, args.jobs or default_jobs(), args.timeout, args.limit, kernel, cache_dir, policy)
@@ -150,14 +151,3 @@ def _progress():
         sys.stderr.flush()
 
     return say
-
-
-def _user_tramp(image, args) -> int:
-    """A user-space slot: a page 1 MiB past the image's end (as ``relocverify elf`` places it), the
-    region uprobes maps its execute-out-of-line page into."""
-    from .elf import TRAMPOLINE_GAP
-
-    if args.trampoline_base is not None:
-        return args.trampoline_base
-    end = max((s.end for s in image.sections if s.alloc), default=0)
-    return (end + TRAMPOLINE_GAP) & ~0xFFF

@@ -72,8 +72,16 @@ def _tramp_for(image, args) -> int:
         raise InputError(f"{image.path}: no executable section")
     if any(s.address >= KERNEL_HALF for s in code):
         raise InputError(f"{image.path}: a kernel image (code in the kernel half): use relocverify vmlinux")
-    end = max(s.end for s in image.sections if s.alloc) if any(s.alloc for s in image.sections) else 0
-    return args.trampoline_base if args.trampoline_base is not None else (end + TRAMPOLINE_GAP) & ~0xFFF
+    return user_trampoline(image, args.trampoline_base)
+
+
+def user_trampoline(image, base: int | None = None) -> int:
+    """A user-space image's slot: ``base`` if given, else the page ``TRAMPOLINE_GAP`` past the image's
+    end (where uprobes maps its execute-out-of-line page, near enough for rel32)."""
+    if base is not None:
+        return base
+    end = max((s.end for s in image.sections if s.alloc), default=0)
+    return (end + TRAMPOLINE_GAP) & ~0xFFF
 
 
 def command(args, out: TextIO) -> int:
