@@ -11,14 +11,14 @@ import multiprocessing
 import os
 from typing import Sequence
 
-from ..x86.decoders.protocol import Adapter, Facts
+from ..x86.decoders.protocol import Decoder, Facts
 
 _CACHE: dict[tuple[str, str], dict[bytes, Facts]] = {}  # (decoder, version) -> bytes -> answer
 _POOL_MIN = 40_000  # below this a pool costs more than it saves
-_ADAPTERS: list[Adapter] = []  # read by forked workers
+_ADAPTERS: list[Decoder] = []  # read by forked workers
 
 
-def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
+def answers(adapters: Sequence[Decoder], items: Sequence[tuple[int, bytes]],
             jobs: int | None = None) -> dict[str, dict[bytes, Facts]]:
     """decoder name -> bytes -> Facts, for (at least) every ``(address, bytes)`` in ``items``."""
     tables = [_CACHE.setdefault((a.name, a.version()), {}) for a in adapters]
@@ -34,9 +34,10 @@ def answers(adapters: Sequence[Adapter], items: Sequence[tuple[int, bytes]],
     return {a.name: t for a, t in zip(adapters, tables)}
 
 
-def remember(name: str, version: str, facts: dict[bytes, Facts]) -> None:
-    """Record answers obtained elsewhere (iced-x86's, from the image sweep) as the adapter's own."""
-    _CACHE.setdefault((name, version), {}).update(facts)
+def remember(decoder: Decoder, facts: dict[bytes, Facts]) -> None:
+    """Record answers obtained elsewhere (iced-x86's, from the image sweep) as ``decoder``'s own,
+    under the key ``answers`` looks them up by."""
+    _CACHE.setdefault((decoder.name, decoder.version()), {}).update(facts)
 
 
 def _pooled(adapters, work, jobs):

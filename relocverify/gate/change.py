@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..x86.decoders.protocol import Adapter, Facts
+from ..x86.decoders.protocol import Decoder, Facts
 from . import answers as answers_mod
 from .baseline import Baseline
 from .compare import Finding, compare
@@ -121,7 +121,7 @@ class ChangeReport:
                                 for f in self.unaccounted]}
 
 
-def applies(base: Baseline | None, tested: Adapter) -> bool:
+def applies(base: Baseline | None, tested: Decoder) -> bool:
     """A ``linux-insn@`` decoder gated against a baseline another ``linux-insn@`` build made."""
     if base is None or not tested.name.startswith("linux-insn@"):
         return False
@@ -130,7 +130,7 @@ def applies(base: Baseline | None, tested: Adapter) -> bool:
         then.get("name"), then.get("version")) != (tested.name, tested.version())
 
 
-def baseline_decoder(base: Baseline) -> Adapter | None:
+def baseline_decoder(base: Baseline) -> Decoder | None:
     """The baseline's decoder as it was: its cached build, else its source built again if unchanged."""
     from ..errors import InputError
     from ..x86.decoders import linux_insn
@@ -145,7 +145,7 @@ def baseline_decoder(base: Baseline) -> Adapter | None:
     return old if old.version() == then["version"] else None
 
 
-def decoder_change(old: Adapter, new: Adapter, others: list[Adapter], units: list[Unit], report: GateReport,
+def decoder_change(old: Decoder, new: Decoder, others: list[Decoder], units: list[Unit], report: GateReport,
                    base: Baseline, jobs: int = 1) -> ChangeReport:
     """Every byte string whose answer differs between ``old`` and ``new``, judged and grouped."""
     items: dict[bytes, int] = {}
@@ -205,7 +205,7 @@ def _kind(old: Facts, new: Facts, old_failing: bool, new_failing: bool, rejected
     return "fix" if old_failing else "neutral"
 
 
-def _map_entries(old: Adapter, new: Adapter, raws: list[bytes]):
+def _map_entries(old: Decoder, new: Decoder, raws: list[bytes]):
     """The changed opcode-map entries, and per byte string those among them that decided it."""
     if not (hasattr(old, "opcode_map") and hasattr(new, "opcode_map")):
         return {}, {}

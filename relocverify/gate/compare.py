@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..x86.decoders import capstone as cs_adapter
-from ..x86.decoders import iced as iced_adapter
+from ..x86.decode import CROSS_CHECK, PRIMARY
 from ..x86.decoders.known_bugs import KNOWN_DECODER_BUGS
-from ..x86.decoders.protocol import FIELDS, Adapter, Facts
+from ..x86.decoders.protocol import FIELDS, Decoder, Facts, decode_one
 
 
 #: Not a defect but a convention ``known_bugs.agree`` also accepts: for the
@@ -98,13 +97,13 @@ def differing_fields(a: Facts, b: Facts, fields: frozenset[str]) -> str | None:
 
 def explain(raw: bytes, address: int, tested: str, a: Facts, other: str, b: Facts) -> str | None:
     """The KNOWN_DECODER_BUGS row explaining capstone's side of a difference, if any."""
-    if "capstone" not in (tested, other) or tested == other:
+    if PRIMARY.name not in (tested, other) or tested == other:
         return None
-    rest = b if tested == "capstone" else a
-    ic = iced_adapter.facts(raw, address)
-    if ic is None or rest != iced_adapter.gate_facts(raw, address):
+    rest = b if tested == PRIMARY.name else a
+    ic = CROSS_CHECK.detail(raw, address)
+    if ic is None or rest != decode_one(CROSS_CHECK, raw, address):
         return None
-    cs = cs_adapter.facts(raw, address)
+    cs = PRIMARY.detail(raw, address)
     if cs is not None and cs.answer.length == ic.answer.length and ic.imm2[1] and (
             (cs.answer.imm_offset, cs.answer.imm_size) == ic.imm2):
         return SECOND_IMMEDIATE
@@ -123,7 +122,7 @@ def _known_wrong(raw: bytes, address: int, theirs) -> frozenset[str]:
     return frozenset({"capstone"}) if row else frozenset()
 
 
-def compare(unit: str, samples: dict[bytes, list[int]], tested: Adapter, others: list[Adapter],
+def compare(unit: str, samples: dict[bytes, list[int]], tested: Decoder, others: list[Decoder],
             answers: dict[str, dict[bytes, Facts]]) -> list[Finding]:
     """Every sample of ``unit`` where the tested decoder differs from another decoder."""
     mine = answers[tested.name]

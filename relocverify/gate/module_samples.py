@@ -40,8 +40,7 @@ def module_units(path: str) -> list[Unit]:
     """One unit per executable section name over the modules ``path`` names (``module_paths``)."""
     from ..image.functions import find_functions, function_bytes
     from ..image.module import load_modules
-    from ..x86.decoders.iced import sweep_into
-    from ..x86.decoders.iced import version as iced_version
+    from ..x86.decoders.iced import IcedAdapter, sweep_into
     from .answers import remember
 
     label = _label(path)
@@ -54,7 +53,7 @@ def module_units(path: str) -> list[Unit]:
                 unit = units[function.section] = Unit(f"{label}:{function.section}")
             # addresses differ between modules, so a string's first address is the first module's
             unit.instructions += sweep_into(function_bytes(image, function), function.start, unit.samples, facts)
-    remember("iced", iced_version(), facts)
+    remember(IcedAdapter(), facts)
     return [units[k] for k in sorted(units)]
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
-from ..x86.decoders.protocol import Adapter, Facts
+from ..x86.decoders.protocol import Decoder, Facts
 from . import answers as answers_mod
 from .baseline import Baseline
 from .compare import Finding, compare
@@ -108,7 +108,7 @@ def digest(samples: dict[bytes, list[int]], table: dict[bytes, Facts]) -> str:
     return h.hexdigest()[:32]
 
 
-def run_gate(tested: Adapter, others: list[Adapter], units: list[Unit], baseline: Baseline | None = None,
+def run_gate(tested: Decoder, others: list[Decoder], units: list[Unit], baseline: Baseline | None = None,
              prove_per_class: int = PROVE_PER_CLASS, jobs: int | None = None) -> GateReport:
     """Decode every sample with every decoder, compare, and check plans of new failures."""
     items: dict[bytes, int] = {}

@@ -61,13 +61,13 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         _SWEEP.clear()
     else:
         parts = [sweep_functions(image, functions)]
-    from ..x86.decoders.iced import version as iced_version
+    from ..x86.decoders.iced import IcedAdapter
     from .answers import remember
 
     base = os.path.basename(path)
     units: dict[str, Unit] = {}
     for part, facts in parts:
-        remember("iced", iced_version(), facts)
+        remember(IcedAdapter(), facts)
         for section, (samples, count) in part.items():
             unit = units.get(section)
             if unit is None:

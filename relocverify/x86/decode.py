@@ -11,18 +11,32 @@ When the decoders disagree, the outcome is a ``Disagreement`` value
 carrying every answer, unless the difference matches a row of
 ``KNOWN_DECODER_BUGS``: a documented capstone defect, resolved in favour of
 iced-x86 with the row's reason recorded in ``Instruction.notes``.
+
+Both decoders are asked through the one decoder protocol
+(``decoders.protocol.DetailDecoder.detail``): ``PRIMARY`` and
+``CROSS_CHECK`` are the same adapter objects the decoder gate judges.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from .decoders import capstone as cs_adapter
-from .decoders import iced as iced_adapter
+from .decoders.capstone import CapstoneAdapter
+from .decoders.iced import IcedAdapter
 from .decoders.known_bugs import KNOWN_DECODER_BUGS, agree
+from .decoders.protocol import DetailDecoder
 from .instruction import Decoded, DecoderAnswer, Disagreement, Instruction, Undecodable
 from .layout import MAX_INSN, layout
 from .registers import MASK64
+
+#: The primary decoder: the mnemonic and operand text.
+PRIMARY: DetailDecoder = CapstoneAdapter()
+#: The cross-checking decoder: length and field positions agreed with ``PRIMARY``;
+#: operation name, flow, branch target, memory operand and registers from it alone.
+CROSS_CHECK: DetailDecoder = IcedAdapter()
+#: Their answers when they cannot decode the bytes.
+NO_PRIMARY = DecoderAnswer(PRIMARY.name, None)
+NO_CROSS_CHECK = DecoderAnswer(CROSS_CHECK.name, None)
 
 # ---------------------------------------------------------------------------
 # The one entry point
@@ -42,27 +56,27 @@ def decode(raw: bytes, address: int) -> Decoded:
 
 @lru_cache(maxsize=8192)
 def _decode_cached(raw: bytes, address: int) -> Decoded:
-    ic = iced_adapter.facts(raw, address)
-    cs = cs_adapter.facts(raw, address)
+    ic = CROSS_CHECK.detail(raw, address)
+    cs = PRIMARY.detail(raw, address)
     answers = tuple(a.answer for a in (cs, ic) if a is not None)
     if ic is None and cs is None:
         return Undecodable(address, raw[:1], "no decoder could decode these bytes",
-                           (DecoderAnswer("capstone", None), DecoderAnswer("iced", None)))
+                           (NO_PRIMARY, NO_CROSS_CHECK))
     if ic is None:
         return Disagreement(address, raw[:cs.answer.length],
                             "capstone decodes these bytes but iced-x86 finds them invalid",
-                            (cs.answer, DecoderAnswer("iced", None)))
+                            (cs.answer, NO_CROSS_CHECK))
     notes: tuple[str, ...] = ()
     if cs is None or not agree(cs.answer, ic.answer, ic.imm2):
         bug = next((b for b in KNOWN_DECODER_BUGS if b.matches(raw, cs and cs.answer, ic.answer)), None)
         if bug is None:
             what = "capstone cannot decode these bytes" if cs is None else "capstone and iced-x86 disagree"
             length = ic.answer.length
-            answers = answers if cs is not None else (DecoderAnswer("capstone", None), ic.answer)
+            answers = answers if cs is not None else (NO_PRIMARY, ic.answer)
             return Disagreement(address, raw[:length], what, answers)
         notes = (f"{bug.name}: {bug.reason}",)
         if cs is None:
-            answers = (DecoderAnswer("capstone", None), ic.answer)
+            answers = (NO_PRIMARY, ic.answer)
     ins_raw = raw[:ic.answer.length]
     lay = layout(ins_raw)
     if lay is None:
@@ -107,4 +121,4 @@ def _decode_cached(raw: bytes, address: int) -> Decoded:
 
 def decoder_versions() -> dict[str, str]:
     """Versions of every decoder whose answers feed a decode (part of the proof-cache key)."""
-    return {"capstone": cs_adapter.version(), "iced": iced_adapter.version()}
+    return {PRIMARY.name: PRIMARY.version(), CROSS_CHECK.name: CROSS_CHECK.version()}

@@ -1,14 +1,14 @@
-"""The registry of decoder adapters, by the names ``relocverify gate --decoder`` takes."""
+"""The registry of decoders (``protocol.Decoder``), by the names ``relocverify gate --decoder`` takes."""
 
 from __future__ import annotations
 
 from ...errors import InputError
-from .protocol import Adapter
+from .protocol import Decoder
 
 NAMES = ("capstone", "iced", "vex", "objdump")
 
 
-def get_adapter(name: str) -> Adapter:
+def get_adapter(name: str) -> Decoder:
     """The adapter called ``name`` (one of ``NAMES``, or ``linux-insn@SPEC``)."""
     if name == "capstone":
         from .capstone import CapstoneAdapter
@@ -29,6 +29,6 @@ def get_adapter(name: str) -> Adapter:
                      f"or linux-insn@/path/to/linux, or give --decoder-cmd")
 
 
-def external_adapter(command: str) -> Adapter:
+def external_adapter(command: str) -> Decoder:
     from .external import ExternalAdapter
     return ExternalAdapter(command)

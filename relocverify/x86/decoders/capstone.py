@@ -1,54 +1,27 @@
-"""capstone 5: the primary decoder's length, field offsets and AT&T text."""
+"""capstone 5 behind ``protocol.DetailDecoder``: the primary decoder's length,
+field offsets and AT&T text for the pipeline (``CapstoneAdapter.detail``), and
+the gate's ``Facts`` read straight from capstone's C structs (``decode_many``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ctypes
 
 import capstone
+from capstone import _cs, _cs_insn, x86_const
 
 from ..instruction import DecoderAnswer
+from .protocol import Detail, Facts, error
 
 _CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _CS.syntax = capstone.CS_OPT_SYNTAX_ATT
 _CS.detail = True
 
 
-@dataclass(frozen=True)
-class _CapstoneFacts:
-    answer: DecoderAnswer
-    mnemonic: str
-    op_str: str
-    reads: frozenset[str]
-    writes: frozenset[str]
-
-
-def facts(raw: bytes, address: int) -> _CapstoneFacts | None:
-    try:
-        ins = next(_CS.disasm(raw, address, 1), None)
-    except capstone.CsError:
-        return None
-    if ins is None:
-        return None
-    # Registers come from iced-x86's InstructionInfoFactory, which lists the
-    # implicit operands completely; capstone's regs_access() would only add
-    # a second C call per decode (a third of capstone's cost here).
-    reads = writes = frozenset()
-    answer = DecoderAnswer("capstone", ins.size, ins.disp_offset, ins.disp_size, ins.imm_offset, ins.imm_size,
-                           f"{ins.mnemonic} {ins.op_str}".strip())
-    return _CapstoneFacts(answer, ins.mnemonic, ins.op_str, reads, writes)
-
-
 def version() -> str:
     return capstone.__version__
 
 
-# --- for the decoder gate (relocverify.gate): the protocol's facts only ------
-
-import ctypes  # noqa: E402
-
-from capstone import _cs, _cs_insn, x86_const  # noqa: E402
-
-from .protocol import Facts, error  # noqa: E402
+# --- the gate's Facts, from cs_disasm's buffer ---------------------------------
 
 _CS_GATE = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _CS_GATE.detail = True
@@ -144,13 +117,29 @@ def _sweep_batch(items) -> list:
 
 
 class CapstoneAdapter:
-    """capstone 5 behind ``protocol.Adapter``."""
+    """capstone 5 behind ``protocol.DetailDecoder``."""
 
     name = "capstone"
     fields = frozenset({"length", "disp", "imm", "target"})
+    #: Registers come from iced-x86's InstructionInfoFactory, which lists the
+    #: implicit operands completely; capstone's regs_access() would only add
+    #: a second C call per decode (a third of capstone's cost here).
+    details = frozenset({"answer", "mnemonic", "op_str"})
 
     def version(self) -> str:
         return version()
 
     def decode_many(self, items):
         return gate_facts_many(list(items))
+
+    def detail(self, raw: bytes, address: int) -> Detail | None:
+        try:
+            ins = next(_CS.disasm(raw, address, 1), None)
+        except capstone.CsError:
+            return None
+        if ins is None:
+            return None
+        mnemonic, op_str = ins.mnemonic, ins.op_str
+        answer = DecoderAnswer("capstone", ins.size, ins.disp_offset, ins.disp_size, ins.imm_offset, ins.imm_size,
+                               f"{mnemonic} {op_str}".strip())
+        return Detail(answer, mnemonic, op_str)

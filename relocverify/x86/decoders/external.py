@@ -1,4 +1,4 @@
-"""An external decoder command behind ``protocol.Adapter``.
+"""An external decoder command behind ``protocol.Decoder``.
 
 The command reads lines ``ADDR_HEX BYTES_HEX`` (at most 15 bytes) on stdin
 and writes, for each, one JSON object per line on stdout:

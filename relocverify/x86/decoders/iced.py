@@ -1,16 +1,18 @@
-"""iced-x86: lengths, field offsets, operands, flow control and the registers
-an instruction reads and writes (its ``InstructionInfoFactory`` lists the
-implicit operands completely)."""
+"""iced-x86 behind ``protocol.DetailDecoder``: lengths, field offsets,
+operands, flow control and the registers an instruction reads and writes (its
+``InstructionInfoFactory`` lists the implicit operands completely) for the
+pipeline (``IcedAdapter.detail``); the gate's ``Facts`` (``decode_many``); and
+``sweep_into``, the gate's linear sweep of an image, which keeps the sweep's
+own decode as iced-x86's ``Facts``."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import iced_x86
 
 from ..instruction import DecoderAnswer, MemoryOperand
 from ..layout import layout
 from ..registers import MASK64, reg_family
+from .protocol import Detail, Facts, error
 
 _ICED_REG = {v: k.lower() for k, v in vars(iced_x86.Register).items() if k.isupper() and isinstance(v, int)}
 _ICED_MNEMONIC = {v: k.lower() for k, v in vars(iced_x86.Mnemonic).items() if k.isupper() and isinstance(v, int)}
@@ -23,66 +25,71 @@ FORMATTER = iced_x86.Formatter(iced_x86.FormatterSyntax.GAS)
 _INFO = iced_x86.InstructionInfoFactory()
 
 
-@dataclass(frozen=True)
-class _IcedFacts:
-    answer: DecoderAnswer
-    flow: str
-    branch_target: int | None
-    memory: MemoryOperand | None
-    reads: frozenset[str]
-    writes: frozenset[str]
-    privileged: bool
-    imm2: tuple[int, int]
-    mnemonic: str
-    op_str: str
-    opname: str
-    condition: str | None
-    far: bool
+class IcedAdapter:
+    """iced-x86 behind ``protocol.DetailDecoder``."""
 
+    name = "iced"
+    fields = frozenset({"length", "disp", "imm", "target"})
+    details = frozenset(Detail._fields)
 
-def facts(raw: bytes, address: int) -> _IcedFacts | None:
-    dec = iced_x86.Decoder(64, raw, ip=address)
-    ins = dec.decode()
-    if ins.is_invalid or dec.last_error != 0:
-        return None
-    co = dec.get_constant_offsets(ins)
-    info = _INFO.info(ins)
-    reads, writes = set(), set()
-    for r in info.used_registers():
-        name = reg_family(_ICED_REG.get(r.register, str(r.register)))
-        if r.access in _READS:
-            reads.add(name)
-        if r.access in _WRITES:
-            writes.add(name)
-    if ins.rflags_read:
-        reads.add("rflags")
-    if ins.rflags_modified:
-        writes.add("rflags")
-    text = FORMATTER.format(ins)
-    mnemonic, _, op_str = text.partition(" ")
-    flow = _ICED_FLOW.get(ins.flow_control, "next")
-    target = None
-    if flow in ("unconditional_branch", "conditional_branch", "call", "xbegin_xabort_xend") and ins.near_branch_target:
-        target = ins.near_branch_target & MASK64
-    if flow == "xbegin_xabort_xend" and not ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
+    def version(self) -> str:
+        return version()
+
+    def decode_many(self, items):
+        return [gate_facts(raw, address) for address, raw in items]
+
+    def detail(self, raw: bytes, address: int) -> Detail | None:
+        dec = iced_x86.Decoder(64, raw, ip=address)
+        ins = dec.decode()
+        if ins.is_invalid or dec.last_error != 0:
+            return None
+        co = dec.get_constant_offsets(ins)
+        info = _INFO.info(ins)
+        reads, writes = set(), set()
+        for r in info.used_registers():
+            name = reg_family(_ICED_REG.get(r.register, str(r.register)))
+            if r.access in _READS:
+                reads.add(name)
+            if r.access in _WRITES:
+                writes.add(name)
+        if ins.rflags_read:
+            reads.add("rflags")
+        if ins.rflags_modified:
+            writes.add("rflags")
+        text = FORMATTER.format(ins)
+        mnemonic, _, op_str = text.partition(" ")
+        flow = _ICED_FLOW.get(ins.flow_control, "next")
         target = None
-    memory = _iced_memory(ins, raw, co, info)
-    answer = DecoderAnswer(
-        "iced",
-        ins.len,
-        co.displacement_offset if co.has_displacement else 0,
-        co.displacement_size if co.has_displacement else 0,
-        co.immediate_offset if co.has_immediate else 0,
-        co.immediate_size if co.has_immediate else 0,
-        text,
-    )
-    imm2 = (co.immediate_offset2, co.immediate_size2) if co.has_immediate2 else (0, 0)
-    return _IcedFacts(answer, flow, target, memory, frozenset(reads), frozenset(writes),
-                      bool(ins.is_privileged), imm2, mnemonic, op_str.strip(),
-                      _ICED_MNEMONIC.get(ins.mnemonic, mnemonic),
-                      None if ins.condition_code == 0 else _ICED_CC[ins.condition_code],
-                      bool(ins.is_call_far or ins.is_call_far_indirect or ins.is_jmp_far or ins.is_jmp_far_indirect
-                           or _ICED_MNEMONIC.get(ins.mnemonic) == "retf"))
+        if flow in ("unconditional_branch", "conditional_branch", "call", "xbegin_xabort_xend") \
+                and ins.near_branch_target:
+            target = ins.near_branch_target & MASK64
+        if flow == "xbegin_xabort_xend" and not ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
+            target = None
+        answer = DecoderAnswer(
+            "iced",
+            ins.len,
+            co.displacement_offset if co.has_displacement else 0,
+            co.displacement_size if co.has_displacement else 0,
+            co.immediate_offset if co.has_immediate else 0,
+            co.immediate_size if co.has_immediate else 0,
+            text,
+        )
+        return Detail(
+            answer=answer,
+            mnemonic=mnemonic,
+            op_str=op_str.strip(),
+            reads=frozenset(reads),
+            writes=frozenset(writes),
+            opname=_ICED_MNEMONIC.get(ins.mnemonic, mnemonic),
+            condition=None if ins.condition_code == 0 else _ICED_CC[ins.condition_code],
+            far=bool(ins.is_call_far or ins.is_call_far_indirect or ins.is_jmp_far or ins.is_jmp_far_indirect
+                     or _ICED_MNEMONIC.get(ins.mnemonic) == "retf"),
+            flow=flow,
+            branch_target=target,
+            memory=_iced_memory(ins, raw, co, info),
+            privileged=bool(ins.is_privileged),
+            imm2=(co.immediate_offset2, co.immediate_size2) if co.has_immediate2 else (0, 0),
+        )
 
 
 def _iced_memory(ins, raw: bytes, co, info) -> MemoryOperand | None:
@@ -117,9 +124,7 @@ def version() -> str:
     return getattr(iced_x86, "__version__", "1.21.0")
 
 
-# --- for the decoder gate (relocverify.gate): the protocol's facts only ------
-
-from .protocol import Facts, error  # noqa: E402
+# --- the gate's Facts ------------------------------------------------------------
 
 _GATE_BRANCH_FLOW = frozenset({iced_x86.FlowControl.UNCONDITIONAL_BRANCH, iced_x86.FlowControl.CONDITIONAL_BRANCH,
                                iced_x86.FlowControl.CALL})
@@ -137,19 +142,6 @@ def gate_facts(raw: bytes, address: int):
 _NEAR_BRANCH_KINDS = frozenset({iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
                                 iced_x86.OpKind.NEAR_BRANCH64})
 _ICED_ERRORS = {1: "invalid instruction", 2: "no more bytes (truncated instruction)"}
-
-
-class IcedAdapter:
-    """iced-x86 behind ``protocol.Adapter``."""
-
-    name = "iced"
-    fields = frozenset({"length", "disp", "imm", "target"})
-
-    def version(self) -> str:
-        return version()
-
-    def decode_many(self, items):
-        return [gate_facts(raw, address) for address, raw in items]
 
 
 def sweep_into(data: bytes, ip: int, samples: dict, facts: dict) -> int:

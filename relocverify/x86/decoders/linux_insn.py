@@ -1,4 +1,4 @@
-"""The Linux kernel's own x86 instruction decoder behind ``protocol.Adapter``.
+"""The Linux kernel's own x86 instruction decoder behind ``protocol.Decoder``.
 
 Every Linux tracer that moves an instruction (kprobes, optprobes, uprobes)
 trusts ``arch/x86/lib/insn.c``: ``insn_decode()`` walks prefixes, REX/VEX/EVEX,
@@ -679,7 +679,7 @@ class OpcodeMap:
 
 
 class LinuxInsnAdapter:
-    """The kernel's ``insn_decode`` behind ``protocol.Adapter`` (``linux-insn@SPEC``)."""
+    """The kernel's ``insn_decode`` behind ``protocol.Decoder`` (``linux-insn@SPEC``)."""
 
     fields = frozenset({"length", "disp", "imm", "target"})
 

@@ -1,4 +1,4 @@
-"""``objdump -d`` from GNU binutils behind ``protocol.Adapter``: length and
+"""``objdump -d`` from GNU binutils behind ``protocol.Decoder``: length and
 branch target, read from its text output.
 
 A batch is written as one flat binary, each byte string in its own 32-byte
@@ -82,7 +82,7 @@ def version() -> str:
 
 
 class ObjdumpAdapter:
-    """GNU objdump behind ``protocol.Adapter``: length and branch target only."""
+    """GNU objdump behind ``protocol.Decoder``: length and branch target only."""
 
     name = "objdump"
     fields = frozenset({"length", "target"})

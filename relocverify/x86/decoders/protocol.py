@@ -1,24 +1,45 @@
-"""One small protocol every decoder adapter follows, for the decoder gate.
+"""The one protocol every decoder follows: the gate's cohort and the pipeline's decode.
 
-An adapter answers, for byte strings at addresses, the structural facts a
-relocator depends on: a ``Facts`` value per input.  ``Facts`` is the JSON
-object of the external-command protocol (``docs/gate.md``) as a frozen value:
-an absent displacement or immediate is ``None``, never 0; a byte string the
-decoder cannot decode is a ``Facts`` with ``error`` set, not an exception.
+A decoder is one class (``Decoder``) with
 
-Not every decoder knows every field (VEX has no displacement position,
-objdump prints no field offsets): ``Adapter.fields`` names the ones an
-adapter reports, and only fields both sides report are compared.
+- ``name``: how the gate and the reports call it (``capstone``, ``linux-insn@6.1``);
+- ``version()``: what its answers depend on; answers are cached by (name, version, bytes);
+- ``fields``: the ones of ``FIELDS`` its ``Facts`` report (VEX keeps no
+  displacement position, objdump prints no field offsets); only fields both
+  sides report are compared;
+- ``decode_many(items)``: for ``(address, bytes)`` pairs, one ``Facts`` each,
+  in order: the structural facts a relocator depends on (length, prefix
+  attribution, displacement and immediate positions, branch target).  ``Facts``
+  is the JSON object of the external-command protocol (``docs/gate.md``) as a
+  frozen value: an absent displacement or immediate is ``None``, never 0; a byte
+  string the decoder cannot decode is a ``Facts`` with ``error`` set, never an
+  exception.  Branch targets are kept relative to the instruction's address
+  (``target_delta``), so one answer serves every address the same bytes occur at.
 
-Branch targets are kept relative to the instruction's address
-(``target_delta``), so one answer serves every address the same bytes
-occur at: answers are cached by (decoder, version, bytes).
+A decoder that can also give the pipeline's fuller answer (capstone and
+iced-x86: ``x86.decode`` cross-checks the two) is a ``DetailDecoder``, the same
+class with two more members:
+
+- ``detail(raw, address)``: a ``Detail`` for the first instruction of ``raw`` at
+  ``address`` (its ``DecoderAnswer``: length, displacement and immediate
+  positions, text; mnemonic and operand text; the registers it reads and
+  writes; operation name, condition, flow, branch target, memory operand,
+  privilege, second immediate), or ``None`` when it cannot decode the bytes.
+  One instruction per call, not a batch: ``x86.decode`` decodes one instruction
+  at a time on a hot path and caches by (bytes, address), so a batch would
+  only add a list per call;
+- ``details``: the ones of ``Detail``'s fields it fills; the others hold their
+  defaults (capstone lists no registers: ``x86.decode`` takes them from iced-x86).
+
+The registry of decoders by name is ``adapters.py``; ``Adapter`` is the
+protocol's earlier name.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
 
+from ..instruction import DecoderAnswer, MemoryOperand
 from ..registers import MASK64
 
 #: Every field the gate can compare, in report order.
@@ -86,8 +107,31 @@ def delta(target: int | None, address: int) -> int | None:
     return None if target is None else (target - address) & MASK64
 
 
-class Adapter(Protocol):
-    """A decoder under the gate: a name, a version, the fields it reports, and a batch decode."""
+class Detail(NamedTuple):
+    """One decoder's full answer for one instruction, as the pipeline's decode uses it.
+
+    A tuple, as ``Facts`` is: ``x86.decode`` builds two per instruction it
+    decodes.  Fields the decoder does not fill (not in its ``details``) hold
+    the defaults below."""
+
+    answer: DecoderAnswer  # length, displacement and immediate positions (0 when absent), text
+    mnemonic: str  # AT&T, as printed ('lock incl', 'callq')
+    op_str: str
+    reads: frozenset[str] = frozenset()  # GPRs as 64-bit family names (rflags included); implicit included
+    writes: frozenset[str] = frozenset()
+    opname: str = ""  # the decoder-neutral operation name ('call', 'jle', 'popfq')
+    condition: str | None = None  # of jcc/setcc/cmovcc ('le', 'ne', ...)
+    far: bool = False  # a far call/jmp/ret (loads CS)
+    flow: str = "next"  # the flow-control kind ('next', 'call', 'conditional_branch', 'return', ...)
+    branch_target: int | None = None  # masked to 64 bits
+    memory: MemoryOperand | None = None  # the first explicit memory operand
+    privileged: bool = False
+    imm2: tuple[int, int] = (0, 0)  # second immediate (offset, size): enter, extrq, insertq
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """A decoder: a name, a version, the fields it reports, and a batch decode."""
 
     name: str
     fields: frozenset[str]
@@ -99,8 +143,24 @@ class Adapter(Protocol):
         ...
 
 
-def decode_one(adapter: Adapter, raw: bytes, address: int) -> Facts:
-    return adapter.decode_many([(address, raw)])[0]
+@runtime_checkable
+class DetailDecoder(Decoder, Protocol):
+    """A ``Decoder`` that also gives the pipeline's full answer, one instruction at a time."""
+
+    details: frozenset[str]
+
+    def detail(self, raw: bytes, address: int) -> Detail | None:
+        """The first instruction of ``raw`` at ``address``; ``None`` if undecodable.  Never raises."""
+        ...
+
+
+#: The protocol's earlier name, for code written against it.
+Adapter = Decoder
+
+
+def decode_one(decoder: Decoder, raw: bytes, address: int) -> Facts:
+    """``decode_many`` of one byte string."""
+    return decoder.decode_many([(address, raw)])[0]
 
 
 def batched(items: Iterable, size: int):

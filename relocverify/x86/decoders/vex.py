@@ -1,4 +1,4 @@
-"""VEX (pyvex) behind ``protocol.Adapter``: the length of the lifted
+"""VEX (pyvex) behind ``protocol.Decoder``: the length of the lifted
 instruction and its branch target.
 
 VEX IR keeps no encoding positions, so VEX reports no displacement or
@@ -58,7 +58,7 @@ def registers_read(raw: bytes, address: int) -> frozenset[str]:
 
 
 class VexAdapter:
-    """pyvex behind ``protocol.Adapter``: length and branch target only."""
+    """pyvex behind ``protocol.Decoder``: length and branch target only."""
 
     name = "vex"
     fields = frozenset({"length", "target"})
