@@ -80,7 +80,7 @@ def main() -> int:
 
     path = args.vmlinux
     if path is None:
-        from relocverify.batch import DEFAULT_KERNEL
+        from relocverify.engine.verify import DEFAULT_KERNEL
         from relocverify.image.fetch import fetch
 
         path = fetch(DEFAULT_KERNEL).vmlinux

@@ -119,6 +119,36 @@ def add_batch_options(parser, types: dict, summary_help: str, fail_on: bool = Tr
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
 
 
+def add_jump_probes(parser) -> None:
+    """--jump-probes, for every batch command (vmlinux, elf, module, package)."""
+    parser.add_argument("--jump-probes", action="store_true",
+                        help="also answer, per instruction, whether a jump-optimized probe can sit there (a range "
+                             "safe to overwrite, a block plan, a block proof) and why not")
+
+
+def run_options(args, tramp: int, limit: int | None = None, **kw):
+    """The engine's ``RunOptions`` from a batch command's options (``add_batch_options``: --jobs, --timeout,
+    --cache-dir, --no-cache; --jump-probes; --scheduler and --dask-local where the command has them);
+    ``kw``: the other fields (``with_sites``, ``policy``)."""
+    from ..engine.executors import default_jobs
+    from ..engine.run import RunOptions
+    from ..environment import default_proof_cache_dir
+
+    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
+    return RunOptions(tramp, args.jobs or default_jobs(), args.timeout, limit, cache_dir=cache_dir,
+                      scheduler=getattr(args, "scheduler", None), dask_local=getattr(args, "dask_local", None),
+                      jump_probes=args.jump_probes, **kw)
+
+
+def progress_lines(args):
+    """Where a batch command's progress lines go: stderr, or nowhere (None) with --no-progress."""
+    if args.no_progress:
+        return None
+    import sys
+
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
 def scheduler_address(text: str) -> str:
     """A Dask scheduler's address: [tcp://|tls://]HOST:PORT."""
     import re

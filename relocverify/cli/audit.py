@@ -16,20 +16,19 @@ import sys
 from typing import TextIO
 
 from .arguments import add_batch_options
-from .elf import user_trampoline
+from ..engine.verify import user_trampoline
 from .render import escape
 
 
 def add_parser(sub, types) -> None:
-    a = sub.add_parser("audit", help="audit tracers (kprobes, uprobes, kinst, fasttrap) over every "
+    a = sub.add_parser("audit", help="audit tracers (kprobes, optprobes, uprobes, kinst, fasttrap) over every "
                                      "instruction of an image: agree, tracer-wrong, tracer-refuses-provable, "
                                      "both-refuse, unknown")
     a.add_argument("image", nargs="?", default=None, type=types["IN_FILE"],
                    help="vmlinux, or a user-space ELF (default: the Debian 6.1 cloud kernel)")
     a.add_argument("--tracer", action="append", default=[], metavar="NAME",
-                   help="a modelled tracer: kprobes@6.1, kprobes@6.12, uprobes@6.1, uprobes@6.12, kinst, fasttrap, "
-                        "or a history version (kprobes@5.19 ...); repeatable (optprobes is not modelled yet: "
-                        "docs/audit.md)")
+                   help="a modelled tracer: kprobes@6.1, kprobes@6.12, optprobes@6.1, optprobes@6.12, uprobes@6.1, "
+                        "uprobes@6.12, kinst, fasttrap, or a history version (kprobes@5.19 ...); repeatable")
     a.add_argument("--tracer-cmd", action="append", default=[], metavar="CMD",
                    help="an unmodelled tracer as a command speaking the protocol of docs/audit.md; repeatable")
     a.add_argument("--system-map", default=None, metavar="FILE", type=types["IN_FILE"],
@@ -93,10 +92,11 @@ def command(args, out: TextIO) -> int:
         image_id = store.find_image(image.identity)
     finally:
         store.close()
+    facts = image_facts(image, sites=kernel) if any(getattr(m, "per_function", False) for m in models) else None
     auditor = Auditor(models, tramp, args.timeout, cache_dir)
     say = None if args.no_progress else _progress()
     try:
-        summary = audit_store(db, auditor, image_id, args.limit, say)
+        summary = audit_store(db, auditor, image_id, args.limit, say, facts)
     finally:
         auditor.close()
         if say is not None:
@@ -124,6 +124,26 @@ def command(args, out: TextIO) -> int:
     return 1 if any(t["buckets"]["tracer-wrong"] for t in summary["tracers"].values()) else 0
 
 
+def image_facts(image, sites: bool):
+    """What optprobes reads from the image: the retpoline thunk range, and every transfer into a
+    range (``kernel.patch_range.PatchRanges``: one walk over every function, and the site tables)."""
+    import hashlib
+
+    from ..image.functions import find_functions
+    from ..kernel.patch_range import PatchRanges
+    from ..kernel.sites import find_sites
+    from ..tracers.audit import ImageFacts
+    from ..tracers.optprobes import entries_of
+
+    ranges = PatchRanges(image, find_functions(image), find_sites(image) if sites else None)
+    lo, hi = image.symbol_address("__indirect_thunk_start"), image.symbol_address("__indirect_thunk_end")
+
+    def digest(start: int, size: int) -> bytes:
+        return hashlib.blake2b(repr(ranges.entries_inside(start - 1, size + 1)).encode(), digest_size=12).digest()
+
+    return ImageFacts(None if lo is None or hi is None else (lo, hi), entries_of(ranges), digest)
+
+
 def render(summary: dict) -> str:
     from ..tracers.audit import BUCKETS
 
@@ -140,7 +160,9 @@ def render(summary: dict) -> str:
             lines.append(f"  tracer-wrong {escape(name)}: {g['count']:,} x {escape(g['group'])} "
                          f"(e.g. {ex['function']} {ex['bytes']})")
             cex = g["detail"].get("counterexample")
-            if cex:
+            if cex and g["detail"].get("answer", {}).get("block"):  # replayed inside the block proof, or structural
+                lines.append(f"    {escape(cex['replay_note'])}")
+            elif cex:
                 lines.append(f"    replay: {escape(cex['replay'])}")
     return "\n".join(lines) + "\n"
 

@@ -74,35 +74,18 @@ def _instruction(args, index):
     return decoded, loc
 
 
-def _prover(args):
-    """A Prover that asks the persistent proof cache first (one key at a time), and the cache to add to."""
-    from ..engine.pipeline import Prover
-    from ..environment import default_proof_cache_dir
-    from ..proof.cache_key import cache_tag
-    from ..store.cache import ProofCache
-
-    cache = ProofCache(None if args.no_cache else default_proof_cache_dir())
-    tag = cache_tag()
-    prover = Prover(args.tramp, args.timeout, (lambda: cache.lookup(tag)) if cache.enabled else None)
-    return prover, cache, tag
-
-
 def command(args, out: TextIO) -> int:
     index = locate.image_index(args)
     decoded, loc = _instruction(args, index)
 
-    from ..plan.plan import make_plan
+    from ..engine.one_instruction import verify_instruction
+    from ..environment import default_proof_cache_dir
     from ..proof.verdict import ProofResult, verdict_exit_code
 
-    plan = make_plan(decoded, args.tramp)
-    prover, cache, tag = _prover(args)
-    finding = prover.verify(decoded.raw, decoded.address).finding
-    site_doc = None
-    if index is not None and index.sites is not None:
-        finding, site_doc = _with_sites(index, decoded, finding, prover)
-    if prover.new_proofs:
-        cache.add(tag, {}, prover.new_proofs)
-    cache.close()
+    image, sites = (index.image, index.sites) if index is not None else (None, None)
+    cache_dir = None if args.no_cache else default_proof_cache_dir()
+    checked = verify_instruction(decoded, args.tramp, args.timeout, cache_dir, image, sites)
+    plan, finding = checked.plan, checked.finding
     result = ProofResult(finding.verdict, finding.reason, finding.method, finding.counterexample)
     where = locate.describe(loc)
     if args.json:
@@ -119,8 +102,8 @@ def command(args, out: TextIO) -> int:
             **result.as_json(),
             "cached": not finding.fresh and finding.verdict.value != "rejected",
         }
-        if site_doc is not None:
-            doc["sites"] = site_doc
+        if checked.sites is not None:
+            doc["sites"] = [site.as_json() for site in checked.sites]
         json.dump(doc, out, indent=2, ensure_ascii=True)
         out.write("\n")
         return verdict_exit_code(result.verdict)
@@ -139,25 +122,10 @@ def command(args, out: TextIO) -> int:
         out.write("\n".join(disasm(plan.trampoline, plan.tramp)) + "\n")
     for e in plan.effects:
         out.write(f"  the tracer emulates: {e.describe()}\n")
-    for site in site_doc or ():
-        out.write(wrap(f"site: {site['kind']} at {site['address']} ({site['consequence']}): "
-                       f"{escape(site['reason'])}") + "\n")
+    for site in checked.sites or ():
+        out.write(wrap(f"site: {site.kind} at {site.address:#x} ({site.consequence}): {escape(site.reason)}") + "\n")
     text = result.render()
     first, _, rest = text.partition("\n")
     out.write(wrap(first) + "\n" + rest)
     return verdict_exit_code(result.verdict)
 
-
-def _with_sites(index, decoded, finding, prover):
-    """The finding at the address in the kernel image: its sites, and every variant that can run there."""
-    from ..kernel.site_verdicts import site_finding
-    from ..kernel.sites import POLICY_BY_KIND
-    from ..kernel.variants import VariantFinder
-
-    found = tuple(index.sites.sites_at(decoded.address, decoded.length))
-    new, _ = site_finding(finding, found, decoded.address, decoded.raw, VariantFinder(index.image),
-                          lambda other: prover.verify(other, decoded.address).finding)
-    doc = [{"kind": s.kind, "address": hex(s.address), "length": s.length,
-            "consequence": POLICY_BY_KIND[s.kind].consequence if s.kind in POLICY_BY_KIND else "mark",
-            "reason": POLICY_BY_KIND[s.kind].reason if s.kind in POLICY_BY_KIND else ""} for s in found]
-    return new, doc

@@ -1,20 +1,14 @@
-"""``relocverify elf``: verify every instruction of a user-space executable or shared library,
-by the user-space policy table (``plan.policy.USER_RULES``: fasttrap and uprobes)."""
+"""``relocverify elf``: verify every instruction of a user-space executable or shared library, by the
+user-space policy table (``plan.policy.USER_RULES``: fasttrap and uprobes), with
+``engine.verify.verify_elf``; and show the summary (one file's, or a batch's totals)."""
 
 from __future__ import annotations
 
-import os
 from typing import TextIO
 
-from .arguments import add_batch_options
-from .finish import finish, totals_over
-from .package import add_jump_probes
-from .render import escape
-from ..x86.registers import KERNEL_HALF
-
-#: Where a user-space tracer's trampolines live relative to the code: a page 1 MiB past the
-#: image's end, as uprobes maps its execute-out-of-line page into the process.
-TRAMPOLINE_GAP = 1 << 20
+from .arguments import add_batch_options, add_jump_probes
+from .finish import finish
+from .render import escape, verdict_counts
 
 
 def add_parser(sub, types) -> None:
@@ -32,143 +26,37 @@ def add_parser(sub, types) -> None:
     add_jump_probes(e)
 
 
-def expand(paths: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The ELF files the arguments name (a directory: the regular files directly inside, sorted,
-    each real file once), and the files skipped with why."""
-    files: list[str] = []
-    skipped: dict[str, str] = {}
-    seen: set[str] = set()
-    for p in paths:
-        names = [os.path.join(p, n) for n in sorted(os.listdir(p))] if os.path.isdir(p) else [p]
-        for name in names:
-            real = os.path.realpath(name)
-            if real in seen:
-                continue
-            seen.add(real)
-            if not os.path.isfile(real):
-                if not os.path.isdir(p):
-                    skipped[name] = "not a regular file"
-                continue
-            try:
-                with open(real, "rb") as fh:
-                    head = fh.read(20)
-            except OSError as exc:
-                skipped[name] = f"cannot read: {exc.strerror}"
-                continue
-            if head[:4] != b"\x7fELF":
-                skipped[name] = "not an ELF file (a script or data)"
-            elif head[18:20] != b"\x3e\x00":
-                skipped[name] = "not x86-64"
-            else:
-                files.append(name)
-    return files, skipped
-
-
-def _tramp_for(image, args) -> int:
-    from ..errors import InputError
-
-    code = list(image.iter_executable_sections())
-    if not code:
-        raise InputError(f"{image.path}: no executable section")
-    if any(s.address >= KERNEL_HALF for s in code):
-        raise InputError(f"{image.path}: a kernel image (code in the kernel half): use relocverify vmlinux")
-    return user_trampoline(image, args.trampoline_base)
-
-
-def user_trampoline(image, base: int | None = None) -> int:
-    """A user-space image's slot: ``base`` if given, else the page ``TRAMPOLINE_GAP`` past the image's
-    end (where uprobes maps its execute-out-of-line page, near enough for rel32)."""
-    if base is not None:
-        return base
-    end = max((s.end for s in image.sections if s.alloc), default=0)
-    return (end + TRAMPOLINE_GAP) & ~0xFFF
-
-
 def command(args, out: TextIO) -> int:
-    if len(args.paths) == 1 and not os.path.isdir(args.paths[0]):
-        args.path = args.paths[0]
-        return _one(args, out)
-    return _many(args, out)
+    from ..engine.verify import verify_elf
+    from .arguments import progress_lines, run_options
+
+    # the user-space policy, and each file's own slot (engine.verify.user_trampoline), are verify_elf's
+    summary = verify_elf(args.paths, run_options(args, 0), args.db, args.trampoline_base, progress_lines(args))
+    if summary.batch:
+        _render_batch(summary, args.jump_probes, out)
+    else:
+        _render_one(summary, args.jump_probes, out)
+    return finish(out, args, summary)
 
 
-def _many(args, out: TextIO) -> int:
-    """Every ELF file the arguments name, into one store, on one session's workers."""
-    import sys
-    import time
-    from dataclasses import replace
+def _render_one(summary, jump_probes: bool, out: TextIO) -> None:
+    from ..engine.summary import render_summary
 
-    from ..engine.executors import default_jobs
-    from ..engine.progress import Progress
-    from ..engine.run import RunOptions, Session, run
-    from ..environment import default_proof_cache_dir
-    from ..errors import InputError, RelocverifyError
-    from ..image.functions import find_functions
-    from ..image.loader import load_image
-    from .package import empty_summary
-
-    files, skipped = expand(args.paths)
-    if not files:
-        raise InputError(f"no x86-64 ELF file in {', '.join(args.paths)}")
-    db = args.db or os.path.abspath("relocverify-user.sqlite")
-    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(0, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user",
-                         jump_probes=args.jump_probes)
-    quiet = Progress(enabled=False)
-    say = (lambda line: None) if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
-    images: dict[str, dict] = {}
-    t0 = time.monotonic()
-    with Session(options) as session:
-        for k, path in enumerate(files):
-            try:
-                image = load_image(path)
-                tramp = _tramp_for(image, args)
-            except RelocverifyError as exc:  # one bad file is skipped with its reason, not the run
-                skipped[path] = str(exc).split(": ", 1)[-1]
-                continue
-            if not find_functions(image):
-                images[path] = empty_summary(image, args.jump_probes)
-                continue
-            images[path] = run(image, db, replace(options, tramp=tramp), quiet, session)
-            if (k + 1) % 50 == 0:
-                say(f"files: {k + 1:,}/{len(files):,}, {time.monotonic() - t0:.0f} s")
-    totals, adds_up = totals_over(images.values())
-    out.write(f"{len(images):,} ELF files, {sum(totals.values()):,} instructions in {time.monotonic() - t0:.0f} s; "
-              + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}; policy: user space\n")
-    if skipped:
-        reasons: dict[str, int] = {}
-        for why in skipped.values():
-            reasons[why] = reasons.get(why, 0) + 1
-        out.write(f"skipped {len(skipped):,}: " + ", ".join(f"{escape(k)} {v:,}" for k, v in
-                                                            sorted(reasons.items(), key=lambda kv: -kv[1])) + "\n")
-    report = {"images": images, "skipped": skipped, "totals": totals, "totals_add_up": adds_up}
-    if args.jump_probes:
-        from ..engine.jumps import jump_totals, render_jump_totals
-
-        report["jump_probe"] = jumps = jump_totals(s["jump_probe"] for s in images.values())
-        out.write(render_jump_totals(jumps, escape))
-        adds_up = adds_up and jumps["totals_add_up"]
-    out.write(f"store: {escape(db)}\n")
-    return finish(out, args, report, totals, adds_up)
+    out.write(render_summary(summary.document, escape))
+    if jump_probes:
+        unchecked = summary.document["jump_probe"].get("unchecked", ())
+        out.write("".join(f"jump probes, not checked: {escape(u)}\n" for u in unchecked))
+    out.write(f"trampoline: {summary.tramp:#x}; policy: user space\nstore: {escape(summary.store)}\n")
 
 
-def _one(args, out: TextIO) -> int:
-    from ..engine.executors import default_jobs
-    from ..engine.progress import Progress
-    from ..engine.run import RunOptions, render_summary, run
-    from ..environment import default_proof_cache_dir
-    from ..image.loader import load_image
+def _render_batch(summary, jump_probes: bool, out: TextIO) -> None:
+    out.write(f"{summary.images:,} ELF files, {summary.instructions:,} instructions in {summary.wall_s:.0f} s; "
+              f"{verdict_counts(summary.by_verdict)}; totals add up: {summary.totals_add_up}; policy: user space\n")
+    if summary.skipped:
+        out.write(f"skipped {len(summary.document['skipped']):,}: "
+                  + ", ".join(f"{escape(why)} {n:,}" for why, n in summary.skipped) + "\n")
+    if jump_probes:
+        from ..engine.jumps import render_jump_totals
 
-    image = load_image(args.path)
-    tramp = _tramp_for(image, args)
-    db = args.db or os.path.abspath(f"relocverify-{image.identity[:12]}.sqlite")
-    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(tramp, args.jobs or default_jobs(), args.timeout, None, False, cache_dir, "user",
-                         jump_probes=args.jump_probes)
-    summary = run(image, db, options, Progress(enabled=not args.no_progress))
-    out.write(render_summary(summary, escape))
-    complete = summary["totals_add_up"] and summary["run"]["status"] == "complete"
-    if args.jump_probes:
-        out.write("".join(f"jump probes, not checked: {escape(u)}\n" for u in summary["jump_probe"].get("unchecked", ())))
-        complete = complete and summary["jump_probe"]["totals_add_up"]
-    out.write(f"trampoline: {tramp:#x}; policy: user space\nstore: {escape(db)}\n")
-    return finish(out, args, summary, summary["by_verdict"], complete)
+        out.write(render_jump_totals(summary.document["jump_probe"], escape))
+    out.write(f"store: {escape(summary.store)}\n")

@@ -265,9 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the trampoline address every plan uses (default {DEFAULT_TRAMP:#x})")
     v.add_argument("--limit", type=COUNT, default=None, metavar="N", help="verify only the first N functions")
     A.add_batch_options(v, TYPES, "also write the summary as JSON to FILE")
-    v.add_argument("--jump-probes", action="store_true",
-                   help="also answer, per instruction, whether a jump-optimized probe can sit there (a range "
-                        "safe to overwrite, a block plan, a block proof) and why not")
+    A.add_jump_probes(v)
     A.add_dask(v, TYPES)
     v.set_defaults(func=cmd_vmlinux)
 

@@ -1,16 +1,15 @@
 """``relocverify module``: verify every instruction of kernel modules, laid out in module space
-and relocated against the vmlinux's symbols (``image.module``), into one store."""
+and relocated against the vmlinux's symbols (``image.module``), into one store
+(``engine.verify.verify_module``); a line per module as it is done, then the totals."""
 
 from __future__ import annotations
 
 import os
 from typing import TextIO
 
-from ..errors import InputError
-from .arguments import add_batch_options
-from .finish import finish, totals_over
-from .package import add_jump_probes
-from .render import escape
+from .arguments import add_batch_options, add_jump_probes
+from .finish import finish
+from .render import escape, verdict_counts
 
 
 def add_parser(sub, types) -> None:
@@ -30,42 +29,27 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.executors import default_jobs
-    from ..engine.progress import Progress
-    from ..engine.run import RunOptions, run
-    from ..environment import default_proof_cache_dir
-    from ..image.loader import load_image, require_kernel
-    from ..image.functions import find_functions
-    from ..image.module import MODULE_BASE, load_modules
-    from .package import empty_summary
+    from ..engine.verify import verify_module
+    from .arguments import progress_lines, run_options
 
-    kernel = load_image(args.kernel, args.system_map)
-    require_kernel(kernel)
-    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(args.trampoline_base, args.jobs or default_jobs(), args.timeout, None, True, cache_dir,
-                         jump_probes=args.jump_probes)
-    base = MODULE_BASE if args.base is None else args.base
-    if base & 0xFFF:
-        raise InputError(f"--base {base:#x} is not page-aligned: module_alloc() gives pages; e.g. {MODULE_BASE:#x}")
-    results = {}
-    for path, image in load_modules(args.modules, kernel, base):
-        summary = run(image, args.db, options, Progress(enabled=not args.no_progress)) if find_functions(image) \
-            else empty_summary(image, args.jump_probes)
-        results[path] = summary
-        out.write(f"{escape(os.path.basename(path))}: {summary['instructions']:,} instructions in "
-                  f"{summary['functions']:,} functions; " + ", ".join(f"{k} {v:,}" for k, v in
-                                                                     summary["by_verdict"].items())
-                  + (f"; jump probes eligible {summary['jump_probe']['eligible']:,}" if args.jump_probes else "")
-                  + f"; totals add up: {summary['totals_add_up']}\n")
-    totals, adds_up = totals_over(results.values())
-    out.write(f"all {len(results)} modules: {sum(totals.values()):,} instructions; "
-              + ", ".join(f"{k} {v:,}" for k, v in totals.items()) + f"; totals add up: {adds_up}\n")
-    report = {"modules": results, "totals": totals, "totals_add_up": adds_up}
+    def done(path: str, summary: dict) -> None:
+        out.write(module_line(path, summary, args.jump_probes))
+
+    summary = verify_module(args.modules, args.kernel, run_options(args, args.trampoline_base), args.db,
+                            args.system_map, args.base, progress_lines(args), on_image=done)
+    out.write(f"all {summary.images} modules: {summary.instructions:,} instructions; "
+              f"{verdict_counts(summary.by_verdict)}; totals add up: {summary.totals_add_up}\n")
     if args.jump_probes:
-        from ..engine.jumps import jump_totals, render_jump_totals
+        from ..engine.jumps import render_jump_totals
 
-        report["jump_probe"] = jumps = jump_totals(s["jump_probe"] for s in results.values())
-        out.write(render_jump_totals(jumps, escape))
-        adds_up = adds_up and jumps["totals_add_up"]
-    out.write(f"store: {escape(args.db)}\n")
-    return finish(out, args, report, totals, adds_up)
+        out.write(render_jump_totals(summary.document["jump_probe"], escape))
+    out.write(f"store: {escape(summary.store)}\n")
+    return finish(out, args, summary)
+
+
+def module_line(path: str, summary: dict, jump_probes: bool) -> str:
+    """One module's line: its instructions and functions, its verdicts, whether its totals add up."""
+    return (f"{escape(os.path.basename(path))}: {summary['instructions']:,} instructions in "
+            f"{summary['functions']:,} functions; {verdict_counts(summary['by_verdict'])}"
+            + (f"; jump probes eligible {summary['jump_probe']['eligible']:,}" if jump_probes else "")
+            + f"; totals add up: {summary['totals_add_up']}\n")

@@ -34,6 +34,11 @@ def escape(text: str) -> str:
     return printable(text)
 
 
+def verdict_counts(by_verdict) -> str:
+    """Counts by verdict (or by anything) as one line's part: ``proved 12, rejected 1``."""
+    return ", ".join(f"{k} {v:,}" for k, v in by_verdict.items())
+
+
 def wrap(text: str, indent: str = "    ") -> str:
     """``text`` wrapped at word boundaries to the terminal's width (80 when not a terminal), the continuation
     lines indented: a reason is never cut, only folded."""

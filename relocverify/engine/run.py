@@ -132,10 +132,57 @@ def overlaps(image: Image, functions: list[tuple[int, Function]]) -> dict[int, f
     return {fid: frozenset(a) for fid, a in skip.items()}
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a run does for an image, as its store says when the run starts: the image's id and
+    description, its functions by id, the configuration's id, the functions stored under the same
+    configuration before (``done``) or under another one (``stale``), those to verify (``todo``, by
+    address), the summary of the last run with the same scope when nothing is left to do, and this
+    run's id."""
+
+    image_id: int
+    info: dict
+    functions: dict[int, Function]
+    config_id: int
+    done: frozenset[int]
+    stale: frozenset[int]
+    todo: tuple[int, ...]
+    previous: dict | None
+    run_id: int
+
+
+@dataclass(frozen=True)
+class PhaseCounts:
+    """What the survey, proofs and rows phases did: the instructions of the functions they walked, the
+    distinct instance keys (``keys``), of which the persistent cache knew ``cached`` and ``proved`` were
+    proved now, and the rows written."""
+
+    instructions: int = 0
+    keys: int = 0
+    cached: int = 0
+    proved: int = 0
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What the workers did for an image: the instructions of every function in scope (verified now, or
+    stored by an earlier run), the phases' counts, the alternative replacements' summary (None: no
+    sites), the block proofs the jump-probe phase made (None: not asked) and the range rules it did not
+    check (``PatchRanges.unchecked``)."""
+
+    expected: int
+    counts: PhaseCounts
+    alternatives: dict | None = None
+    jump_proofs: int | None = None
+    unchecked: tuple[str, ...] = ()
+
+
 def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None,
         session: Session | None = None) -> dict:
     """Verify every instruction of ``image`` (its first ``limit`` functions) into the store at
-    ``store_path``, on ``session``'s workers if given (else on a pool of its own)."""
+    ``store_path``, on ``session``'s workers if given (else on a pool of its own); returns the summary
+    (``summary.summarize``, with the run's section), as the store records it."""
     progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -156,91 +203,114 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     versions = tool_versions()
     store = Store(store_path)
     try:
-        store.mark_abandoned_runs()
-        store.merge_shards(leftover_shards(store_path))  # functions a killed run finished are kept
-        info = {"path": image.path, "format": image.format, "compression": image.compression,
-                "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
-                "notes": list(image.notes)}
-        image_id = store.image_id(image.identity, image.path, image.format, image.symbol_source, info)
-        ids = store.add_functions(image_id, ((f.start, f.size, f.name, f.section, _bytes_of(image, f))
-                                             for f in functions))
-        by_id = {ids[(f.start, f.name)]: f for f in functions}
-        config_id = store.config_id(config)
-        done = store.verified_functions(image_id, config) & set(by_id)
-        stale = frozenset(store.stale_functions(image_id, config))
-        todo = [fid for fid, f in sorted(by_id.items(), key=lambda p: (p[1].start, p[1].name)) if fid not in done]
-        previous = None if todo else store.last_summary(image_id, config, options.limit)
-        run_id = store.start_run(image_id, config, versions, options.limit)
+        scope = _scope(store, image, functions, config, versions, options.limit)
     except BaseException:
         store.close()
         raise
-    status, counts = "complete", {"keys": 0, "cached": 0, "proved": 0}
-    jump_proofs = None
-    expected = 0
-    alternatives = None
     try:
         phases["setup_s"] = time.monotonic() - t0
-        own = session is None
-        if own:
-            session = Session(options)
-        try:
-            cache, cached = session.findings(tag)
-            skip = overlaps(image, list(by_id.items()))
-            ranges = None
-            if options.jump_probes:
-                from .jumps import patch_ranges
-
-                ranges = patch_ranges(image, functions, sites, options.policy)
-            job = Job(image, by_id, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
-                      store_path, config_id, store.outcome_ids_now(), skip, stale, rules, ranges)
-            pool = session.pool_for(job)
-            expected, counts = _phases(pool, job, todo, cache, tag, progress, phases, store, config)
-            expected += _count_done(pool, job, sorted(done))
-            if sites is not None:
-                t1 = time.monotonic()
-                alternatives = _replacements(pool, job, store, image_id, progress)
-                phases["replacements_s"] = time.monotonic() - t1
-            if options.jump_probes:
-                t1 = time.monotonic()
-                jump_proofs = _jump_probes(pool, store, image_id, progress)
-                phases["jump_probes_s"] = time.monotonic() - t1
-            _harvest(pool, cache, tag, cached)
-        finally:
-            if own:
-                session.close()
+        work = _verify(image, store, scope, functions, sites, options, session, tag, config, rules, progress, phases)
     except KeyboardInterrupt:
-        status = "interrupted"
-        store.finish_run(run_id, status, None)
+        store.finish_run(scope.run_id, "interrupted", None)
         store.close()
         raise
     except BaseException:
-        store.finish_run(run_id, "failed", None)
+        store.finish_run(scope.run_id, "failed", None)
         store.close()
         raise
     try:
-        t1 = time.monotonic()
-        if previous is not None and previous.get("functions") == len(functions):
-            summary = previous  # nothing was verified: every stored row is as that run left it
-            alternatives = previous.get("alternative_replacements")
-        else:
-            summary = summarize(store, image_id, info | {"identity": image.identity}, len(functions), expected,
-                                sites)
-        phases["summary_s"] = time.monotonic() - t1
-        if alternatives is not None:
-            summary["alternative_replacements"] = alternatives
-        if options.jump_probes:
-            summary["jump_probe"] = jump_summary(store, image_id, summary["instructions"], jump_proofs,
-                                                 ranges.unchecked)
+        summary = _summary(store, image, scope, len(functions), sites, work, options.jump_probes, phases)
         wall = time.monotonic() - t0
-        verified_now = counts.get("rows", 0)
-        summary["run"] = {"id": run_id, "status": status, "verified_now": verified_now, "resumed": len(done),
-                          "proof_cache": {k: counts[k] for k in ("keys", "cached", "proved")},
+        summary["run"] = {"id": scope.run_id, "status": "complete", "verified_now": work.counts.rows,
+                          "resumed": len(scope.done),
+                          "proof_cache": {"keys": work.counts.keys, "cached": work.counts.cached,
+                                          "proved": work.counts.proved},
                           "phases": {k: round(v, 3) for k, v in phases.items()}, "versions": versions}
         summary["wall_s"] = round(wall, 3)
-        summary["instructions_per_s"] = round(verified_now / wall, 1) if wall > 0 else None
-        store.finish_run(run_id, status, summary)
+        summary["instructions_per_s"] = round(work.counts.rows / wall, 1) if wall > 0 else None
+        store.finish_run(scope.run_id, "complete", summary)
     finally:
         store.close()
+    return summary
+
+
+def _scope(store: Store, image: Image, functions: list[Function], config: str, versions: dict,
+           limit: int | None) -> Scope:
+    """The store made ready for a run of ``image``: runs a killed process left marked abandoned, the
+    functions it finished merged in, the image and its functions added; the run started."""
+    store.mark_abandoned_runs()
+    store.merge_shards(leftover_shards(store.path))  # functions a killed run finished are kept
+    info = {"path": image.path, "format": image.format, "compression": image.compression,
+            "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
+            "notes": list(image.notes)}
+    image_id = store.image_id(image.identity, image.path, image.format, image.symbol_source, info)
+    ids = store.add_functions(image_id, ((f.start, f.size, f.name, f.section, _bytes_of(image, f))
+                                         for f in functions))
+    by_id = {ids[(f.start, f.name)]: f for f in functions}
+    config_id = store.config_id(config)
+    done = frozenset(store.verified_functions(image_id, config) & set(by_id))
+    stale = frozenset(store.stale_functions(image_id, config))
+    todo = tuple(fid for fid, f in sorted(by_id.items(), key=lambda p: (p[1].start, p[1].name)) if fid not in done)
+    previous = None if todo else store.last_summary(image_id, config, limit)
+    run_id = store.start_run(image_id, config, versions, limit)
+    return Scope(image_id, info, by_id, config_id, done, stale, todo, previous, run_id)
+
+
+def _verify(image: Image, store: Store, scope: Scope, functions: list[Function], sites, options: RunOptions,
+            session: Session | None, tag: bytes, config: str, rules, progress: Progress,
+            phases: dict[str, float]) -> Verification:
+    """The phases on ``session``'s pool (a pool of its own when None): survey, proofs and rows over the
+    functions to do; the counts of those done before; the alternatives' replacements; the jump probes."""
+    own = session is None
+    if own:
+        session = Session(options)
+    try:
+        cache, cached = session.findings(tag)
+        skip = overlaps(image, list(scope.functions.items()))
+        ranges = None
+        if options.jump_probes:
+            from .jumps import patch_ranges
+
+            ranges = patch_ranges(image, functions, sites, options.policy)
+        job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
+                  store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges)
+        pool = session.pool_for(job)
+        counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
+        expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
+        alternatives = jump_proofs = None
+        if sites is not None:
+            t1 = time.monotonic()
+            alternatives = _replacements(pool, job, store, scope.image_id, progress)
+            phases["replacements_s"] = time.monotonic() - t1
+        if options.jump_probes:
+            t1 = time.monotonic()
+            jump_proofs = _jump_probes(pool, store, scope.image_id, progress)
+            phases["jump_probes_s"] = time.monotonic() - t1
+        _harvest(pool, cache, tag, cached)
+    finally:
+        if own:
+            session.close()
+    return Verification(expected, counts, alternatives, jump_proofs, tuple(ranges.unchecked) if ranges is not None else ())
+
+
+def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, work: Verification,
+             jump_probes: bool, phases: dict[str, float]) -> dict:
+    """The image's summary from the store (the last run's, when this one verified nothing), with the
+    alternative replacements' and, when asked for, the jump probes' sections."""
+    t1 = time.monotonic()
+    alternatives = work.alternatives
+    if scope.previous is not None and scope.previous.get("functions") == functions:
+        summary = scope.previous  # nothing was verified: every stored row is as that run left it
+        alternatives = scope.previous.get("alternative_replacements")
+    else:
+        summary = summarize(store, scope.image_id, scope.info | {"identity": image.identity}, functions,
+                            work.expected, sites)
+    phases["summary_s"] = time.monotonic() - t1
+    if alternatives is not None:
+        summary["alternative_replacements"] = alternatives
+    if jump_probes:
+        summary["jump_probe"] = jump_summary(store, scope.image_id, summary["instructions"], work.jump_proofs,
+                                             work.unchecked)
     return summary
 
 
@@ -284,8 +354,8 @@ def _bytes_of(image: Image, f: Function) -> bytes:
 
 
 def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: bytes, progress: Progress,
-            phases: dict, store: Store, config: str) -> tuple[int, dict]:
-    """Survey, proofs and rows over the functions to do; returns (their instruction count, counts)."""
+            phases: dict, store: Store, config: str) -> PhaseCounts:
+    """Survey, proofs and rows over the functions to do."""
     fallback: list[Worker] = []
     total = [0]
 
@@ -316,9 +386,9 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         rest = [f for f in fids if f not in stored]
         return [Task(task.method, (rest,), task.tag)] if rest else []
 
-    counts = {"keys": 0, "cached": 0, "proved": 0, "rows": 0}
+    counts = {"rows": 0}
     if not todo:
-        return 0, counts
+        return PhaseCounts()
     chunks = _chunks(todo, CHUNK_FUNCTIONS)
     queues = [[Task("survey", (c,), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
     owned: list[dict] = [{} for _ in range(pool.n)]
@@ -350,9 +420,6 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         for key, rep in owned[w].items():
             if key not in misses or rep[1] < misses[key][1]:
                 misses[key] = rep
-    counts["keys"] = len(misses) + len(hits)
-    counts["cached"] = len(hits)
-    counts["proved"] = len(misses)
     t1 = time.monotonic()
     learned: dict[bytes, Learned] = {}
     items = [(k, raw, a) for k, (raw, a) in sorted(misses.items(), key=lambda kv: kv[1][1])]
@@ -392,7 +459,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     for w in fallback:
         w.close()
     phases["rows_s"] = time.monotonic() - t1
-    return total[0], counts
+    return PhaseCounts(total[0], len(misses) + len(hits), len(hits), len(misses), counts["rows"])
 
 
 def _count_done(pool: LocalPool, job: Job, done: list[int]) -> int:
@@ -480,4 +547,5 @@ def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> No
     cached.update(findings)
 
 
-__all__ = ["RunOptions", "Session", "make_pool", "run", "render_summary", "overlaps"]
+__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "render_summary",
+           "overlaps", "jump_summary"]

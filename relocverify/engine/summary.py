@@ -1,8 +1,13 @@
-"""The summary of a run: counts over every stored instruction of an image, and its text form."""
+"""The summary of a run: counts over every stored instruction of an image, and its text form; the summary
+of an image with nothing to verify; totals over several images; and ``RunSummary``, what a ``verify_*``
+call (``engine.verify``) returns."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Mapping
 
 from ..proof.verdict import Verdict
 from ..store.store import Store, site_kinds
@@ -120,3 +125,64 @@ def render_summary(s: dict, escape=lambda text: text) -> str:
             lines.append(f"proof cache: {pc['keys']:,} instance keys, {pc['cached']:,} known, {pc['proved']:,} proved now")
     lines.append(f"wall: {s.get('wall_s', 0):.1f} s, {s.get('instructions_per_s') or 0:,.0f} insn/s verified in this run")
     return "\n".join(lines) + "\n"
+
+
+def empty_summary(image, jump_probes: bool = False) -> dict:
+    """The summary of an image with no function to verify: zero instructions, totals that add up."""
+    summary = {"image": {"path": image.path, "identity": image.identity}, "instructions": 0,
+               "instructions_expected": 0, "functions": 0, "by_verdict": {v.value: 0 for v in Verdict},
+               "totals_add_up": True}
+    if jump_probes:
+        from .jumps import empty_jump_section
+
+        summary["jump_probe"] = empty_jump_section()
+    return summary
+
+
+def totals_over(summaries: Iterable[dict]) -> tuple[dict[str, int], bool]:
+    """Verdict counts summed over several images' summaries, and whether each one's totals add up."""
+    summaries = list(summaries)
+    totals: dict[str, int] = {}
+    for s in summaries:
+        for verdict, n in s["by_verdict"].items():
+            totals[verdict] = totals.get(verdict, 0) + n
+    return totals, all(s["totals_add_up"] for s in summaries)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one ``verify_*`` call did (``engine.verify``).
+
+    ``document`` is the summary as JSON holds it (``--summary-json`` writes it as it is; nothing changes it
+    once made): one image's (``engine.run.run``) when ``batch`` is false, else a batch's, with every image's
+    summary, the totals and, with jump probes, theirs.  The other fields are what the command line shows
+    and decides by, typed: ``by_verdict`` over every image; ``totals_add_up``: every image's instructions
+    add up to its expected count (the document's ``totals_add_up``); ``complete``: every total the command
+    checks adds up and the run completed (``vmlinux``: the instructions'; the other commands: the jump
+    probes' too, when asked for); ``store``: the store's path; ``wall_s``: the run's seconds (a batch's:
+    from its first image loaded to the totals)."""
+
+    document: dict
+    store: str
+    by_verdict: Mapping[str, int]
+    totals_add_up: bool
+    complete: bool
+    batch: bool = False
+    images: int = 1  # images with a summary (a batch: those with no function included)
+    wall_s: float = 0.0
+    tramp: int | None = None  # one image: the trampoline every plan used
+    label: str | None = None  # package: the kernel as its argument names it (a named kernel, a path's last part)
+    modules: int = 0  # package: the modules named (after --limit-modules)
+    module_by_verdict: Mapping[str, int] | None = None  # package: by verdict over the modules alone (None: none)
+    module_instructions: int = 0  # package: the modules' instructions
+    skipped: tuple[tuple[str, int], ...] = ()  # elf: why files were skipped, with how many, the most first
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_verdict", MappingProxyType(dict(self.by_verdict)))
+        if self.module_by_verdict is not None:
+            object.__setattr__(self, "module_by_verdict", MappingProxyType(dict(self.module_by_verdict)))
+
+    @property
+    def instructions(self) -> int:
+        """Every image's instructions: the verdicts' total."""
+        return sum(self.by_verdict.values())
