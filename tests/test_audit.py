@@ -417,7 +417,7 @@ def test_audit_without_a_tracer_is_a_usage_error(tmp_path):
 def test_whole_kernel_models_decide_as_the_compiled_code(debian_kernels):
     from relocverify.image.functions import find_functions, iter_instruction_spans
     from relocverify.image.loader import load_image
-    from relocverify.tracers.compiled import compare, compare_emulation, compare_xol
+    from relocverify.tracers.compiled import compare, compare_emulation, compare_optprobes, compare_xol
 
     kernel, _ = debian_kernels("debian-6.1-cloud")
     image = load_image(kernel.vmlinux)
@@ -429,6 +429,7 @@ def test_whole_kernel_models_decide_as_the_compiled_code(debian_kernels):
     assert all(r["differ"] == 0 for r in result.values()), result
     assert compare_emulation("6.1", items, T)["differ"] == 0
     assert compare_xol("6.1", items)["differ"] == 0
+    assert compare_optprobes("6.1", items)["differ"] == 0
 
 
 def test_the_report_has_a_tracer_page_with_the_counterexamples(audited):

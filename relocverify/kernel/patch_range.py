@@ -131,22 +131,27 @@ class PatchRanges:
             "no SiteIndex: kernel sites, __ex_table and __jump_table were not checked",)
         self.counts = JumpCounts()
         self._indirect: dict[int, IndirectJump] = {}
-        targets = array("Q")
-        self._walk(targets)
+        targets, sources = array("Q"), array("Q")
+        self._walk(targets, sources)
         self._extable_functions: dict[int, int] = {}
+        self._site_sources: dict[int, str] = {}  # a site's address -> its kind, for the entries it makes
         if sites is not None:
-            for site in sites.iter_sites("extable"):
-                self._add_extable(site.address)
-                if site.target is not None:
-                    targets.append(site.target)
-            for site in sites.iter_sites("jump_label"):
-                if site.target is not None:
-                    targets.append(site.target)
+            for kind in ("extable", "jump_label"):
+                for site in sites.iter_sites(kind):
+                    if kind == "extable":
+                        self._add_extable(site.address)
+                    if site.target is not None:
+                        targets.append(site.target)
+                        sources.append(site.address)
+                        self._site_sources[site.address] = kind
         self._targets = sorted(set(targets))
+        order = sorted(range(len(targets)), key=targets.__getitem__)
+        self._by_target = array("Q", (targets[i] for i in order))  # every (target, source), by target
+        self._sources = array("Q", (sources[i] for i in order))
         self._pointers = self._data_pointers()
 
     # -- building ------------------------------------------------------------
-    def _walk(self, targets: array) -> None:
+    def _walk(self, targets: array, sources: array) -> None:
         is_thunk = _thunk_targets(self.image, self.sites)
         counts = self.counts
         ins = Instruction()
@@ -163,6 +168,7 @@ class PatchRanges:
                         continue
                     target = ins.near_branch_target
                     targets.append(target)
+                    sources.append(ins.ip)
                     if fc in _JUMPS and is_thunk(target):
                         counts.thunk += 1
                         self._note(function, ins, "thunk")
@@ -227,6 +233,25 @@ class PatchRanges:
         i = bisect.bisect_right(self._targets, address)
         j = bisect.bisect_left(self._targets, address + length)
         return self._targets[i:j]
+
+    def entries_inside(self, address: int, length: int) -> list[tuple[int, int, str]]:
+        """(target, source, how) of every transfer strictly inside (address, address+length): a
+        direct branch or call of the text ('branch'), an exception fixup ('extable') or a static
+        key's jump ('jump_label')."""
+        i = bisect.bisect_right(self._by_target, address)
+        j = bisect.bisect_left(self._by_target, address + length)
+        out = []
+        for k in range(i, j):
+            source = self._sources[k]
+            how = self._site_sources.get(source)
+            if how is None:
+                how = "branch"
+            out.append((self._by_target[k], source, how))
+        return out
+
+    def function_at(self, address: int) -> Function | None:
+        """The function whose bytes hold ``address`` (None outside every function)."""
+        return self._function_at(address)
 
     def indirect_jump(self, function: Function) -> IndirectJump | None:
         return self._indirect.get(function.start)

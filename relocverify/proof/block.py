@@ -240,7 +240,9 @@ def block_fast_path(block: BlockPlan) -> bool:
     """Prove the block by IR identity, instruction by instruction, or return False (no conclusion).
 
     Argument.  For each i, instruction i lifted alone at A_i and the
-    trampoline lifted at T_i must have the same canonical IR
+    trampoline lifted at T_i up to T_{i+1} (piece i: a relocation that falls
+    through into the next one, as optprobes' copies do, exits to T_{i+1})
+    must have the same canonical IR
     (``fast_path.canon_block``: temps renamed, rip never read, writes of
     rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
     target inside the trampoline through the blocks there that only jump,
@@ -290,7 +292,8 @@ def block_fast_path(block: BlockPlan) -> bool:
             if orig.size != insn.length:
                 return False
             off = block.starts[i] - t
-            reloc = canon_block(L.lift(block.trampoline[off:], block.starts[i]), resolve)
+            stop = bounds[bisect.bisect_right(bounds, block.starts[i])] - t  # piece i ends where T_{i+1} starts
+            reloc = canon_block(L.lift(block.trampoline[off:stop], block.starts[i]), resolve)
             if reloc[-1][0] == "next" or canon_block(orig, lambda v: v) != reloc:
                 return False  # a computed exit may land inside (A, A+L): left to the SMT obligation
     except NotApplicable:

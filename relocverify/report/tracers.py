@@ -3,7 +3,8 @@
 Per tracer: the five buckets (agree, tracer-wrong, tracer-refuses-provable, both-refuse, unknown)
 adding up to the image's instructions; per bucket the groups (by cause, or by the tracer's
 refusal reason) with their counts, a few instances, the tracer's answer and the source line it
-cites; for every tracer-wrong group the counterexample and its replay command.  Static HTML
+cites; for every tracer-wrong group the counterexample and its replay command (for a block
+probe, what the block proof's own replay saw).  Static HTML
 under the report's Content-Security-Policy; every string from the store goes through
 ``html.escape``.  Reads the summary ``relocverify audit`` keeps beside the store (this module does not
 import the tracers package, which sits above the report)."""
@@ -80,8 +81,9 @@ def _group(g: dict) -> str:
         diffs = "".join(f"<li>{escape(d['what'])}: original {escape(str(d['original']))}, tracer "
                         f"{escape(str(d['relocated']))}</li>" for d in cex.get("differences", []))
         regs = ", ".join(f"{escape(k)}={escape(v)}" for k, v in cex.get("registers", {}).items())
-        parts.append(f"<p>counterexample: {regs or '(any registers)'}</p><ul>{diffs}</ul>"
-                     f"<p>replay: <code>{escape(cex.get('replay', ''))}</code></p>")
+        replay = (f"<p>{escape(cex.get('replay_note', ''))}</p>" if detail.get("answer", {}).get("block")
+                  else f"<p>replay: <code>{escape(cex.get('replay', ''))}</code></p>")
+        parts.append(f"<p>counterexample: {regs or '(any registers)'}</p><ul>{diffs}</ul>{replay}")
     examples = ", ".join(f"{escape(e['function'])} ({escape(e['address'])})" for e in g.get("examples", []))
     parts.append(f"<p>e.g. {examples}</p>")
     return (f"<details><summary>{g['count']:,} &times; {escape(g['group'])}</summary>{''.join(parts)}"

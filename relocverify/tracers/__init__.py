@@ -1,4 +1,4 @@
-"""Tracer models: what kprobes, uprobes, kinst and fasttrap do with an instruction (optprobes: docs/audit.md).
+"""Tracer models: what kprobes, optprobes, uprobes, kinst and fasttrap do with an instruction.
 
 One module per tracer and version (``kprobes_6_1``, ``kprobes_6_12``, ``uprobes_6_1``, ...), over
 shared model code (``kprobes``, ``uprobes``, ...); ``history`` holds versions from before known
@@ -16,12 +16,14 @@ from ..errors import InputError
 _MODELS = {
     "kprobes@6.1": ("kprobes_6_1", "MODEL"),
     "kprobes@6.12": ("kprobes_6_12", "MODEL"),
+    "optprobes@6.1": ("optprobes", "MODEL_6_1"),
+    "optprobes@6.12": ("optprobes", "MODEL_6_12"),
     "uprobes@6.1": ("uprobes_6_1", "MODEL"),
     "uprobes@6.12": ("uprobes_6_12", "MODEL"),
     "kinst": ("kinst", "MODEL"),
     "fasttrap": ("fasttrap", "MODEL"),
 }
-ALIASES = {"kprobes": "kprobes@6.1", "uprobes": "uprobes@6.1"}
+ALIASES = {"kprobes": "kprobes@6.1", "optprobes": "optprobes@6.1", "uprobes": "uprobes@6.1"}
 
 
 def names() -> list[str]:

@@ -39,6 +39,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..engine.keys import KeyMaker, per_instance
 from ..proof.cache_key import cache_tag, reusable
@@ -50,7 +51,7 @@ from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from . import linux_facts
 from .judge import proof_key, prove_answer
-from .model import Context, Refuse
+from .model import Context, Refuse, RelocateBlock
 
 BUCKETS = ("agree", "tracer-wrong", "tracer-refuses-provable", "both-refuse", "unknown")
 EXAMPLES = 3  # instances kept per group
@@ -128,6 +129,17 @@ class OutcomeMemo:
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What a per-function model (optprobes) reads from the image beyond the store's rows:
+    ``thunks``, the ``__indirect_thunk_start..end`` range; ``entries(address, length)``, the
+    image's transfers strictly inside a range (``optprobes.entries_of``), or None when unknown."""
+
+    thunks: tuple[int, int] | None = None
+    entries: Callable | None = None
+    entries_digest: Callable | None = None  # (start, size) -> bytes: what ``entries`` says about a function
 
 
 @dataclass
@@ -280,6 +292,69 @@ class Auditor:
         memo[key] = out.row()
         return out
 
+    # -- a per-function model ---------------------------------------------------------------
+    def function_outcomes(self, model, data: bytes, start: int, name: str, rows: list, masks: dict,
+                          gaps: frozenset[int], image: ImageFacts) -> list[TracerOutcome]:
+        """A per-function model's outcome for every row of one function, remembered whole under
+        what they depend on: the model, the function's bytes and address, the slot, its site
+        masks, the offsets kprobes' ``can_probe`` walk does not reach (``gaps``), and the image's
+        transfers into it."""
+        entries = b"" if image.entries_digest is None else image.entries_digest(start, len(data))
+        k = hashlib.blake2b(b"F" + data + start.to_bytes(8, "little") + repr(
+            (sorted(masks.items()), sorted(gaps), image.thunks, [r[0] for r in rows])).encode() + entries,
+            digest_size=20).digest()
+        memo = self.outcomes[model.name]
+        details = memo.setdefault(b"details", {})  # group -> the detail of its first instance
+        hit = memo.get(k)
+        if hit is not None:
+            return [TracerOutcome(*row, details.get(row[4], "{}")) for row in hit]
+        extable = frozenset(o for o, m in masks.items() if "extable" in site_kinds(m))
+        walk = model.function_walk(data, start, [r[0] for r in rows], extable, image.thunks)
+        sites_at = lambda o: site_kinds(masks.get(o))  # noqa: E731
+        out = []
+        for off, n, own, mask in rows:
+            sites = site_kinds(mask)
+            context = Context(off not in gaps, sites, name)
+            answer = model.answer_in(walk, data, off, self.tramp, context, extable, sites_at, image.entries)
+            out.append(self._judge_answer(answer, data[off:off + n], start + off))
+        self.counts["per_instance"] += len(rows)
+        for o in out:
+            details.setdefault(o.group, o.detail)
+        memo[k] = tuple(o.row()[:5] for o in out)  # without the detail: a group keeps its first one
+        return [TracerOutcome(*o.row()[:5], details[o.group]) for o in out]
+
+    def _judge_answer(self, answer, raw: bytes, address: int) -> TracerOutcome:
+        if isinstance(answer, Refuse):
+            group = _HEX.sub("N", answer.reason)
+            return TracerOutcome("refuse", "", answer.reason, "", group, json.dumps({"answer": answer.as_json()}))
+        if not isinstance(answer, RelocateBlock):
+            return TracerOutcome(answer.kind, "unknown", answer.reason, "", f"{answer.kind}: {answer.reason}",
+                                 json.dumps({"answer": answer.as_json()}))
+        insn = answer.block.instructions[0]
+        key = proof_key(insn, answer, self.tramp, self.rules)
+        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
+        cex = None
+        if hit is not None:
+            self.counts["proofs_shared"] += 1
+            verdict, reason, method = hit.verdict, hit.reason, hit.method
+        else:
+            t0 = time.perf_counter()
+            result = prove_answer(insn, answer, self.tramp, self.timeout_s)
+            self.counts["proofs_made"] += 1
+            verdict, reason, method = result.verdict.value, result.reason, result.method
+            if key is not None and result.method == "fast-path":
+                self.new_proofs[key] = CachedProof(verdict, reason, method,
+                                                   max(1, int((time.perf_counter() - t0) * 1e6)))
+            if result.counterexample is not None and result.verdict is Verdict.REFUTED:
+                cex = result.counterexample.as_json()
+        group = _group(insn, answer, verdict, reason, cex)
+        detail = {"answer": answer.as_json(), "original": "; ".join(i.text for i in answer.block.instructions),
+                  "bytes": b"".join(i.raw for i in answer.block.instructions).hex(), "address": hex(insn.address),
+                  "tramp": hex(self.tramp), "reason": reason}
+        if cex is not None:
+            detail["counterexample"] = cex
+        return TracerOutcome(answer.kind, verdict, reason, method, group, json.dumps(detail))
+
     @staticmethod
     def _length_differs(model, stream: bytes, address: int) -> bool:
         spec = getattr(model, "decoder", None)
@@ -303,6 +378,8 @@ def _obligation(insn: Instruction, answer, tramp: int) -> bytes:
 
 def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | None) -> str:
     cite = answer.cite.function
+    if verdict == "refuted" and isinstance(answer, RelocateBlock) and answer.entries:
+        return f"a {answer.entries[0].how} from outside the function lands in the jmp ({cite}: patched-range entry)"
     if verdict == "refuted":
         what = ",".join(sorted({re.sub(r"\[.*\]", "[]", d["what"]) for d in (cex or {}).get("differences", [])}))
         return f"{insn.opname} via {cite}: differs in {what or 'an obligation'}"
@@ -314,7 +391,7 @@ def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | Non
 # -- a whole image ------------------------------------------------------------------------
 
 def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, limit: int | None = None,
-                progress=None) -> dict:
+                progress=None, image: ImageFacts | None = None) -> dict:
     """Every stored instruction of the image, bucketed per tracer; the summary's ``tracers``.
 
     Two passes: the first groups the instructions into *cases*, the facts a bucket depends on
@@ -322,7 +399,8 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     address itself where a key cannot stand for its instances), counting each and keeping a
     few instances; the second judges each case once per tracer.  Every instruction is in
     exactly one case, so the buckets add up to the instructions by construction, and the
-    summary checks that they do."""
+    summary checks that they do.  A per-function model (optprobes) is answered in the first
+    pass, function by function (``Auditor.function_outcomes``), every row once."""
     t0 = time.monotonic()
     store = Store(store_path, readonly=True)
     try:
@@ -333,8 +411,12 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     if limit is not None:
         functions = functions[:limit]
     km = KeyMaker(auditor.tramp)
+    image = image or ImageFacts()
+    per_function = [m for m in auditor.models if getattr(m, "per_function", False)]
+    per_insn = [m for m in auditor.models if not getattr(m, "per_function", False)]
     walkers = sorted({m.decoder.split("@", 1)[1] for m in auditor.models
                       if getattr(m, "needs_boundary", False) and m.decoder})
+    tallies = {m.name: Tally() for m in auditor.models}
     readers = [m.reads_past for m in auditor.models if hasattr(m, "reads_past")]
     total = sum(len(r) for *_, r in functions)
     cases: dict[tuple, list] = {}
@@ -344,6 +426,14 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     for fid, start, name, data, rows in functions:
         keys = {off: key for off, _, key in km.keys(data, start)}
         off_walk = tuple(auditor.walk(spec, data, start, [r[0] for r in rows]) for spec in walkers)
+        if per_function:
+            masks = {off: mask for off, _, _, mask in rows if mask}
+            for m in per_function:
+                gaps = off_walk[walkers.index(m.decoder.split("@", 1)[1])]
+                outs = auditor.function_outcomes(m, data, start, name, rows, masks, gaps, image)
+                tally = tallies[m.name]
+                for (off, n, own, _), out in zip(rows, outs):
+                    tally.add(out.bucket(own), out, 1, [((start + off) & MASK64, name, off, data[off:off + n].hex())])
         for off, n, own, mask in rows:
             key = keys.get(off)
             if key is None:
@@ -363,12 +453,11 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
             progress("survey", done, total)
             next_say = done + step
     t1 = time.monotonic()
-    for m in auditor.models:
+    for m in per_insn:
         if hasattr(m, "prefetch"):  # a command answers in batches: ask about every case it lacks
             memo = auditor.outcomes[m.name]
             m.prefetch([((c[1][0][0]) & MASK64, auditor.tramp, c[2][:c[1][0][3]]) for (key, *_), c in cases.items()
                         if key not in memo])
-    tallies = {m.name: Tally() for m in auditor.models}
     sites_of: dict = {}
     for k, (case, (count, examples, stream)) in enumerate(cases.items()):
         key, own, mask, bnd, _ = case
@@ -376,7 +465,7 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
         if sites is None:
             sites = sites_of[mask] = site_kinds(mask)
         address, name = examples[0][0] & MASK64, examples[0][1]
-        for m in auditor.models:
+        for m in per_insn:
             boundary = bnd[walkers.index(m.decoder.split("@", 1)[1])] if walkers and getattr(
                 m, "needs_boundary", False) else None
             out = auditor.outcome(m, key, stream, address, Context(boundary, sites, name), examples[0][3])

@@ -598,3 +598,131 @@ def compare_xol(spec: str, items: list[tuple[int, bytes]], examples: int = 5) ->
                     result["examples"].append({"bytes": stream.hex(), "c": [ret, kind, offs, opc1],
                                                "model": [type(branch).__name__, type(push).__name__]})
     return result
+
+
+# -- can_optimize's per-instruction tests: indirect jumps and jumps into a range (opt.c) ----------------
+
+OPT = "arch/x86/kernel/kprobes/opt.c"
+
+OPT_SHIMS = r"""
+#include <stdint.h>
+#include <string.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <insn.c>
+#include <inat.c>
+"""
+
+OPT_GLUE = r"""
+/* per instruction at addrs[i]: out[0] the indirect-jump test; out[1], out[2] insn_jump_into_range over
+ * [0, 2^31 - 1] and [2^31, 2^32 - 1] with the instruction moved to end at 2^31 (wherever its rel32
+ * target is, it lies in one of them, and no bound wraps); out[3] insn_jump_into_range over [t, t] at
+ * its real address, for the model's target t (to[i]). */
+long tc_opt(const unsigned char *blob, const int32_t *offsets, const uint8_t *lengths, const uint64_t *addrs,
+	    const uint64_t *to, long n, int32_t *out)
+{
+	long i;
+	for (i = 0; i < n; i++) {
+		struct insn insn;
+		u8 buf[16];
+		int32_t *o = out + 4 * i;
+		memset(buf, 0, 16);
+		memcpy(buf, blob + offsets[i], lengths[i]);
+		memset(o, 0, 4 * sizeof(*o));
+		if (insn_decode(&insn, buf, 16, INSN_MODE_64) < 0) {
+			o[0] = -9999;
+			continue;
+		}
+		/* can_optimize's "Recover address": next_byte is where the target is computed from */
+		o[0] = INDIRECT(&insn);
+		insn.next_byte = (void *)(uintptr_t)0x80000000UL;
+		o[1] = insn_jump_into_range(&insn, 0, 0x7fffffff);
+		o[2] = insn_jump_into_range(&insn, 0x80000000UL, 0x7fffffff);
+		insn.kaddr = (void *)(uintptr_t)addrs[i];
+		insn.next_byte = (void *)(uintptr_t)(addrs[i] + insn.length);
+		o[3] = insn_jump_into_range(&insn, to[i], 0);
+	}
+	return n;
+}
+"""
+
+
+def _opt_source(spec: str) -> str:
+    src = linux_insn.locate(spec)
+    if src.kind == "tree":
+        return (Path(src.path) / OPT).read_text()
+    with tarfile.open(src.path) as tar:
+        for member in tar:
+            if member.name.split("/", 1)[-1] == OPT:
+                return tar.extractfile(member).read().decode()
+    raise InputError(f"{OPT} not in the kernel source")
+
+
+@lru_cache(maxsize=4)
+def opt_library(spec: str):
+    """``__insn_is_indirect_jump`` (6.1; ``insn_is_indirect_jump`` in 6.12, where it has no thunk
+    wrapper) and ``insn_jump_into_range``, cut out of opt.c and compiled with the kernel's decoder."""
+    built = linux_insn.build(linux_insn.locate(spec))
+    digest = hashlib.sha256((built.sha256 + OPT_SHIMS + OPT_GLUE + spec).encode()).hexdigest()[:16]
+    directory = Path(default_cache_dir()) / "tracer-c" / digest
+    lib = directory / "tracer-opt.so"
+    if not lib.is_file():
+        text = _opt_source(spec)
+        indirect = "__insn_is_indirect_jump" if re.search(r"\b__insn_is_indirect_jump\s*\(", text) \
+            else "insn_is_indirect_jump"
+        parts = [OPT_SHIMS, _cut(text, indirect), _cut(text, "insn_jump_into_range"),
+                 OPT_GLUE.replace("INDIRECT", indirect)]
+        directory.mkdir(parents=True, exist_ok=True)
+        c = directory / "tracer_opt.c"
+        c.write_text("\n".join(parts))
+        src = Path(built.directory) / "src"
+        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
+                               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
+                               "-I", str(built.directory), "-o", str(lib), str(c)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise InputError(f"compiling opt.c's checks failed: {proc.stderr[:400]}")
+    handle = ctypes.CDLL(str(lib))
+    handle.tc_opt.restype = ctypes.c_long
+    handle.tc_opt.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_long, ctypes.c_void_p]
+    return handle
+
+
+def compare_optprobes(spec: str, items: list[tuple[int, bytes]], examples: int = 5) -> dict:
+    """The optprobes model's per-instruction tests of ``can_optimize`` against opt.c compiled: the
+    indirect-jump test (``optprobes.indirect_jump``) and the jump target ``insn_jump_into_range``
+    reads (``optprobes.jump_target``: whether there is one, and which)."""
+    from . import linux_facts as lf
+    from .optprobes import indirect_jump, jump_target
+
+    lib = opt_library(spec)
+    result = {"checked": 0, "differ": 0, "examples": [], "indirect": 0, "jumps": 0}
+    for k in range(0, len(items), 50_000):
+        chunk = [(a, raw[:15]) for a, raw in items[k:k + 50_000]]
+        facts = [lf.insn_of(spec, raw) for _, raw in chunk]
+        targets = [jump_target(d, a) if d.ok else None for (a, _), d in zip(chunk, facts)]
+        raws = [r for _, r in chunk]
+        lengths = bytes(map(len, raws))
+        offsets = array.array("i", itertools.accumulate(lengths, initial=0))
+        addrs = array.array("Q", [a for a, _ in chunk])
+        to = array.array("Q", [t if t is not None else 0 for t in targets])
+        out = (ctypes.c_int32 * (4 * len(chunk)))()
+        lib.tc_opt(b"".join(raws), offsets.buffer_info()[0], lengths, addrs.buffer_info()[0], to.buffer_info()[0],
+                   len(chunk), out)
+        vals = list(out)
+        for j, ((a, raw), d, t) in enumerate(zip(chunk, facts, targets)):
+            indirect, low, high, exact = vals[4 * j:4 * j + 4]
+            if indirect == -9999 or not d.ok:
+                continue
+            result["checked"] += 1
+            mine = indirect_jump(d) is not None
+            has = bool(low or high)
+            same = bool(indirect) == mine and has == (t is not None) and (t is None or exact == 1)
+            result["indirect"] += mine
+            result["jumps"] += t is not None
+            if not same:
+                result["differ"] += 1
+                if len(result["examples"]) < examples:
+                    result["examples"].append({"address": hex(a), "bytes": raw.hex(), "c": [indirect, low, high, exact],
+                                               "model": [mine, None if t is None else hex(t)]})
+    return result

@@ -22,13 +22,14 @@ from ..proof.cache_key import cache_key
 from ..proof.verdict import ProofResult, Verdict
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
-from .model import Answer, Emulate, Refuse, Relocate, Unmodelled
+from .model import Answer, Emulate, Refuse, Relocate, RelocateBlock, Unmodelled
 
 WATCHDOG_MARGIN_S = 1.0
 
 
 def plan_of(insn: Instruction, answer: Answer, tramp: int, rules=None) -> Plan | None:
-    """The answer as a ``Plan`` for ``cache_key``: our own plan itself when the bytes are the same."""
+    """The answer as a ``Plan`` for ``cache_key``: our own plan itself when the bytes are the same
+    (None for a block: its key is ``proof.block.block_key``)."""
     if isinstance(answer, Emulate):
         return Plan(PlanKind.EMULATE, "tracer", "", insn.address, insn.length, tramp, effects=answer.effects)
     if not isinstance(answer, Relocate):
@@ -44,6 +45,12 @@ def plan_of(insn: Instruction, answer: Answer, tramp: int, rules=None) -> Plan |
 
 
 def proof_key(insn: Instruction, answer: Answer, tramp: int, rules=None) -> bytes | None:
+    if isinstance(answer, RelocateBlock):
+        if answer.entries:
+            return None
+        from ..proof.block import block_key
+
+        return block_key(answer.block)
     plan = plan_of(insn, answer, tramp, rules)
     return None if plan is None else cache_key(insn, plan)
 
@@ -57,9 +64,15 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
         return ProofResult(Verdict.UNKNOWN, f"not modelled: {answer.reason}", "unmodelled")
     from ..proof.prove import prove_effects, prove_relocation
 
+    if isinstance(answer, RelocateBlock) and answer.entries:
+        return entry_refutation(answer)
     t0 = time.perf_counter()
     try:
         with _watchdog(timeout_s + WATCHDOG_MARGIN_S):
+            if isinstance(answer, RelocateBlock):
+                from ..proof.block import prove_block
+
+                return prove_block(answer.block, timeout_ms=int(timeout_s * 1000))
             if isinstance(answer, Emulate):
                 return prove_effects(insn, answer.effects, tramp, timeout_ms=int(timeout_s * 1000))
             return prove_relocation(insn, answer.code, tramp, timeout_ms=int(timeout_s * 1000),
@@ -70,6 +83,39 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
     except Exception as exc:  # a bug in a third-party library must not stop an audit
         return ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}"[:300], "error",
                            seconds=time.perf_counter() - t0)
+
+
+def entry_refutation(answer: RelocateBlock) -> ProofResult:
+    """A block probe whose overwritten bytes other code jumps into: refuted without a solver, like
+    ``proof.block``'s patched-range exit.  The difference shows what the CPU finds at the target
+    once the jump is written: the original instruction there, and the patched bytes' decode."""
+    from ..concrete.outcome import Difference
+    from ..proof.verdict import Counterexample
+    from ..x86.decode import decode
+
+    block = answer.block
+    run = b"".join(i.raw for i in block.instructions)
+    patched = b"\xe9" + (block.tramp - block.address - 5 + (1 << 32)).to_bytes(8, "little")[:4] + run[5:]
+    differences = []
+    for e in answer.entries:
+        k = (e.target - block.address) & ((1 << 64) - 1)
+        before = decode(run[k:], e.target)
+        after = decode(patched[k:], e.target)
+        differences.append(Difference(
+            f"patched-range entry at {e.target:#x}",
+            f"{e.source:#x} ({e.where}, {e.how}) reaches {_text(before)}",
+            f"it lands {k} byte(s) into the probe's jmp: {patched[k:5].hex()} {_text(after)}"))
+    cex = Counterexample((), (), tuple(differences), run.hex(), block.address, block.tramp, block.trampoline.hex(),
+                         replayed=None, replay_note="a transfer from other code into the overwritten bytes: no state "
+                         "of the probed run is involved, so there is nothing to replay")
+    first = answer.entries[0]
+    return ProofResult(Verdict.REFUTED, f"{first.source:#x} in {first.where} ({first.how}) transfers to {first.target:#x}, "
+                       f"inside the bytes the probe's jmp overwrites; the tracer's checks do not see it",
+                       "patched-range entry", cex)
+
+
+def _text(d) -> str:
+    return d.text if isinstance(d, Instruction) else f"(no instruction: {d.reason})"
 
 
 class _Timeout(Exception):

@@ -135,17 +135,9 @@ class Kprobes:
         if self.src.refuse_exception_insns and _exception_insn(op):
             return Refuse("-EILSEQ: can_probe: INT and UD are not kprobed (is_exception_insn)",
                           Cite(CORE, "can_probe", self.src.exception_cite))
-        if "emulate_prefix" in d.flags:
-            return Refuse("-EINVAL: a force-emulate prefixed instruction", Cite(CORE, "__copy_instruction"))
-        if op[:1] == b"\xcc":
-            return Refuse("-EINVAL: int3: another subsystem's breakpoint", Cite(CORE, "__copy_instruction"))
-        if op[:1] == b"\x17" or (op[:1] == b"\x8e" and d.modrm is not None and (d.modrm >> 3) & 7 == 2):
-            return Refuse("-EINVAL: insn_masking_exception (mov ss / pop ss)", Cite(CORE, "__copy_instruction"))
-        raw = self.copy_instruction(d, stream, insn.address, tramp)
-        if raw is None:
-            newdisp = (insn.address + d.disp_value - tramp) & MASK64
-            return Refuse(f"-EINVAL: new displacement does not fit into s32 ({newdisp:x})",
-                          Cite(CORE, "__copy_instruction", "(s64)(s32)newdisp != newdisp"))
+        raw = self.copied(d, stream, insn.address, tramp)
+        if isinstance(raw, Refuse):
+            return raw
         emulated = self.emulation(d, stream, insn.address, tramp)
         if emulated is not None:
             return emulated
@@ -178,6 +170,25 @@ class Kprobes:
         if op == 0xFF:
             return reg in ((0, 1, 4) if self.src.boost_groups else (4,))
         return True
+
+    def copied(self, d, stream: bytes, a: int, tramp: int) -> bytes | Refuse:
+        """What ``__copy_instruction`` writes for the decoded ``d`` at ``a`` into a slot at ``tramp``,
+        or its refusal (it returns 0): an emulate prefix, an ``int3``, the exception masking
+        instructions, a RIP-relative displacement out of s32 reach.  optprobes' block copy calls
+        the same function for every instruction it copies."""
+        if "emulate_prefix" in d.flags:
+            return Refuse("-EINVAL: a force-emulate prefixed instruction", Cite(CORE, "__copy_instruction"))
+        op = d.opcode
+        if op[:1] == b"\xcc":
+            return Refuse("-EINVAL: int3: another subsystem's breakpoint", Cite(CORE, "__copy_instruction"))
+        if op[:1] == b"\x17" or (op[:1] == b"\x8e" and d.modrm is not None and (d.modrm >> 3) & 7 == 2):
+            return Refuse("-EINVAL: insn_masking_exception (mov ss / pop ss)", Cite(CORE, "__copy_instruction"))
+        raw = self.copy_instruction(d, stream, a, tramp)
+        if raw is None:
+            newdisp = (a + d.disp_value - tramp) & MASK64
+            return Refuse(f"-EINVAL: new displacement does not fit into s32 ({newdisp:x})",
+                          Cite(CORE, "__copy_instruction", "(s64)(s32)newdisp != newdisp"))
+        return raw
 
     def copy_instruction(self, d, stream: bytes, a: int, tramp: int) -> bytes | None:
         """__copy_instruction's bytes for the slot at ``tramp`` (the displacement fixup), None when refused."""

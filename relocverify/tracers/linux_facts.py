@@ -59,3 +59,25 @@ def boundaries(spec: str, data: bytes, offsets: list[int]) -> frozenset[int]:
         reached.add(pos)
         pos += f.length
     return frozenset(reached)
+
+
+def walk(spec: str, data: bytes, offsets: list[int]) -> list[tuple[int, linux_insn.Decoded]]:
+    """``insn_decode_kernel``'s walk over ``data`` (a function's bytes) from its start, as optprobes'
+    ``can_optimize`` makes it: ``addr += insn.length`` while inside, each position with the full
+    ``struct insn`` facts.  A position where the decode fails ends the walk as its last entry.
+
+    ``offsets`` (our decode's instructions) are decoded in one batch; the walk follows them while
+    the kernel's lengths agree and decodes on its own after the first disagreement."""
+    ad = _adapter(spec)
+    facts = ad.decode_detail([data[o:o + MAX_INSN] for o in offsets])
+    index = {o: i for i, o in enumerate(offsets)}
+    out: list[tuple[int, linux_insn.Decoded]] = []
+    pos = 0
+    while pos < len(data):
+        i = index.get(pos)
+        f = facts[i] if i is not None else ad.decode_detail([data[pos:pos + MAX_INSN]])[0]
+        out.append((pos, f))
+        if not f.ok or not f.length:
+            break
+        pos += f.length
+    return out

@@ -11,6 +11,9 @@ at T, exactly one ``Answer``:
   as bytes with the same effect, so that ``proof.prove.prove_relocation`` can judge it.  The
   composition is stated per model (for kprobes: the ``int3`` at T+len traps and
   ``resume_singlestep`` sets ``ip += (A - T) - 1``, which is ``jmp A+len``);
+* ``RelocateBlock``: a run of instructions relocated as one block behind a ``jmp`` that
+  overwrites the start of the run (optprobes), with the entries into the overwritten bytes
+  the tracer missed, if any;
 * ``Emulate``: the emulation the handler performs, in the effects language (``plan.effects``);
 * ``Unmodelled``: the tracer does something the project's languages cannot express (a flags
   push, an IF change); audited as ``unknown`` with the reason.
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
+from ..plan.block import BlockPlan
 from ..plan.effects import Effect, effect_json
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
@@ -73,6 +77,45 @@ class Relocate:
 
 
 @dataclass(frozen=True)
+class Entry:
+    """A transfer of control into bytes a block probe overwrites: ``source`` jumps to ``target``."""
+
+    target: int
+    source: int
+    how: str  # 'branch' (a direct jump or call), 'extable' (an exception fixup), 'jump_label' (a static key's jump)
+    where: str  # the source's function
+
+    def as_json(self) -> dict:
+        return {"target": hex(self.target), "source": hex(self.source), "how": self.how, "where": self.where}
+
+
+@dataclass(frozen=True)
+class RelocateBlock:
+    """A block probe: ``jmp T`` written over [A, A+5); ``block`` is the run [A, A+L) the tracer
+    copies to T (``block.trampoline``: the copies back to back and the jump to A+L), ``written``
+    what the tracer writes into its slot (its handler template is not part of the obligation:
+    it saves and restores every register and flag around the handler call), and ``entries``
+    the transfers into (A, A+5) from code the tracer's checks do not see."""
+
+    block: BlockPlan
+    written: bytes
+    fixup: str
+    cite: Cite
+    entries: tuple[Entry, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "relocate"
+
+    def as_json(self) -> dict:
+        b = self.block
+        return {"kind": "relocate", "block": True, "code": b.trampoline.hex(), "written": self.written.hex(),
+                "length": b.length, "instructions": [i.raw.hex() for i in b.instructions],
+                "fixup": self.fixup, "tracer_memory": [[hex(a), n] for a, n in b.tracer_memory],
+                "entries": [e.as_json() for e in self.entries], "source": self.cite.text()}
+
+
+@dataclass(frozen=True)
 class Emulate:
     effects: tuple[Effect, ...]
     cite: Cite
@@ -98,7 +141,7 @@ class Unmodelled:
         return {"kind": "unmodelled", "reason": self.reason, "source": self.cite.text()}
 
 
-Answer = Union[Refuse, Relocate, Emulate, Unmodelled]
+Answer = Union[Refuse, Relocate, RelocateBlock, Emulate, Unmodelled]
 
 
 @dataclass(frozen=True)
