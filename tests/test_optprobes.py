@@ -227,3 +227,32 @@ def test_the_audit_finds_a_cold_part_jumping_into_the_overwritten_bytes(tmp_path
     assert again["counts"]["proofs_made"] == 0
     assert {k: t["buckets"] for k, t in again["tracers"].items()} == {k: t["buckets"] for k, t in
                                                                      summary["tracers"].items()}
+
+
+# -- modules and packages (slow: a real Debian kernel and its modules) --------------------------------
+
+@pytest.mark.slow
+def test_modules_and_a_package_are_audited_image_by_image_and_added_up(tmp_path):
+    from relocverify.image.fetch import extract_modules, fetch
+
+    kernel = fetch("debian-6.1-cloud")
+    (ko,) = extract_modules("debian-6.1-cloud", ["tcp_bbr.ko"])
+    out = tmp_path / "m.json"
+    base = ["--no-progress", "--tracer", "kprobes@6.1", "--tracer", "optprobes@6.1", "--summary-json", str(out)]
+    code = main(["audit", str(kernel.vmlinux), "--module", str(ko), "--db", str(tmp_path / "m.sqlite")] + base,
+                out=open(os.devnull, "w"), err=sys.stderr)
+    doc = json.loads(out.read_text())
+    assert code in (0, 1) and list(doc["images"]) == [str(ko)]
+    n = doc["instructions"]
+    assert n > 500
+    for name, t in doc["tracers"].items():
+        assert t["instructions"] == n and sum(t["buckets"].values()) == n and t["totals_add_up"], name
+    code = main(["audit", "--package", "debian-6.1-cloud", "--limit-modules", "2", "--limit", "40",
+                 "--db", str(tmp_path / "p.sqlite")] + base, out=open(os.devnull, "w"), err=sys.stderr)
+    doc = json.loads(out.read_text())
+    assert code in (0, 1) and list(doc["images"])[0] == "vmlinux" and len(doc["images"]) == 3
+    n = doc["instructions"]
+    assert n == sum(i["instructions"] for i in doc["images"].values())
+    for name, t in doc["tracers"].items():
+        assert t["instructions"] == n and t["totals_add_up"], name
+        assert t["buckets"] == {b: sum(i["tracers"][name][b] for i in doc["images"].values()) for b in t["buckets"]}

@@ -137,7 +137,7 @@ def run_options(args, tramp: int, limit: int | None = None, **kw):
     cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
     return RunOptions(tramp, args.jobs or default_jobs(), args.timeout, limit, cache_dir=cache_dir,
                       scheduler=getattr(args, "scheduler", None), dask_local=getattr(args, "dask_local", None),
-                      jump_probes=args.jump_probes, **kw)
+                      jump_probes=getattr(args, "jump_probes", False), **kw)
 
 
 def progress_lines(args):

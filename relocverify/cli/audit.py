@@ -1,9 +1,12 @@
-"""``relocverify audit``: what kprobes, uprobes, kinst and fasttrap do with every instruction
-of an image, each relocation proved or refuted (``tracers.audit``).
+"""``relocverify audit``: what kprobes, optprobes, uprobes, kinst and fasttrap do with every
+instruction of an image, a set of modules or a whole kernel package, each relocation proved or
+refuted (``tracers.run``, ``tracers.audit``).
 
     relocverify audit --tracer kprobes@6.1 --tracer kinst VMLINUX --db STORE [--summary-json F]
+    relocverify audit --tracer optprobes@6.1 VMLINUX --module a.ko --module b.ko --db STORE
+    relocverify audit --tracer kprobes@6.1 --package debian-6.1-cloud --db STORE
 
-The image is verified into STORE first (as ``relocverify vmlinux`` or ``elf`` would, resuming or
+Each image is verified into STORE first (as ``relocverify vmlinux`` or ``elf`` would, resuming or
 reusing a complete run), which gives relocverify's own verdict for every instruction; then every
 instruction lands in one bucket per tracer.  Exit codes: 0 no tracer-wrong, 1 a tracer-wrong,
 2 usage or input error, 3 the totals do not add up.
@@ -11,12 +14,13 @@ instruction lands in one bucket per tracer.  Exit codes: 0 no tracer-wrong, 1 a 
 
 from __future__ import annotations
 
-import os
+import json
 import sys
+from contextlib import closing
 from typing import TextIO
 
+from ..engine.verify import DEFAULT_KERNEL, default_store, user_trampoline
 from .arguments import add_batch_options
-from ..engine.verify import user_trampoline
 from .render import escape
 
 
@@ -29,6 +33,18 @@ def add_parser(sub, types) -> None:
     a.add_argument("--tracer", action="append", default=[], metavar="NAME",
                    help="a modelled tracer: kprobes@6.1, kprobes@6.12, optprobes@6.1, optprobes@6.12, uprobes@6.1, "
                         "uprobes@6.12, kinst, fasttrap, or a history version (kprobes@5.19 ...); repeatable")
+    a.add_argument("--module", action="append", default=[], metavar="KO", type=types["IN_FILE"],
+                   help="audit this kernel module (repeatable), laid out in module space and relocated against "
+                        "IMAGE, the vmlinux it was built for")
+    a.add_argument("--base", type=types["TRAMP"], default=None, metavar="ADDR",
+                   help="with --module: where the first module is laid out (default 0xffffffffc0100000)")
+    a.add_argument("--package", default=None, metavar="NAME|DEB|DIR",
+                   help="audit a whole kernel: its vmlinux and every module (a named kernel, a linux-image .deb "
+                        "or a directory, as relocverify package takes)")
+    a.add_argument("--dbg", default=None, metavar="FILE.deb", type=types["IN_FILE"],
+                   help="with --package DEB: its -dbg package")
+    a.add_argument("--limit-modules", type=types["COUNT"], default=None, metavar="N",
+                   help="with --package: only the first N modules")
     a.add_argument("--tracer-cmd", action="append", default=[], metavar="CMD",
                    help="an unmodelled tracer as a command speaking the protocol of docs/audit.md; repeatable")
     a.add_argument("--system-map", default=None, metavar="FILE", type=types["IN_FILE"],
@@ -45,19 +61,21 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.executors import default_jobs
-    from ..engine.progress import Progress
-    from ..engine.run import RunOptions, run
-    from ..environment import default_proof_cache_dir
     from ..errors import InputError
-    from ..image.loader import load_image
     from ..plan.plan import DEFAULT_TRAMP
-    from ..x86.registers import KERNEL_HALF
     from ..tracers import get_model
-    from ..tracers.audit import Auditor, audit_store, save_summary
+    from ..tracers.audit import Auditor, save_summary
+    from ..tracers.run import audit_image, audit_modules, audit_package
+    from .arguments import run_options
 
     if not args.tracer and not args.tracer_cmd:
         raise InputError("name at least one --tracer (e.g. --tracer kprobes@6.1) or --tracer-cmd")
+    if args.package and (args.image or args.module):
+        raise InputError("--package names the whole kernel: give no IMAGE or --module with it")
+    if args.module and not args.image:
+        raise InputError("--module needs the vmlinux the modules were built for as IMAGE")
+    if (args.module or args.package) and not args.db:
+        raise InputError("--db is required with --module and --package")
     models = [get_model(t) for t in args.tracer]
     if args.tracer_cmd:
         from ..tracers.external import ExternalTracer
@@ -65,56 +83,38 @@ def command(args, out: TextIO) -> int:
         models += [ExternalTracer(c) for c in args.tracer_cmd]
     if len({m.name for m in models}) != len(models):
         raise InputError("a tracer is named twice")
-    path = args.image
-    if path is None:
-        from ..image.fetch import fetch
-        from .vmlinux import DEFAULT_KERNEL
-
-        path = str(fetch(DEFAULT_KERNEL, None).vmlinux)
-    image = load_image(path, args.system_map)
-    kernel = any(s.address >= KERNEL_HALF for s in image.iter_executable_sections())
-    if kernel:
-        from ..image.loader import require_kernel
-
-        require_kernel(image)
-        tramp = args.trampoline_base if args.trampoline_base is not None else DEFAULT_TRAMP
-        policy = "kernel"
-    else:
-        tramp, policy = user_trampoline(image, args.trampoline_base), "user"
-    db = args.db or os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
-    cache_dir = None if args.no_cache else (args.cache_dir or default_proof_cache_dir())
-    options = RunOptions(tramp, args.jobs or default_jobs(), args.timeout, args.limit, kernel, cache_dir, policy)
-    own = run(image, db, options, Progress(enabled=not args.no_progress))
-    from ..store.store import Store
-
-    store = Store(db, readonly=True)
-    try:
-        image_id = store.find_image(image.identity)
-    finally:
-        store.close()
-    facts = image_facts(image, sites=kernel) if any(getattr(m, "per_function", False) for m in models) else None
-    auditor = Auditor(models, tramp, args.timeout, cache_dir)
     say = None if args.no_progress else _progress()
+    kernel_tramp = args.trampoline_base if args.trampoline_base is not None else DEFAULT_TRAMP
+    db = args.db
     try:
-        summary = audit_store(db, auditor, image_id, args.limit, say, facts)
+        if args.package:
+            options = run_options(args, kernel_tramp, args.limit)
+            with closing(Auditor(models, kernel_tramp, args.timeout, options.cache_dir)) as auditor:
+                summary = audit_package(args.package, db, options, auditor, args.dbg, args.limit_modules, say)
+        else:
+            image, kernel = _load(args)
+            if args.module:
+                options = run_options(args, kernel_tramp, args.limit)
+                with closing(Auditor(models, kernel_tramp, args.timeout, options.cache_dir)) as auditor:
+                    summary = audit_modules(args.module, image, db, options, auditor, args.base, say)
+            else:
+                tramp = kernel_tramp if kernel else user_trampoline(image, args.trampoline_base)
+                db = db or default_store(image.path, image)
+                options = run_options(args, tramp, args.limit, with_sites=kernel,
+                                      policy="kernel" if kernel else "user")
+                with closing(Auditor(models, tramp, args.timeout, options.cache_dir)) as auditor:
+                    summary = audit_image(image, db, options, auditor, say)
     finally:
-        auditor.close()
         if say is not None:
             sys.stderr.write("\n")
-    summary["image"] = {"path": image.path, "identity": image.identity, "policy": policy}
-    summary["own"] = {"by_verdict": own["by_verdict"], "instructions": own["instructions"]}
     save_summary(db, summary)
     if args.json:
-        import json
-
         json.dump(summary, out, indent=2)
         out.write("\n")
     else:
         out.write(render(summary))
         out.write(f"store: {escape(db)}\n")
     if args.summary_json:
-        import json
-
         from ..outputs import write_atomic
 
         write_atomic(args.summary_json, json.dumps(summary, indent=2))
@@ -124,24 +124,21 @@ def command(args, out: TextIO) -> int:
     return 1 if any(t["buckets"]["tracer-wrong"] for t in summary["tracers"].values()) else 0
 
 
-def image_facts(image, sites: bool):
-    """What optprobes reads from the image: the retpoline thunk range, and every transfer into a
-    range (``kernel.patch_range.PatchRanges``: one walk over every function, and the site tables)."""
-    import hashlib
+def _load(args):
+    """The IMAGE argument loaded (default: the Debian 6.1 cloud kernel), and whether it is a kernel."""
+    from ..image.loader import load_image, require_kernel
+    from ..x86.registers import KERNEL_HALF
 
-    from ..image.functions import find_functions
-    from ..kernel.patch_range import PatchRanges
-    from ..kernel.sites import find_sites
-    from ..tracers.audit import ImageFacts
-    from ..tracers.optprobes import entries_of
+    path = args.image
+    if path is None:
+        from ..image.fetch import fetch
 
-    ranges = PatchRanges(image, find_functions(image), find_sites(image) if sites else None)
-    lo, hi = image.symbol_address("__indirect_thunk_start"), image.symbol_address("__indirect_thunk_end")
-
-    def digest(start: int, size: int) -> bytes:
-        return hashlib.blake2b(repr(ranges.entries_inside(start - 1, size + 1)).encode(), digest_size=12).digest()
-
-    return ImageFacts(None if lo is None or hi is None else (lo, hi), entries_of(ranges), digest)
+        path = str(fetch(DEFAULT_KERNEL, None).vmlinux)
+    image = load_image(path, args.system_map)
+    kernel = any(s.address >= KERNEL_HALF for s in image.iter_executable_sections())
+    if kernel:
+        require_kernel(image)
+    return image, kernel
 
 
 def render(summary: dict) -> str:

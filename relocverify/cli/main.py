@@ -154,7 +154,7 @@ IO = {
     "selftest": (("elf",), ("output",), ()),
     "show": (("source", "system_map"), (), ()),
     "export": (("store",), ("output",), ()),
-    "audit": (("image", "system_map"), ("db", "summary_json"), ()),
+    "audit": (("image", "system_map", "module", "package", "dbg"), ("db", "summary_json"), ()),
 }
 
 
