@@ -23,6 +23,8 @@ from relocverify.errors import RelocverifyError
 from relocverify.image.functions import find_functions
 from relocverify.image.loader import load_image
 from relocverify.kernel.sites import find_sites
+from relocverify.report.probe_files import event_name
+from relocverify.report.probe_points import Image, ProbePoint
 from relocverify.store.store import Store
 
 TRAMP = 0xFFFFFFFFC0001000
@@ -399,10 +401,10 @@ def test_export_perf_names_each_probe_and_perf_parses_it(small):
 
 
 def test_perf_event_names_stay_short_and_unique():
-    image = export.Image(1, "kernel", None, "vmlinux", "0" * 64, TRAMP)
+    image = Image(1, "kernel", None, "vmlinux", "0" * 64, TRAMP)
     taken: set[str] = set()
     long = "a" * 80
-    names = [export.event_name(export.ProbePoint(image, f, 4, 0, "proved", "", ".text", True), taken)
+    names = [event_name(ProbePoint(image, f, 4, 0, "proved", "", ".text", True), taken)
              for f in (long, long + ".isra.0", "x.y", "x_y")]
     assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", n) for n in names)
     assert len(set(names)) == 4 and names[2] == "x_y_4" and names[3] != "x_y_4"

@@ -1,4 +1,5 @@
-"""``relocverify run``: a real kernel function, unprobed and probed, from random inputs.
+"""``relocverify run``: a real kernel function, unprobed and probed, from random inputs
+(``runtime.run.run_function``; this module parses the command line and renders the report).
 
 Exit codes: 0 no divergence, 1 a divergence (the first differing state and a
 replay line), 2 an unknown function or a bad SPEC, 3 the reference run ran
@@ -10,8 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 from typing import TextIO
-
-from ..errors import InputError
 
 DEFAULT_TRIALS = 100
 
@@ -59,50 +58,25 @@ def replay_line(args) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _verdicts(args, image, sites):
-    from ..runtime.verdicts import LiveVerdicts, StoreVerdicts
-
-    if args.db is None:
-        return LiveVerdicts(sites, args.timeout)
-    from ..store.store import Store
-
-    store = Store(args.db, readonly=True)
-    image_id = store.find_image(image.identity)
-    if image_id is None:
-        raise InputError(f"{args.db}: holds no results for {args.image}; run relocverify vmlinux on it first")
-    return StoreVerdicts(sites, store, image_id, args.timeout)
-
-
 def command(args, out: TextIO) -> int:
-    from ..image.loader import load_image, require_kernel
-    from ..kernel.sites import find_sites
-    from ..runtime.args import parse_spec
-    from ..runtime.differential import DEFAULT_BUDGET, Differential, find_function
-    from ..runtime.kernel import parse_cpu_features
+    from ..runtime.run import run_function
 
-    specs = parse_spec(args.args)
-    features = parse_cpu_features(args.cpu_features)
-    image = load_image(args.image, args.system_map)
-    require_kernel(image)
-    find_function(image, args.function)  # an unknown name is exit 2 before the machines are built
-    sites = find_sites(image)
-    jump = getattr(args, "jump_probes", False)
-    if jump:
-        from ..runtime.jump_probes import JumpDifferential
-    make = JumpDifferential if jump else Differential
-    diff = make(image, features, sites, _verdicts(args, image, sites), args.budget or DEFAULT_BUDGET)
-    report = diff.run(args.function, specs, args.trials, args.seed, args.probe_all, replay_line(args))
+    done = run_function(args.image, args.system_map, args.function, args.args, trials=args.trials, seed=args.seed,
+                        probe_all=args.probe_all, jump_probes=getattr(args, "jump_probes", False),
+                        cpu_features=args.cpu_features, budget=args.budget, db=args.db, timeout=args.timeout,
+                        replay=replay_line(args))
+    report = done.report
     if args.json:
         doc = report.as_json()
-        if jump:
-            doc["jump_probes"] = dict(diff.summary)
+        if done.jump_summary is not None:
+            doc["jump_probes"] = dict(done.jump_summary)
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
         _render(report, out)
-        if jump:
+        if done.jump_summary is not None:
             from ..runtime.jump_probes import jump_summary_lines
-            out.write("".join(line + "\n" for line in jump_summary_lines(diff.summary)))
+            out.write("".join(line + "\n" for line in jump_summary_lines(done.jump_summary)))
     if report.divergences:
         return 1
     return 3 if report.stopped else 0

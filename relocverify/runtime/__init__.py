@@ -9,5 +9,6 @@ placed only where the relocation of the live instruction is proved.
 * ``probes``: ``enable``/``disable`` and the trap handler (callbacks, then
   the plan: the context's trampoline or the emulation's effects);
 * ``args`` and ``differential``: real kernel functions run from random
-  inputs unprobed and with every instruction probed, and compared.
+  inputs unprobed and with every instruction probed, and compared;
+* ``run``: one such run as ``relocverify run`` asks for it (``FunctionRun``).
 """
