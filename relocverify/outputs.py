@@ -131,17 +131,9 @@ def _why(exc: OSError) -> str:
 
 
 def environment_error(exc: BaseException, path: str) -> InputError | None:
-    """An OSError or SQLite error that says the environment, not the program, failed (full or read-only
-    disk, permissions), as one line naming ``path``; None for anything else."""
-    import sqlite3
-
+    """An OSError that says the environment, not the program, failed (full or read-only disk,
+    permissions), as one line naming ``path``; None for anything else (SQLite's own errors:
+    ``store.sqlite_errors.environment_line``)."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT):
         return InputError(f"{path}: cannot write: {_why(exc)}")
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc)
-        for needle, why in (("database or disk is full", "no space left on the device"),
-                            ("readonly database", "the filesystem or the file is read-only"),
-                            ("unable to open database", "cannot open it"), ("disk I/O error", "a disk I/O error")):
-            if needle in text:
-                return InputError(f"{path}: cannot write the store: {why}")
     return None

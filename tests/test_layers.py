@@ -1,5 +1,5 @@
 """The house's rules, executable: imports go only down the pipeline's stages, no module reaches into
-another's private names, no import cycle, SQL only in store/.  Read from the source with ``ast``, so a
+another's private names, no import cycle, SQL and ``sqlite3`` only in store/.  Read from the source with ``ast``, so a
 change that breaks a rule fails here, naming the file and the line."""
 
 from __future__ import annotations
@@ -125,6 +125,20 @@ def test_sql_lives_only_in_store():
     assert not wrong, "SQL belongs in relocverify/store/:\n" + "\n".join(wrong)
 
 
+def sqlite_imports(rel: Path, tree) -> list[str]:
+    """Where a module outside store/ imports ``sqlite3``."""
+    if rel.parts[0] == "store":
+        return []
+    return [f"relocverify/{rel}:{node.lineno}" for node in ast.walk(tree)
+            if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "sqlite3" for a in node.names))
+            or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlite3" and not node.level)]
+
+
+def test_sqlite3_is_imported_only_in_store():
+    wrong = [w for rel, tree in _modules() for w in sqlite_imports(rel, tree)]
+    assert not wrong, "sqlite3 belongs in relocverify/store/ (its errors: store.sqlite_errors):\n" + "\n".join(wrong)
+
+
 def test_the_rules_can_fail(tmp_path):
     """The checks above see what they are meant to: a private import, an upward import and SQL."""
     tree = ast.parse("from ..cli.main import _Parser\nQ = 'SELECT id FROM runs'\n")
@@ -133,6 +147,8 @@ def test_the_rules_can_fail(tmp_path):
     assert found == [(1, ["cli", "main"], ["_Parser"])]
     assert RANK["cli"] > RANK["proof"]
     assert any(isinstance(n, ast.Constant) and SQL.match(str(n.value)) for n in ast.walk(tree))
+    assert sqlite_imports(rel, ast.parse("import sqlite3\n")) == ["relocverify/proof/bad.py:1"]
+    assert sqlite_imports(Path("store") / "x.py", ast.parse("import sqlite3\n")) == []
 
 
 def test_readme_names_every_module_in_its_stage_row():

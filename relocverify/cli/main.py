@@ -19,13 +19,13 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import sys
 from typing import Sequence, TextIO
 
 from ..errors import InputError, RelocverifyError
 from ..inputs import parse_address
 from ..plan.plan import DEFAULT_AT, DEFAULT_TRAMP
+from ..store.sqlite_errors import DatabaseError, environment_line
 from . import arguments as A
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNKNOWN, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -340,13 +340,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_UNKNOWN
     except BrokenPipeError:
         return EXIT_CLEAN
-    except sqlite3.DatabaseError as e:  # a store or cache SQLite cannot use: damaged, full or read-only
+    except DatabaseError as e:  # a store or cache SQLite cannot use: damaged, full or read-only
         if debug:
             raise
-        from ..outputs import environment_error
-
         where = _store_of(argv)
-        env = environment_error(e, where)
+        env = environment_line(e, where)
         err.write(f"relocverify: error: {_one_line(env) if env else where + ': a damaged or unusable SQLite file: ' + _one_line(e)}\n")
         return EXIT_USAGE
     except Exception as e:  # a bug: one line, unless --debug asks for the traceback
