@@ -300,7 +300,7 @@ class Auditor:
         masks, the offsets kprobes' ``can_probe`` walk does not reach (``gaps``), and the image's
         transfers into it."""
         entries = b"" if image.entries_digest is None else image.entries_digest(start, len(data))
-        k = hashlib.blake2b(b"F" + data + start.to_bytes(8, "little") + repr(
+        k = hashlib.blake2b(b"F" + data + start.to_bytes(8, "little") + self.tramp.to_bytes(8, "little") + repr(
             (sorted(masks.items()), sorted(gaps), image.thunks, [r[0] for r in rows])).encode() + entries,
             digest_size=20).digest()
         memo = self.outcomes[model.name]
@@ -312,18 +312,19 @@ class Auditor:
         walk = model.function_walk(data, start, [r[0] for r in rows], extable, image.thunks)
         sites_at = lambda o: site_kinds(masks.get(o))  # noqa: E731
         out = []
-        for off, n, own, mask in rows:
+        for off, _, _, mask in rows:
             sites = site_kinds(mask)
             context = Context(off not in gaps, sites, name)
             answer = model.answer_in(walk, data, off, self.tramp, context, extable, sites_at, image.entries)
-            out.append(self._judge_answer(answer, data[off:off + n], start + off))
+            out.append(self._judge_answer(answer))
         self.counts["per_instance"] += len(rows)
         for o in out:
             details.setdefault(o.group, o.detail)
         memo[k] = tuple(o.row()[:5] for o in out)  # without the detail: a group keeps its first one
         return [TracerOutcome(*o.row()[:5], details[o.group]) for o in out]
 
-    def _judge_answer(self, answer, raw: bytes, address: int) -> TracerOutcome:
+    def _judge_answer(self, answer) -> TracerOutcome:
+        """A per-function model's answer for one probe, judged (a block through ``proof.block``)."""
         if isinstance(answer, Refuse):
             group = _HEX.sub("N", answer.reason)
             return TracerOutcome("refuse", "", answer.reason, "", group, json.dumps({"answer": answer.as_json()}))

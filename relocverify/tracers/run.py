@@ -77,8 +77,10 @@ def audit_modules(paths: list[str], vmlinux, db: str, options, auditor: Auditor,
 
     thunks = _thunks(vmlinux)
     parts = {}
-    for path, image in load_modules(paths, vmlinux, MODULE_BASE if base is None else base):
+    for k, (path, image) in enumerate(load_modules(paths, vmlinux, MODULE_BASE if base is None else base)):
         parts[path] = _one_module(image, db, options, auditor, None, thunks)
+        if say is not None:
+            say("modules", k + 1, len(paths))
     return merge(parts, auditor)
 
 
@@ -99,8 +101,10 @@ def audit_package(source: str, db: str, options, auditor: Auditor, dbg: str | No
     out = {}
     with Session(options) as session:
         out["vmlinux"] = audit_image(vmlinux, db, options, auditor, say, session)
-        for (name, _), (_, image) in zip(modules, load_modules([p for _, p in modules], vmlinux)):
+        for k, ((name, _), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):
             out[name] = _one_module(image, db, options, auditor, session, thunks)
+            if say is not None:
+                say("modules", k + 1, len(modules))
     summary = merge(out, auditor)
     summary["source"] = parts.used
     return summary
