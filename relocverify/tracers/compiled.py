@@ -171,27 +171,36 @@ def _source_files(spec: str) -> dict[str, str]:
     return out
 
 
+def _compiled(spec: str, stem: str, what: str, key: str, text) -> str:
+    """The shared library ``<cache>/tracer-c/<digest>/<stem>.so``, built once from ``text()`` (the C unit:
+    shims, the functions cut out of the source, the glue) with the kernel's insn.c/inat.c from the
+    linux-insn build of ``spec``; ``key`` is what the digest covers besides that build."""
+    built = linux_insn.build(linux_insn.locate(spec))
+    digest = hashlib.sha256((built.sha256 + key).encode()).hexdigest()[:16]
+    directory = Path(default_cache_dir()) / "tracer-c" / digest
+    lib = directory / f"{stem}.so"
+    if not lib.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        c = directory / f"{stem.replace('-', '_')}.c"
+        c.write_text(text())
+        src = Path(built.directory) / "src"
+        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
+                               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
+                               "-I", str(built.directory), "-o", str(lib), str(c)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise InputError(f"compiling {what} failed: {proc.stderr[:400]}")
+    return str(lib)
+
+
 @lru_cache(maxsize=4)
 def library(spec: str) -> "CompiledChecks":
-    built = linux_insn.build(linux_insn.locate(spec))
-    digest = hashlib.sha256((built.sha256 + SHIMS + GLUE).encode()).hexdigest()[:16]
-    directory = Path(default_cache_dir()) / "tracer-c" / digest
-    lib = directory / "tracer-checks.so"
-    if not lib.is_file():
+    def text() -> str:
         files = _source_files(spec)
         parts = [SHIMS] + [_cut(files[f], name) + "\n" for f, name in FUNCTIONS]
         parts.append(GLUE.replace("COPY_BLOCK", _copy_block(files[CORE])))
-        directory.mkdir(parents=True, exist_ok=True)
-        c = directory / "tracer_checks.c"
-        c.write_text("\n".join(parts))
-        src = Path(built.directory) / "src"
-        cmd = ["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
-               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
-               "-I", str(built.directory), "-o", str(lib), str(c)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise InputError(f"compiling the kernel's tracer decisions failed: {proc.stderr[:400]}")
-    return CompiledChecks(str(lib))
+        return "\n".join(parts)
+
+    return CompiledChecks(_compiled(spec, "tracer-checks", "the kernel's tracer decisions", SHIMS + GLUE, text))
 
 
 class CompiledChecks:
@@ -360,22 +369,11 @@ EMULATORS = {"kprobe_emulate_ifmodifiers": 1, "kprobe_emulate_ret": 2, "kprobe_e
 
 @lru_cache(maxsize=4)
 def emulation_library(spec: str):
-    built = linux_insn.build(linux_insn.locate(spec))
-    digest = hashlib.sha256((built.sha256 + EMULATION_SHIMS + EMULATION_GLUE).encode()).hexdigest()[:16]
-    directory = Path(default_cache_dir()) / "tracer-c" / digest
-    lib = directory / "tracer-emulation.so"
-    if not lib.is_file():
-        core = _source_files(spec)[CORE]
-        directory.mkdir(parents=True, exist_ok=True)
-        c = directory / "tracer_emulation.c"
-        c.write_text("\n".join([EMULATION_SHIMS, _cut(core, "prepare_emulation"), EMULATION_GLUE]))
-        src = Path(built.directory) / "src"
-        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
-                               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
-                               "-I", str(built.directory), "-o", str(lib), str(c)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise InputError(f"compiling prepare_emulation failed: {proc.stderr[:400]}")
-    handle = ctypes.CDLL(str(lib))
+    def text() -> str:
+        return "\n".join([EMULATION_SHIMS, _cut(_source_files(spec)[CORE], "prepare_emulation"), EMULATION_GLUE])
+
+    lib = _compiled(spec, "tracer-emulation", "prepare_emulation", EMULATION_SHIMS + EMULATION_GLUE, text)
+    handle = ctypes.CDLL(lib)
     handle.tc_emulation.restype = ctypes.c_long
     handle.tc_emulation.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p]
     return handle
@@ -522,27 +520,16 @@ _PT_REGS = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", 
 
 @lru_cache(maxsize=4)
 def xol_library(spec: str):
-    built = linux_insn.build(linux_insn.locate(spec))
-    digest = hashlib.sha256((built.sha256 + XOL_SHIMS + XOL_GLUE).encode()).hexdigest()[:16]
-    directory = Path(default_cache_dir()) / "tracer-c" / digest
-    lib = directory / "tracer-xol.so"
-    if not lib.is_file():
-        text = _source_files(spec)[UPROBES]
-        m = re.search(r"^#define CASE_COND.*?(?=^static bool is_cond_jmp_opcode)", text, re.S | re.M)
+    def text() -> str:
+        source = _source_files(spec)[UPROBES]
+        m = re.search(r"^#define CASE_COND.*?(?=^static bool is_cond_jmp_opcode)", source, re.S | re.M)
         if m is None:
             raise InputError("uprobes.c's CASE_COND macros not found: the source layout changed")
-        parts = [XOL_SHIMS, m.group(0), _cut(text, "is_cond_jmp_opcode"), _cut(text, "branch_clear_offset"),
-                 _cut(text, "branch_setup_xol_ops"), _cut(text, "push_setup_xol_ops"), XOL_GLUE]
-        directory.mkdir(parents=True, exist_ok=True)
-        c = directory / "tracer_xol.c"
-        c.write_text("\n".join(parts))
-        src = Path(built.directory) / "src"
-        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
-                               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
-                               "-I", str(built.directory), "-o", str(lib), str(c)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise InputError(f"compiling branch_setup_xol_ops failed: {proc.stderr[:400]}")
-    handle = ctypes.CDLL(str(lib))
+        return "\n".join([XOL_SHIMS, m.group(0), _cut(source, "is_cond_jmp_opcode"), _cut(source, "branch_clear_offset"),
+                          _cut(source, "branch_setup_xol_ops"), _cut(source, "push_setup_xol_ops"), XOL_GLUE])
+
+    lib = _compiled(spec, "tracer-xol", "branch_setup_xol_ops", XOL_SHIMS + XOL_GLUE, text)
+    handle = ctypes.CDLL(lib)
     handle.tc_xol.restype = ctypes.c_long
     handle.tc_xol.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p]
     return handle
@@ -662,26 +649,15 @@ def _opt_source(spec: str) -> str:
 def opt_library(spec: str):
     """``__insn_is_indirect_jump`` (6.1; ``insn_is_indirect_jump`` in 6.12, where it has no thunk
     wrapper) and ``insn_jump_into_range``, cut out of opt.c and compiled with the kernel's decoder."""
-    built = linux_insn.build(linux_insn.locate(spec))
-    digest = hashlib.sha256((built.sha256 + OPT_SHIMS + OPT_GLUE + spec).encode()).hexdigest()[:16]
-    directory = Path(default_cache_dir()) / "tracer-c" / digest
-    lib = directory / "tracer-opt.so"
-    if not lib.is_file():
-        text = _opt_source(spec)
-        indirect = "__insn_is_indirect_jump" if re.search(r"\b__insn_is_indirect_jump\s*\(", text) \
+    def text() -> str:
+        source = _opt_source(spec)
+        indirect = "__insn_is_indirect_jump" if re.search(r"\b__insn_is_indirect_jump\s*\(", source) \
             else "insn_is_indirect_jump"
-        parts = [OPT_SHIMS, _cut(text, indirect), _cut(text, "insn_jump_into_range"),
-                 OPT_GLUE.replace("INDIRECT", indirect)]
-        directory.mkdir(parents=True, exist_ok=True)
-        c = directory / "tracer_opt.c"
-        c.write_text("\n".join(parts))
-        src = Path(built.directory) / "src"
-        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-w", "-I", str(src / "tools/arch/x86/lib"),
-                               "-I", str(src / "tools/arch/x86/include"), "-I", str(src / "tools/include"),
-                               "-I", str(built.directory), "-o", str(lib), str(c)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise InputError(f"compiling opt.c's checks failed: {proc.stderr[:400]}")
-    handle = ctypes.CDLL(str(lib))
+        return "\n".join([OPT_SHIMS, _cut(source, indirect), _cut(source, "insn_jump_into_range"),
+                          OPT_GLUE.replace("INDIRECT", indirect)])
+
+    lib = _compiled(spec, "tracer-opt", "opt.c's checks", OPT_SHIMS + OPT_GLUE + spec, text)
+    handle = ctypes.CDLL(lib)
     handle.tc_opt.restype = ctypes.c_long
     handle.tc_opt.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_long, ctypes.c_void_p]
