@@ -38,12 +38,12 @@ def prove_plan(decoded, plan, timeout_ms):
     return prove(decoded, plan, timeout_ms=timeout_ms)
 
 
-class _Timeout(Exception):
-    pass
+class ProofTimeout(Exception):
+    """Raised by ``watchdog`` when the work under it outlives its time."""
 
 
 def _alarm(signum, frame):
-    raise _Timeout()
+    raise ProofTimeout()
 
 
 def klass_of(decoded: Decoded) -> str:
@@ -116,16 +116,16 @@ class Prover:
     def _prove(self, decoded, plan) -> tuple[ProofResult, int]:
         t0 = time.perf_counter()
         try:
-            with _watchdog(self.timeout_s + WATCHDOG_MARGIN_S):
+            with watchdog(self.timeout_s + WATCHDOG_MARGIN_S):
                 result = self._prove_now(decoded, plan)
-        except _Timeout:  # landed between the proof's end and the watchdog's
+        except ProofTimeout:  # landed between the proof's end and the watchdog's
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         return result, max(1, int((time.perf_counter() - t0) * 1e6))
 
     def _prove_now(self, decoded, plan) -> ProofResult:
         try:
             result = prove_plan(decoded, plan, timeout_ms=int(self.timeout_s * 1000))
-        except _Timeout:
+        except ProofTimeout:
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a bug in a third-party library must not stop the run
             result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {one_line(exc)}", "error")
@@ -133,8 +133,8 @@ class Prover:
 
 
 @contextlib.contextmanager
-def _watchdog(seconds: float):
-    """Raise ``_Timeout`` in this thread after ``seconds``: SIGALRM in the main thread (local
+def watchdog(seconds: float):
+    """Raise ``ProofTimeout`` in this thread after ``seconds``: SIGALRM in the main thread (local
     workers); in another thread (a Dask worker runs tasks in a thread pool), an asynchronous
     exception set from a timer thread.  Both land between Python bytecodes, so neither stops
     a hang inside native code; z3's own timeout covers the solver."""
@@ -149,7 +149,7 @@ def _watchdog(seconds: float):
         return
     tid = threading.get_ident()
     raise_in = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    timer = threading.Timer(seconds, lambda: raise_in(ctypes.c_ulong(tid), ctypes.py_object(_Timeout)))
+    timer = threading.Timer(seconds, lambda: raise_in(ctypes.c_ulong(tid), ctypes.py_object(ProofTimeout)))
     timer.daemon = True
     timer.start()
     try:

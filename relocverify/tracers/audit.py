@@ -228,39 +228,57 @@ class Auditor:
                                  "our decoders do not agree on the original", json.dumps({"reason": insn.reason}))
         answer = model.answer(insn, self.tramp, Context(context.boundary, context.sites, context.function,
                                                         stream[:15]))
+        return self.judged(insn, answer)
+
+    def judged(self, insn: Instruction | None, answer) -> TracerOutcome:
+        """An answer for the instruction ``insn`` judged: a refusal as it is; a relocation, an
+        emulation or a block (whose first instruction stands for ``insn``) by its proof (``verdict``);
+        an unmodelled answer with no instruction our decoders agree on, ``unknown``."""
         if isinstance(answer, Refuse):
             return TracerOutcome("refuse", "", answer.reason, "", _HEX.sub("N", answer.reason),
-                           json.dumps({"answer": answer.as_json()}))
-        key = proof_key(insn, answer, self.tramp, self.rules)
-        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
-        cex = None
-        same = _obligation(insn, answer, self.tramp)
-        seen = self.verdicts.get(same)
-        if hit is not None:
-            self.counts["proofs_shared"] += 1
-            verdict, reason, method = hit.verdict, hit.reason, hit.method
-        elif seen is not None:  # this very obligation was judged before (another tracer, another model version)
-            self.counts["proofs_shared"] += 1
-            verdict, reason, method, cex_json = seen
-            cex = json.loads(cex_json) if cex_json else None
-        else:
-            t0 = time.perf_counter()
-            result = prove_answer(insn, answer, self.tramp, self.timeout_s)
-            self.counts["proofs_made"] += 1
-            verdict, reason, method = result.verdict.value, result.reason, result.method
-            if key is not None and reusable(key, result):
-                self.new_proofs[key] = CachedProof(verdict, reason, method,
-                                                   max(1, int((time.perf_counter() - t0) * 1e6)))
-            if result.counterexample is not None and result.verdict is Verdict.REFUTED:
-                cex = result.counterexample.as_json()
-            if result.method not in ("timeout", "error"):
-                self.verdicts[same] = (verdict, reason, method, json.dumps(cex) if cex else "")
+                                 json.dumps({"answer": answer.as_json()}))
+        block = answer.block if isinstance(answer, RelocateBlock) else None
+        if block is not None:
+            insn = block.instructions[0]
+        if insn is None:
+            return TracerOutcome(answer.kind, "unknown", answer.reason, "", f"{answer.kind}: {answer.reason}",
+                                 json.dumps({"answer": answer.as_json()}))
+        verdict, reason, method, cex = self.verdict(insn, answer)
         group = _group(insn, answer, verdict, reason, cex)
-        detail = {"answer": answer.as_json(), "original": insn.text, "bytes": insn.raw.hex(),
-                  "address": hex(insn.address), "tramp": hex(self.tramp), "reason": reason}
+        run = block.instructions if block is not None else (insn,)
+        detail = {"answer": answer.as_json(), "original": "; ".join(i.text for i in run),
+                  "bytes": b"".join(i.raw for i in run).hex(), "address": hex(insn.address),
+                  "tramp": hex(self.tramp), "reason": reason}
         if cex is not None:
             detail["counterexample"] = cex
         return TracerOutcome(answer.kind, verdict, reason, method, group, json.dumps(detail))
+
+    def verdict(self, insn: Instruction, answer) -> tuple[str, str, str, dict | None]:
+        """(verdict, reason, method, counterexample) of a relocating answer: the proof stored under its
+        proof key (shared with other tracers and the engine's plans), else the same obligation judged
+        before (single instructions: blocks are remembered per function instead), else proved now."""
+        key = proof_key(insn, answer, self.tramp, self.rules)
+        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
+        if hit is not None:
+            self.counts["proofs_shared"] += 1
+            return hit.verdict, hit.reason, hit.method, None
+        same = None if isinstance(answer, RelocateBlock) else _obligation(insn, answer, self.tramp)
+        seen = None if same is None else self.verdicts.get(same)
+        if seen is not None:  # this very obligation was judged before (another tracer, another model version)
+            self.counts["proofs_shared"] += 1
+            verdict, reason, method, cex_json = seen
+            return verdict, reason, method, json.loads(cex_json) if cex_json else None
+        t0 = time.perf_counter()
+        result = prove_answer(insn, answer, self.tramp, self.timeout_s)
+        self.counts["proofs_made"] += 1
+        verdict, reason, method = result.verdict.value, result.reason, result.method
+        if key is not None and reusable(key, result):
+            self.new_proofs[key] = CachedProof(verdict, reason, method, max(1, int((time.perf_counter() - t0) * 1e6)))
+        cex = result.counterexample.as_json() if result.counterexample is not None \
+            and result.verdict is Verdict.REFUTED else None
+        if same is not None and result.method not in ("timeout", "error"):
+            self.verdicts[same] = (verdict, reason, method, json.dumps(cex) if cex else "")
+        return verdict, reason, method, cex
 
     def outcome(self, model, key: bytes, stream: bytes, address: int, context: Context, length: int) -> TracerOutcome:
         """``judge`` through the per-key memo (instances that cannot share a key are judged alone)."""
@@ -316,45 +334,13 @@ class Auditor:
             sites = site_kinds(mask)
             context = Context(off not in gaps, sites, name)
             answer = model.answer_in(walk, data, off, self.tramp, context, extable, sites_at, image.entries)
-            out.append(self._judge_answer(answer))
+            ours = walk.ours_at(data, off)
+            out.append(self.judged(ours if isinstance(ours, Instruction) else None, answer))
         self.counts["per_instance"] += len(rows)
         for o in out:
             details.setdefault(o.group, o.detail)
         memo[k] = tuple(o.row()[:5] for o in out)  # without the detail: a group keeps its first one
         return [TracerOutcome(*o.row()[:5], details[o.group]) for o in out]
-
-    def _judge_answer(self, answer) -> TracerOutcome:
-        """A per-function model's answer for one probe, judged (a block through ``proof.block``)."""
-        if isinstance(answer, Refuse):
-            group = _HEX.sub("N", answer.reason)
-            return TracerOutcome("refuse", "", answer.reason, "", group, json.dumps({"answer": answer.as_json()}))
-        if not isinstance(answer, RelocateBlock):
-            return TracerOutcome(answer.kind, "unknown", answer.reason, "", f"{answer.kind}: {answer.reason}",
-                                 json.dumps({"answer": answer.as_json()}))
-        insn = answer.block.instructions[0]
-        key = proof_key(insn, answer, self.tramp, self.rules)
-        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
-        cex = None
-        if hit is not None:
-            self.counts["proofs_shared"] += 1
-            verdict, reason, method = hit.verdict, hit.reason, hit.method
-        else:
-            t0 = time.perf_counter()
-            result = prove_answer(insn, answer, self.tramp, self.timeout_s)
-            self.counts["proofs_made"] += 1
-            verdict, reason, method = result.verdict.value, result.reason, result.method
-            if key is not None and result.method == "fast-path":
-                self.new_proofs[key] = CachedProof(verdict, reason, method,
-                                                   max(1, int((time.perf_counter() - t0) * 1e6)))
-            if result.counterexample is not None and result.verdict is Verdict.REFUTED:
-                cex = result.counterexample.as_json()
-        group = _group(insn, answer, verdict, reason, cex)
-        detail = {"answer": answer.as_json(), "original": "; ".join(i.text for i in answer.block.instructions),
-                  "bytes": b"".join(i.raw for i in answer.block.instructions).hex(), "address": hex(insn.address),
-                  "tramp": hex(self.tramp), "reason": reason}
-        if cex is not None:
-            detail["counterexample"] = cex
-        return TracerOutcome(answer.kind, verdict, reason, method, group, json.dumps(detail))
 
     @staticmethod
     def _length_differs(model, stream: bytes, address: int) -> bool:

@@ -12,11 +12,9 @@ fast-path proofs).
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from contextlib import contextmanager
 
+from ..engine.pipeline import WATCHDOG_MARGIN_S, ProofTimeout, watchdog
 from ..plan.plan import Plan, PlanKind, make_plan
 from ..proof.cache_key import cache_key
 from ..proof.verdict import ProofResult, Verdict
@@ -24,7 +22,6 @@ from ..x86.encoding import jump
 from ..x86.instruction import Instruction
 from .model import Answer, Emulate, Refuse, Relocate, RelocateBlock, Unmodelled
 
-WATCHDOG_MARGIN_S = 1.0
 
 
 def plan_of(insn: Instruction, answer: Answer, tramp: int, rules=None) -> Plan | None:
@@ -68,7 +65,7 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
         return entry_refutation(answer)
     t0 = time.perf_counter()
     try:
-        with _watchdog(timeout_s + WATCHDOG_MARGIN_S):
+        with watchdog(timeout_s + WATCHDOG_MARGIN_S):
             if isinstance(answer, RelocateBlock):
                 from ..proof.block import prove_block
 
@@ -77,7 +74,7 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
                 return prove_effects(insn, answer.effects, tramp, timeout_ms=int(timeout_s * 1000))
             return prove_relocation(insn, answer.code, tramp, timeout_ms=int(timeout_s * 1000),
                                     tracer_memory=answer.tracer_memory)
-    except _Timeout:
+    except ProofTimeout:
         return ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {timeout_s:g} s", "timeout",
                            seconds=time.perf_counter() - t0)
     except Exception as exc:  # a bug in a third-party library must not stop an audit
@@ -116,25 +113,3 @@ def entry_refutation(answer: RelocateBlock) -> ProofResult:
 
 def _text(d) -> str:
     return d.text if isinstance(d, Instruction) else f"(no instruction: {d.reason})"
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _raise(signum, frame):
-    raise _Timeout()
-
-
-@contextmanager
-def _watchdog(seconds: float):
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
