@@ -62,12 +62,8 @@ SITE_RULES = (
 )
 
 
-def _bits(rows: list[str]) -> frozenset[int]:
-    return frozenset(16 * r + c for r, row in enumerate(rows) for c, bit in enumerate(row.split()) if bit == "1")
-
-
 #: twobyte_is_boostable (core.c), row by row as in the source; the same in 6.1 and 6.12.
-TWOBYTE_BOOSTABLE = _bits([
+TWOBYTE_BOOSTABLE = lf.opcode_table([
     "0 0 1 1 0 0 1 0 1 1 0 0 0 0 0 0", "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1",
     "1 1 1 1 0 0 0 0 0 0 0 0 0 0 0 0", "0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0",
     "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0",

@@ -30,6 +30,13 @@ def insn_of(spec: str, stream: bytes) -> linux_insn.Decoded:
     return _adapter(spec).decode_detail([stream[:MAX_INSN]])[0]
 
 
+def opcode_table(rows: list[str]) -> frozenset[int]:
+    """A 256-bit opcode table of the kernel's sources (``W(0x00, 1, 1, ...)`` rows, as in
+    ``good_insns_64`` or ``twobyte_is_boostable``), written row by row as "1 0 1 ...": the opcodes
+    whose bit is set."""
+    return frozenset(16 * r + c for r, row in enumerate(rows) for c, bit in enumerate(row.split()) if bit == "1")
+
+
 def legacy_prefixes(d: linux_insn.Decoded, stream: bytes) -> bytes:
     start = d.emulate_prefix
     return stream[start:start + d.prefixes]

@@ -43,12 +43,8 @@ from .model import NO_CONTEXT, Answer, Cite, Context, Emulate, Refuse, Relocate,
 UPROBES = "arch/x86/kernel/uprobes.c"
 
 
-def _table(rows: list[str]) -> frozenset[int]:
-    return frozenset(16 * r + c for r, row in enumerate(rows) for c, bit in enumerate(row.split()) if bit == "1")
-
-
 #: good_insns_64, row by row as in the source (W(0x00, ...) .. W(0xf0, ...)).
-GOOD_INSNS_64 = _table([
+GOOD_INSNS_64 = lf.opcode_table([
     "1 1 1 1 1 1 0 0 1 1 1 1 1 1 0 1", "1 1 1 1 1 1 0 0 1 1 1 1 1 1 0 0",
     "1 1 1 1 1 1 1 0 1 1 1 1 1 1 1 0", "1 1 1 1 1 1 1 0 1 1 1 1 1 1 1 0",
     "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
@@ -60,7 +56,7 @@ GOOD_INSNS_64 = _table([
 ])
 
 #: good_2byte_insns (for 64-bit and 32-bit apps).
-GOOD_2BYTE = _table([
+GOOD_2BYTE = lf.opcode_table([
     "0 0 1 1 1 0 0 0 0 0 1 0 1 1 1 1", "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
     "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", "0 1 1 1 0 0 1 0 1 1 1 1 1 1 1 1",
     "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
