@@ -145,9 +145,9 @@ class PatchRanges:
                         sources.append(site.address)
                         self._site_sources[site.address] = kind
         self._targets = sorted(set(targets))
-        order = sorted(range(len(targets)), key=targets.__getitem__)
-        self._by_target = array("Q", (targets[i] for i in order))  # every (target, source), by target
-        self._sources = array("Q", (sources[i] for i in order))
+        self._found = (targets, sources)  # every (target, source), sorted by target when first asked
+        self._by_target: array | None = None
+        self._sources: array | None = None
         self._pointers = self._data_pointers()
 
     # -- building ------------------------------------------------------------
@@ -238,6 +238,11 @@ class PatchRanges:
         """(target, source, how) of every transfer strictly inside (address, address+length): a
         direct branch or call of the text ('branch'), an exception fixup ('extable') or a static
         key's jump ('jump_label')."""
+        if self._by_target is None:  # only the tracer audit asks where a target comes from
+            targets, sources = self._found
+            order = sorted(range(len(targets)), key=targets.__getitem__)
+            self._by_target = array("Q", (targets[i] for i in order))
+            self._sources = array("Q", (sources[i] for i in order))
         i = bisect.bisect_right(self._by_target, address)
         j = bisect.bisect_left(self._by_target, address + length)
         out = []
