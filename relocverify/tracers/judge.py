@@ -87,8 +87,8 @@ def entry_refutation(answer: RelocateBlock) -> ProofResult:
     ``proof.block``'s patched-range exit.  The difference shows what the CPU finds at the target
     once the jump is written: the original instruction there, and the patched bytes' decode.  The
     verdict needs no particular jump: the 5 bytes written over [A, A+5) replace the first bytes of
-    the instruction at the target.  The displacement shown is the one to T (the real jump aims at the slot's template,
-    before T), so its exact bytes are an illustration."""
+    the instruction at the target.  The displacement shown is the one to T (the real jump aims at
+    the slot's template, before T), so its exact bytes are an illustration."""
     from ..concrete.outcome import Difference
     from ..proof.verdict import Counterexample
     from ..x86.decode import decode
