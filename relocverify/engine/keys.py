@@ -56,6 +56,8 @@ _REL_FLOWS = frozenset({FlowControl.UNCONDITIONAL_BRANCH, FlowControl.CONDITIONA
 _NEAR_BRANCH = frozenset({OpKind.NEAR_BRANCH16, OpKind.NEAR_BRANCH32, OpKind.NEAR_BRANCH64})
 _NO_REG = 0  # iced Register.NONE
 _NEAR, _FAR = b"n", b"f"
+_BY_BYTES = frozenset(b"bd")  # the kinds whose key the bytes and the jump back's place determine
+NEAR_MEMO = 250_000  # at most this many keys remembered by bytes (a kernel has 187 k such strings)
 
 
 def _operand_immediate_codes() -> frozenset[int]:
@@ -100,12 +102,14 @@ class KeyMaker:
         self.tramp = tramp & MASK64
         self._t63 = bytes([self.tramp & 63])
         self._memo: dict[tuple[bytes, bytes], bytes] = {}
+        self._near: dict[bytes, bytes] = {}  # bytes -> key of kind b or d, the jump back near
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
         """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them."""
         t = self.tramp
-        near = _where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR
-        back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
+        back_all = _NEAR if (_where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR) else None
+        # back_all: every jump back of the function is near, no need to ask each
+        near = self._near
         dec = Decoder(64, data, ip=start & MASK64)
         ins = Instruction()
         out = []
@@ -118,10 +122,23 @@ class KeyMaker:
                     and ins.code not in _IMM_CODES):
                 back = back_all or _where(start + pos + n - t)
                 out.append((pos, n, b"b" + back + raw))
+            elif back_all is not None:
+                # kinds b and d depend on the bytes and where the jump back lies alone: a displacement
+                # form recurs (a kernel: 941 k instances of 187 k strings), so its key is made once
+                key = near.get(raw)
+                if key is None:
+                    key = self._key(dec, ins, raw, start + pos, back_all)
+                    if key[0] in _BY_BYTES and len(near) < NEAR_MEMO:
+                        near[raw] = key
+                out.append((pos, n, key))
             else:
                 out.append((pos, n, self._key(dec, ins, raw, start + pos, back_all)))
             pos += n
         return out
+
+    def forget(self) -> None:
+        """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""
+        self._near = {}
 
     def key(self, raw: bytes, address: int) -> bytes:
         """The key of the instruction ``raw`` at ``address`` (memoised for keys that do not

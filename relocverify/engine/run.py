@@ -26,6 +26,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from ..collector import paused
 from ..errors import ImageError
 from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image
@@ -193,20 +194,21 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     again = None if options.jump_probes else _again(image, store_path, config, options, t0)
     if again is not None:
         return again
-    functions = find_functions(image)
-    if not functions:
-        raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
-                         f"pass the build's System.map (--system-map) or an unstripped vmlinux")
-    if options.limit is not None:
-        functions = functions[:options.limit]
-    sites = find_sites(image) if options.with_sites else None
-    versions = tool_versions()
-    store = Store(store_path)
-    try:
-        scope = _scope(store, image, functions, config, versions, options.limit)
-    except BaseException:
-        store.close()
-        raise
+    with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
+        functions = find_functions(image)
+        if not functions:
+            raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
+                             f"pass the build's System.map (--system-map) or an unstripped vmlinux")
+        if options.limit is not None:
+            functions = functions[:options.limit]
+        sites = find_sites(image) if options.with_sites else None
+        versions = tool_versions()
+        store = Store(store_path)
+        try:
+            scope = _scope(store, image, functions, config, versions, options.limit)
+        except BaseException:
+            store.close()
+            raise
     try:
         phases["setup_s"] = time.monotonic() - t0
         work = _verify(image, store, scope, functions, sites, options, session, tag, config, rules, progress, phases)
@@ -219,7 +221,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         store.close()
         raise
     try:
-        summary = _summary(store, image, scope, len(functions), sites, work, options.jump_probes, phases)
+        with paused():
+            summary = _summary(store, image, scope, len(functions), sites, work, options.jump_probes, phases)
         wall = time.monotonic() - t0
         summary["run"] = {"id": scope.run_id, "status": "complete", "verified_now": work.counts.rows,
                           "resumed": len(scope.done),

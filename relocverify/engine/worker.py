@@ -238,6 +238,7 @@ class Worker:
     # -- phase 2 -------------------------------------------------------------------
     def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
         """Verify each (key, bytes, address) representative; its finding stands for its key."""
+        self.keys.forget()
         out = {}
         for i, (key, raw, address) in enumerate(items):
             if self.current is not None:

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
+from ..collector import paused
 from ..x86.decoders.protocol import Decoder, Facts
 from . import answers as answers_mod
 from .baseline import Baseline
@@ -111,21 +112,22 @@ def digest(samples: dict[bytes, list[int]], table: dict[bytes, Facts]) -> str:
 def run_gate(tested: Decoder, others: list[Decoder], units: list[Unit], baseline: Baseline | None = None,
              prove_per_class: int = PROVE_PER_CLASS, jobs: int | None = None) -> GateReport:
     """Decode every sample with every decoder, compare, and check plans of new failures."""
-    items: dict[bytes, int] = {}
-    for unit in units:
-        for raw, (address, _) in unit.samples.items():
-            items.setdefault(raw, address)
-    adapters = [tested] + others
-    table = answers_mod.answers(adapters, [(a, r) for r, a in items.items()], jobs=jobs)
-    versions = {a.name: a.version() for a in adapters}
-    findings: list[Finding] = []
-    results = []
-    for unit in units:
-        findings += compare(unit.name, unit.samples, tested, others, table)
-        d = digest(unit.samples, table[tested.name])
-        old = baseline.unit_digest(unit.name) if baseline else None
-        results.append(UnitResult(unit.name, unit.instructions, len(unit.samples), d,
-                                  digest_changed=old is not None and old != d))
+    with paused():  # answers and findings for every distinct string: no reference cycles among them
+        items: dict[bytes, int] = {}
+        for unit in units:
+            for raw, (address, _) in unit.samples.items():
+                items.setdefault(raw, address)
+        adapters = [tested] + others
+        table = answers_mod.answers(adapters, [(a, r) for r, a in items.items()], jobs=jobs)
+        versions = {a.name: a.version() for a in adapters}
+        findings: list[Finding] = []
+        results = []
+        for unit in units:
+            findings += compare(unit.name, unit.samples, tested, others, table)
+            d = digest(unit.samples, table[tested.name])
+            old = baseline.unit_digest(unit.name) if baseline else None
+            results.append(UnitResult(unit.name, unit.instructions, len(unit.samples), d,
+                                      digest_changed=old is not None and old != d))
     accepted = baseline.accepted if baseline else frozenset()
     new = [f for f in findings if f.failing and (f.klass, f.shape) not in accepted]
     report = GateReport(tested.name, versions, results, findings, new)

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 from dataclasses import dataclass, field
 
+from ..collector import paused
 from ..errors import InputError
 
 
@@ -60,7 +61,8 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
             parts = pool.map(_sweep_run, runs, chunksize=1)
         _SWEEP.clear()
     else:
-        parts = [sweep_functions(image, functions)]
+        with paused():  # a kernel's sweep keeps ~600 k samples and answers: 4.0 s with the collector, 2.7 without
+            parts = [sweep_functions(image, functions)]
     from ..x86.decoders.iced import IcedAdapter
     from .answers import remember
 

@@ -31,6 +31,7 @@ import mmap
 import os
 import stat
 
+from ..collector import paused
 from ..errors import ImageError
 from ..x86.registers import KERNEL_HALF
 from . import bzimage
@@ -42,7 +43,11 @@ from .symbols import load_system_map
 
 def load_image(path: str | os.PathLike, system_map: str | os.PathLike | None = None) -> Image:
     """Load a vmlinux ELF or a bzImage, with symbols from ``system_map`` if given."""
-    path = os.fspath(path)
+    with paused():  # a kernel's ~200 k symbols and sections, none in a reference cycle
+        return _load_image(os.fspath(path), system_map)
+
+
+def _load_image(path: str, system_map: str | os.PathLike | None) -> Image:
     with OpenInput(path, "kernel image") as handle:
         opened = os.fstat(handle.fileno())  # the file as read: what the content hash is remembered under
         try:

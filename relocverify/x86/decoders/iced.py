@@ -180,10 +180,14 @@ def sweep_into(data: bytes, ip: int, samples: dict, facts: dict) -> int:
 def _sweep_fact(decoder, ins, address: int):
     co = decoder.get_constant_offsets(ins)
     target = None
-    if ins.flow_control in _GATE_BRANCH_FLOW or ins.mnemonic == iced_x86.Mnemonic.XBEGIN:
-        if ins.op0_kind in _NEAR_BRANCH_KINDS:
-            target = (ins.near_branch_target - address) & MASK64
-    return Facts(ins.len, None,
-                 co.displacement_offset if co.has_displacement else None, co.displacement_size,
-                 co.immediate_offset if co.has_immediate else None, co.immediate_size,
-                 target)
+    if (ins.flow_control in _GATE_BRANCH_FLOW or ins.mnemonic == _XBEGIN) and ins.op0_kind in _NEAR_BRANCH_KINDS:
+        target = (ins.near_branch_target - address) & MASK64
+    # Facts' own __new__ is a Python function (its defaults): built as a tuple, it costs a third
+    return _new(Facts, (ins.len, None, co.displacement_offset if co.has_displacement else None, co.displacement_size,
+                        co.immediate_offset if co.has_immediate else None, co.immediate_size, target, None,
+                        _REPORTED_ALL))
+
+
+_XBEGIN = iced_x86.Mnemonic.XBEGIN
+_REPORTED_ALL = Facts().unreported
+_new = tuple.__new__
