@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from itertools import compress
+from operator import itemgetter, not_
 from typing import Sequence
 
 from ..x86.decoders.protocol import Decoder, Facts
 
+_SECOND = itemgetter(1)
 _CACHE: dict[tuple[str, str], dict[bytes, Facts]] = {}  # (decoder, version) -> bytes -> answer
 _POOL_MIN = 40_000  # below this a pool costs more than it saves
 _ADAPTERS: list[Decoder] = []  # read by forked workers
@@ -22,7 +25,8 @@ def answers(adapters: Sequence[Decoder], items: Sequence[tuple[int, bytes]],
             jobs: int | None = None) -> dict[str, dict[bytes, Facts]]:
     """decoder name -> bytes -> Facts, for (at least) every ``(address, bytes)`` in ``items``."""
     tables = [_CACHE.setdefault((a.name, a.version()), {}) for a in adapters]
-    work = [(k, [(address, raw) for address, raw in items if raw not in table])
+    raws = list(map(_SECOND, items))
+    work = [(k, list(compress(items, map(not_, map(table.__contains__, raws)))) if table else list(items))
             for k, table in enumerate(tables)]
     jobs = jobs or os.cpu_count() or 1
     if jobs > 1 and sum(len(m) for _, m in work) >= _POOL_MIN:
@@ -30,7 +34,7 @@ def answers(adapters: Sequence[Decoder], items: Sequence[tuple[int, bytes]],
     else:
         results = [(k, adapters[k].decode_many(m)) for k, m in work]
     for (k, missing), (_, facts) in zip(work, results):
-        tables[k].update(zip((raw for _, raw in missing), facts))
+        tables[k].update(zip(map(_SECOND, missing), facts))
     return {a.name: t for a, t in zip(adapters, tables)}
 
 

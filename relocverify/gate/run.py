@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter
+from operator import itemgetter
 from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from .samples import Unit
 
 if TYPE_CHECKING:
     from .consequence import Consequence
+
+_FIRST = itemgetter(0)
 
 #: Distinct failing byte strings per class whose plan is built and checked (each is a proof).
 PROVE_PER_CLASS = 3
@@ -113,12 +116,11 @@ def run_gate(tested: Decoder, others: list[Decoder], units: list[Unit], baseline
              prove_per_class: int = PROVE_PER_CLASS, jobs: int | None = None) -> GateReport:
     """Decode every sample with every decoder, compare, and check plans of new failures."""
     with paused():  # answers and findings for every distinct string: no reference cycles among them
-        items: dict[bytes, int] = {}
-        for unit in units:
-            for raw, (address, _) in unit.samples.items():
-                items.setdefault(raw, address)
+        items: dict[bytes, int] = {}  # each distinct string at its first address: the first unit's wins
+        for unit in reversed(units):
+            items.update(zip(unit.samples, map(_FIRST, unit.samples.values())))
         adapters = [tested] + others
-        table = answers_mod.answers(adapters, [(a, r) for r, a in items.items()], jobs=jobs)
+        table = answers_mod.answers(adapters, list(zip(items.values(), items)), jobs=jobs)
         versions = {a.name: a.version() for a in adapters}
         findings: list[Finding] = []
         results = []
