@@ -175,24 +175,19 @@ class ProofCache:
         """Every instance key's finding under ``tag`` (later segments win)."""
         if self.db is None:
             return {}
-        out: dict[bytes, CachedFinding] = {}
-        for (data,) in self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id", (tag,)):
-            try:
-                templates, entries = marshal.loads(data)
-                made: dict[tuple[int, int], CachedFinding] = {}
-                for key, index, us in entries:
-                    f = made.get((index, us))
-                    if f is None:
-                        t = templates[index]
-                        f = made[(index, us)] = CachedFinding(*t[:7], us, t[7])
-                    out[key] = f
-            except (ValueError, TypeError, EOFError, IndexError):
-                continue  # a damaged segment: its keys are proved again
-        return out
+        return _loaded(data for (data,) in self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id",
+                                                          (tag,)))
 
     def add_findings(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
         if self.db is None or not findings:
             return
+        self._append(tag, findings)
+        n = self.db.execute("SELECT count(*) FROM segments WHERE tag=?", (tag,)).fetchone()[0]
+        if n > COMPACT_AFTER:
+            self._compact(tag)
+
+    def _append(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
+        """One new segment holding ``findings``."""
         templates: dict[tuple, int] = {}
         entries = []
         for key, f in findings.items():
@@ -201,20 +196,27 @@ class ProofCache:
             entries.append((key, i, f.proof_us))
         blob = marshal.dumps((list(templates), entries))
         self.db.execute("INSERT INTO segments (tag, entries, data) VALUES (?,?,?)", (tag, len(entries), blob))
-        n = self.db.execute("SELECT count(*) FROM segments WHERE tag=?", (tag,)).fetchone()[0]
-        if n > COMPACT_AFTER:
-            self._compact(tag)
 
     def _compact(self, tag: bytes) -> None:
-        merged = self.findings(tag)
+        """Merge the tag's newest segments into one (at least two), in one transaction: those after the
+        newest segment that outweighs all its successors (``_merge_from``), so a large old segment is not
+        rewritten for every few small new ones.  A package run adds two segments per image; rewriting
+        every finding each 16 of them made its harvests grow with the cache."""
+        rows = self.db.execute("SELECT id, entries FROM segments WHERE tag=? ORDER BY id", (tag,)).fetchall()
+        ids = [r[0] for r in rows[min(_merge_from(rows), len(rows) - 2):]]
+        if len(ids) < 2:
+            return
+        marks = ",".join("?" * len(ids))
+        merged = _loaded(d for (d,) in self.db.execute(f"SELECT data FROM segments WHERE id IN ({marks}) ORDER BY id",
+                                                       ids))
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self.db.execute("DELETE FROM segments WHERE tag=?", (tag,))
+            self.db.execute(f"DELETE FROM segments WHERE id IN ({marks})", ids)
+            self._append(tag, merged)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.add_findings(tag, merged)
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
@@ -258,3 +260,32 @@ class ProofCache:
                 db.execute("ROLLBACK")
                 raise
         self.add_findings(tag, findings)
+
+
+def _merge_from(rows: list[tuple[int, int]]) -> int:
+    """Where the segments to merge start, given (id, entries) oldest first: after the newest segment
+    that holds more entries than all the segments after it together (0: merge them all)."""
+    after = rows[-1][1] if rows else 0
+    for i in range(len(rows) - 2, -1, -1):
+        if rows[i][1] > after:
+            return i + 1
+        after += rows[i][1]
+    return 0
+
+
+def _loaded(blobs) -> dict[bytes, CachedFinding]:
+    """The findings of segment blobs, in order (later ones win)."""
+    out: dict[bytes, CachedFinding] = {}
+    for data in blobs:
+        try:
+            templates, entries = marshal.loads(data)
+            made: dict[tuple[int, int], CachedFinding] = {}
+            for key, index, us in entries:
+                f = made.get((index, us))
+                if f is None:
+                    t = templates[index]
+                    f = made[(index, us)] = CachedFinding(*t[:7], us, t[7])
+                out[key] = f
+        except (ValueError, TypeError, EOFError, IndexError):
+            continue  # a damaged segment: its keys are proved again
+    return out
