@@ -88,6 +88,15 @@ class Session:
             self.pool.set_job(job)
         return self.pool
 
+    def fresh_workers(self) -> None:
+        """Let the next image start on new workers.  What the workers learned is in the session's
+        findings already (each run harvests it), and new workers are forked with them; what goes is the
+        memory a whole kernel's proofs left behind in each worker (solver and lifter caches, freed
+        blocks the allocator keeps): a package run's peak fell from 1.16 to about 1 GiB."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()

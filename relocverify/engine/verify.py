@@ -330,6 +330,7 @@ def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = 
     with contextlib.closing(Store(db)), Session(options) as session:  # one pool: workers keep what they learn
         images = {"vmlinux": run(vmlinux, db, options, Progress(enabled=say is not None), session)}
         timing["vmlinux_s"] = time.monotonic() - t0
+        session.fresh_workers()  # the modules need little of what the vmlinux's proofs left in memory
         for k, ((name, path), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):
             if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
                 images[name] = empty_summary(image, options.jump_probes)
