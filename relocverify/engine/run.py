@@ -296,6 +296,10 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
             phases["replacements_s"] = time.monotonic() - t1
         if options.jump_probes:
             t1 = time.monotonic()
+            if own:  # the block proofs need nothing the workers learned: new ones start without its memory
+                _harvest(pool, cache, tag, cached)
+                session.fresh_workers()
+                pool = session.pool_for(job)
             jump_proofs = _jump_probes(pool, store, scope.image_id, progress)
             phases["jump_probes_s"] = time.monotonic() - t1
         _harvest(pool, cache, tag, cached)
