@@ -239,6 +239,40 @@ def test_the_same_command_again_answers_from_the_store(small, tmp_path):
     assert again["run"]["again"] == first["run"]["id"] and again["by_verdict"] == first["by_verdict"]
 
 
+def test_the_same_command_again_does_not_load_the_image(small, tmp_path, monkeypatch):
+    """A repeated ``vmlinux`` command finds its answer by the image's remembered identity, without
+    loading the image; a changed file, or one whose hash is not remembered, is loaded and verified."""
+    import shutil
+
+    from relocverify.engine import verify
+    from relocverify.image import loader
+
+    monkeypatch.setenv("RELOCVERIFY_CACHE", str(tmp_path / "home"))  # the identity memo starts empty
+    path = tmp_path / "again" / "vmlinux"
+    path.parent.mkdir()
+    shutil.copy(small.path, path)
+    options = RunOptions(TRAMP, 1, 10.0)
+    db = str(tmp_path / "v.sqlite")
+    first = verify.verify_vmlinux(str(path), options, db=db)
+    real = loader.load_image
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the image was loaded again")
+
+    monkeypatch.setattr(loader, "load_image", refuse)
+    second = verify.verify_vmlinux(str(path), options, db=db)
+    assert second.document["run"]["again"] == first.document["run"]["id"]
+    assert second.by_verdict == first.by_verdict and second.complete
+    path.write_bytes(path.read_bytes())  # the same bytes, written again: no longer known by its status
+    assert loader.remembered_identity(path) is None
+    with pytest.raises(AssertionError, match="loaded again"):
+        verify.verify_vmlinux(str(path), options, db=db)
+    monkeypatch.setattr(loader, "load_image", real)
+    third = verify.verify_vmlinux(str(path), options, db=db)  # hashed again: the same image, nothing to do
+    assert third.document["run"]["again"] == second.document["run"]["id"] and third.by_verdict == first.by_verdict
+    assert loader.remembered_identity(path) == small.identity
+
+
 def test_a_crashing_worker_leaves_the_instruction_unknown_and_the_run_goes_on(small, tmp_path, monkeypatch):
     """Fault injection: verifying cpuid kills the worker process (os._exit)."""
     real = pipeline.Prover.verify

@@ -198,11 +198,10 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     phases: dict[str, float] = {}
     rules = POLICIES[options.policy]
     tag = cache_tag(rules)
-    config = json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites,
-                         "policy": options.policy}, sort_keys=True)
-    again = None if options.jump_probes else _again(image, store_path, config, options, t0)
-    if again is not None:
-        return again
+    config = _config(options, tag)
+    previous = None if options.jump_probes else _again(image.identity, store_path, config, options, t0)
+    if previous is not None:
+        return previous
     with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
         functions = find_functions(image)
         if not functions:
@@ -330,7 +329,24 @@ def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, wo
     return summary
 
 
-def _again(image: Image, store_path: str, config: str, options: RunOptions, t0: float) -> dict | None:
+def _config(options: RunOptions, tag: bytes) -> str:
+    """The configuration a run's rows are stored under: the trampoline, the cache tag, sites, the policy."""
+    return json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites,
+                       "policy": options.policy}, sort_keys=True)
+
+
+def again(identity: str, store_path: str, options: RunOptions) -> dict | None:
+    """``run``'s answer to the same command again, for the image whose identity is ``identity``, without
+    the image: the summary when the store holds a complete run of it under the same configuration and
+    scope (recorded as a new run), else None (then ``run`` has work to do).  What lets a repeated
+    ``vmlinux`` command skip loading the image (``image.loader.remembered_identity``)."""
+    if options.jump_probes:
+        return None
+    return _again(identity, store_path, _config(options, cache_tag(POLICIES[options.policy])), options,
+                  time.monotonic())
+
+
+def _again(identity: str, store_path: str, config: str, options: RunOptions, t0: float) -> dict | None:
     """The same command again: when the store holds a complete run of this image under this
     configuration and scope, and every function of the image is stored under it, that run's
     summary is the answer (recorded as a new run), without finding functions or sites."""
@@ -341,7 +357,7 @@ def _again(image: Image, store_path: str, config: str, options: RunOptions, t0: 
     store = Store(store_path)
     try:
         store.mark_abandoned_runs()
-        image_id = store.find_image(image.identity)
+        image_id = store.find_image(identity)
         if image_id is None or not store.all_verified(image_id, config):
             return None
         previous = store.last_summary(image_id, config, options.limit)
@@ -563,5 +579,5 @@ def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> No
     cached.update(findings)
 
 
-__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "render_summary",
+__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "again", "render_summary",
            "overlaps", "jump_summary"]

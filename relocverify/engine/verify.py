@@ -50,7 +50,11 @@ OnImage = Optional[Callable[[str, dict], None]]
 
 def default_store(path: str, image: Image) -> str:
     """The store a kernel image's results go to when none is named: ``relocverify-<sha>.sqlite`` beside it."""
-    return os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{image.identity[:12]}.sqlite")
+    return _store_path(path, image.identity)
+
+
+def _store_path(path: str, identity: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{identity[:12]}.sqlite")
 
 
 def user_trampoline(image: Image, base: int | None = None) -> int:
@@ -142,22 +146,35 @@ def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None,
     """Every instruction of the kernel image at ``path`` (None: ``DEFAULT_KERNEL``) into the store ``db``
     (None: ``default_store``, given to ``check_store`` first, which refuses a path it cannot write).
     ``complete``: the run completed and its instruction totals add up."""
-    from ..image.loader import load_image, require_kernel
+    from ..image.loader import load_image, remembered_identity, require_kernel
     from .progress import Progress
-    from .run import run
+    from .run import again, run
     from .summary import RunSummary
 
     if path is None:
         from ..image.fetch import fetch
 
         path = str(fetch(DEFAULT_KERNEL, None, progress=say).vmlinux)
-    image = load_image(path, system_map)
-    require_kernel(image)
-    if not db:
-        db = default_store(path, image)
-        if check_store is not None:
-            check_store(db)
-    summary = run(image, db, options, Progress(enabled=say is not None))
+    # The same command again, answered from the store without loading the image when its identity is
+    # remembered (a debug vmlinux: 600 MB read and 200 k symbols parsed for nothing).  With a System.map
+    # the image is loaded: its symbols are the map's.
+    identity = remembered_identity(path) if system_map is None else None
+    summary = None
+    if identity is not None:
+        store_path = db or _store_path(path, identity)
+        if os.path.exists(store_path):
+            if not db and check_store is not None:
+                check_store(store_path)
+            summary = again(identity, store_path, options)
+            db = store_path if summary is not None else db
+    if summary is None:
+        image = load_image(path, system_map)
+        require_kernel(image)
+        if not db:
+            db = default_store(path, image)
+            if check_store is not None:
+                check_store(db)
+        summary = run(image, db, options, Progress(enabled=say is not None))
     return RunSummary(summary, db, summary["by_verdict"], summary["totals_add_up"], _complete(summary),
                       wall_s=summary["wall_s"], tramp=options.tramp)
 

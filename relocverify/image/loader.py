@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import mmap
 import os
 import stat
+import struct
 
 from ..collector import paused
 from ..errors import ImageError
 from ..x86.registers import KERNEL_HALF
 from . import bzimage
 from .elf import read_elf
-from .image import Image, ImageSource, OpenInput
+from .image import SHT_NOBITS, Image, ImageSource, OpenInput
 from .symbols import load_system_map
 
 # --- entry point ---------------------------------------------------------
@@ -98,31 +100,78 @@ def _content_hash(st: os.stat_result, buffer, extent: int) -> str:
     hash is remembered in ``<cache>/index/sha256.json`` under the open file's device, inode,
     size, modification *and change* time (the change time cannot be set back by a user: any
     write to the file moves it), and recomputed whenever any of them differs."""
-    import json
-
-    from ..environment import default_cache_dir
     from ..outputs import write_atomic
 
-    key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{extent}"
-    memo_path = os.path.join(default_cache_dir(), "index", "sha256.json")
-    try:
-        with open(memo_path) as fh:
-            memo = json.load(fh)
-        if not isinstance(memo, dict):
-            memo = {}
-    except (OSError, ValueError):
-        memo = {}
+    key = _memo_key(st, extent)
+    memo = _hash_memo()
     known = memo.get(key)
     if isinstance(known, str) and len(known) == 64:
         return known
     digest = hashlib.sha256(memoryview(buffer)[:extent]).hexdigest()
     memo[key] = digest
     try:
-        os.makedirs(os.path.dirname(memo_path), exist_ok=True)
-        write_atomic(memo_path, json.dumps(dict(list(memo.items())[-HASH_MEMO_ENTRIES:])))
+        os.makedirs(os.path.dirname(_memo_path()), exist_ok=True)
+        write_atomic(_memo_path(), json.dumps(dict(list(memo.items())[-HASH_MEMO_ENTRIES:])))
     except Exception:  # noqa: BLE001 - a cache that cannot be written only costs the next run the hash
         pass
     return digest
+
+
+def remembered_identity(path: str | os.PathLike) -> str | None:
+    """The identity ``load_image`` gives the ELF file at ``path``, when its hash is remembered, read from
+    the file's status and its section headers alone (a few kilobytes, where loading a debug vmlinux
+    reads and parses its 600 MB); None when it is not remembered, or the file is not a plain ELF64
+    file whose section headers this reads as ``elf.read_elf`` does (a bzImage, extended section
+    numbering, a header past the end).  What ``engine.run.again`` needs to answer the same command
+    again without loading the image."""
+    try:
+        with open(os.fspath(path), "rb") as handle:
+            st = os.fstat(handle.fileno())
+            head = handle.read(64)
+            if not stat.S_ISREG(st.st_mode) or len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+                return None
+            shoff = struct.unpack_from("<Q", head, 0x28)[0]
+            shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
+            if shentsize != _SHDR_SIZE or not shoff or not shnum:
+                return None
+            handle.seek(shoff)
+            table = handle.read(shnum * _SHDR_SIZE)
+    except OSError:
+        return None
+    if len(table) != shnum * _SHDR_SIZE:
+        return None
+    extent = shoff + shnum * shentsize
+    for i in range(shnum):
+        kind = struct.unpack_from("<I", table, i * _SHDR_SIZE + 4)[0]
+        offset, length = struct.unpack_from("<QQ", table, i * _SHDR_SIZE + 0x18)
+        if kind != SHT_NOBITS and length:
+            if offset + length > st.st_size:
+                return None  # truncated: loading it says so
+            extent = max(extent, offset + length)
+    known = _hash_memo().get(_memo_key(st, extent))
+    return known if isinstance(known, str) and len(known) == 64 else None
+
+
+_SHDR_SIZE = 64  # an ELF64 section header
+
+
+def _memo_key(st: os.stat_result, extent: int) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{extent}"
+
+
+def _memo_path() -> str:
+    from ..environment import default_cache_dir
+
+    return os.path.join(default_cache_dir(), "index", "sha256.json")
+
+
+def _hash_memo() -> dict:
+    try:
+        with open(_memo_path()) as fh:
+            memo = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return memo if isinstance(memo, dict) else {}
 
 
 def _symbols_past_their_section(symbols, sections) -> int:
