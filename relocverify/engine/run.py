@@ -579,5 +579,5 @@ def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> No
     cached.update(findings)
 
 
-__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "again", "render_summary",
-           "overlaps", "jump_summary"]
+__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "again",
+           "render_summary", "overlaps", "jump_summary"]
