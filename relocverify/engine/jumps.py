@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from hashlib import blake2b
 
 from ..image.functions import Function
 from ..image.image import Image
@@ -60,7 +59,7 @@ class JumpProver:
         self.tramp = tramp
         self.timeout_ms = int(timeout_s * 1000)
         self.rules = rules
-        self.proved: dict[bytes, tuple[str, str]] = {}  # block key's digest -> (bucket, reason)
+        self.proved: dict[bytes, tuple[str, str]] = {}  # block key -> (bucket, reason)
         self.proofs = 0
 
     def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]]) -> list[tuple[int, str, str]]:
@@ -93,12 +92,8 @@ class JumpProver:
 
     def _prove(self, block) -> tuple[str, str]:
         key = block_key(block)
-        if key is not None:
-            # kept by its BLAKE2b-128 digest: a whole kernel's 700 k keys of ~300 bytes each grew every
-            # worker by ~250 MB over the phase; a collision among 2^20 keys has odds of about 2^-88
-            key = blake2b(key, digest_size=16).digest()
-            if key in self.proved:
-                return self.proved[key]
+        if key is not None and key in self.proved:
+            return self.proved[key]
         self.proofs += 1
         try:
             result = prove_block(block, self.timeout_ms)
