@@ -57,7 +57,7 @@ _NEAR_BRANCH = frozenset({OpKind.NEAR_BRANCH16, OpKind.NEAR_BRANCH32, OpKind.NEA
 _NO_REG = 0  # iced Register.NONE
 _NEAR, _FAR = b"n", b"f"
 _BY_BYTES = frozenset(b"bd")  # the kinds whose key the bytes and the jump back's place determine
-NEAR_MEMO = 250_000  # at most this many keys remembered by bytes (a kernel has 187 k such strings)
+BY_BYTES_LIMIT = 250_000  # keys remembered by bytes, per place of the jump back (a kernel has 187 k)
 
 
 def _operand_immediate_codes() -> frozenset[int]:
@@ -101,15 +101,17 @@ class KeyMaker:
     def __init__(self, tramp: int):
         self.tramp = tramp & MASK64
         self._t63 = bytes([self.tramp & 63])
-        self._memo: dict[tuple[bytes, bytes], bytes] = {}
-        self._near: dict[bytes, bytes] = {}  # bytes -> key of kind b or d, the jump back near
+        # Where the jump back lies ("near" or "far") -> bytes -> key, for kinds b and d: their keys depend
+        # on the bytes and that place alone (a displacement form recurs: a kernel has 941 k instances
+        # of 187 k such strings), so each is made once.
+        self._by_bytes: dict[bytes, dict[bytes, bytes]] = {_NEAR: {}, _FAR: {}}
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
         """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them."""
         t = self.tramp
-        back_all = _NEAR if (_where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR) else None
-        # back_all: every jump back of the function is near, no need to ask each
-        near = self._near
+        near = _where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR
+        back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
+        memo = self._by_bytes[_NEAR]
         dec = Decoder(64, data, ip=start & MASK64)
         ins = Instruction()
         out = []
@@ -123,13 +125,11 @@ class KeyMaker:
                 back = back_all or _where(start + pos + n - t)
                 out.append((pos, n, b"b" + back + raw))
             elif back_all is not None:
-                # kinds b and d depend on the bytes and where the jump back lies alone: a displacement
-                # form recurs (a kernel: 941 k instances of 187 k strings), so its key is made once
-                key = near.get(raw)
+                key = memo.get(raw)
                 if key is None:
                     key = self._key(dec, ins, raw, start + pos, back_all)
-                    if key[0] in _BY_BYTES and len(near) < NEAR_MEMO:
-                        near[raw] = key
+                    if key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+                        memo[raw] = key
                 out.append((pos, n, key))
             else:
                 out.append((pos, n, self._key(dec, ins, raw, start + pos, back_all)))
@@ -138,21 +138,23 @@ class KeyMaker:
 
     def forget(self) -> None:
         """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""
-        self._near = {}
+        for memo in self._by_bytes.values():
+            memo.clear()
 
     def key(self, raw: bytes, address: int) -> bytes:
-        """The key of the instruction ``raw`` at ``address`` (memoised for keys that do not
-        depend on the address beyond where the jump back lies: kinds b and d)."""
+        """The key of the instruction ``raw`` at ``address`` (remembered by bytes for kinds b and d
+        when the jump back is near or far)."""
         back = _where(address + len(raw) - self.tramp)
-        hit = self._memo.get((raw, back))
+        memo = self._by_bytes.get(back)
+        hit = None if memo is None else memo.get(raw)
         if hit is not None:
             return hit
         dec = Decoder(64, raw, ip=address & MASK64)
         ins = Instruction()
         dec.decode_out(ins)
         key = self._key(dec, ins, raw[:ins.len], address, None)
-        if key[:1] in (b"b", b"d") and len(self._memo) < 100_000:
-            self._memo[(raw, back)] = key
+        if memo is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+            memo[raw] = key
         return key
 
     def _key(self, dec: Decoder, ins: Instruction, raw: bytes, a: int, back: bytes | None) -> bytes:
