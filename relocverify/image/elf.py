@@ -81,7 +81,6 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
     stream = io.BytesIO(buffer) if isinstance(buffer, (bytes, bytearray)) else _MmapStream(buffer)
     elf = ELFFile(stream)
     header = elf.header
-    extent = header["e_shoff"] + elf.num_sections() * header["e_shentsize"]
     sections: list[Section] = []
     symtab = dynsym = None
     raw = []
@@ -90,11 +89,9 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
         kind, offset, length = sh["sh_type"], sh["sh_offset"], sh["sh_size"]
         type_number = kind if isinstance(kind, int) else _SHT_NUMBERS.get(kind, -1)
         raw.append((sec.name, type_number, offset, length, sh["sh_link"]))
-        if type_number != SHT_NOBITS and length:
-            if offset + length > size:
-                raise ImageError(f"{path}: truncated {what}: section {sec.name or index} ends at "
-                                 f"{offset + length:#x}, past the end of the file ({size:#x})")
-            extent = max(extent, offset + length)
+        if type_number != SHT_NOBITS and length and offset + length > size:
+            raise ImageError(f"{path}: truncated {what}: section {sec.name or index} ends at "
+                             f"{offset + length:#x}, past the end of the file ({size:#x})")
         if type_number == SHT_SYMTAB:
             symtab = index
         if type_number == SHT_DYNSYM:
@@ -112,7 +109,19 @@ def _parse_elf(path: str, buffer, what: str) -> Elf:
     table = symtab if symtab is not None else dynsym
     symbols = _parse_symtab(path, buffer, raw, table) if table is not None else ()
     kind = "none" if not symbols else "elf" if table == symtab else "dynsym"
+    extent = elf_extent(header["e_shoff"], elf.num_sections() * header["e_shentsize"],
+                        ((t, offset, length) for _, t, offset, length, _ in raw))
     return Elf(tuple(sections), symbols, extent, kind)
+
+
+def elf_extent(shoff: int, table_size: int, headers) -> int:
+    """How many bytes from the start belong to the ELF: to the end of its section header table
+    (``table_size`` bytes at ``shoff``) or of its furthest section with contents, whichever is
+    further.  ``headers``: each section's (type, offset, size).  What an image's identity hashes
+    (``loader.load_image``, ``loader.remembered_identity``): a bzImage's decompressed ELF is
+    followed by its relocations, which are not the ELF."""
+    return max([shoff + table_size] + [offset + length for kind, offset, length in headers
+                                       if kind != SHT_NOBITS and length])
 
 
 def _refuse_conflicting_code(path: str, sections: list[Section]) -> None:

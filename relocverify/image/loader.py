@@ -37,8 +37,8 @@ from ..collector import paused
 from ..errors import ImageError
 from ..x86.registers import KERNEL_HALF
 from . import bzimage
-from .elf import read_elf
-from .image import SHT_NOBITS, Image, ImageSource, OpenInput
+from .elf import elf_extent, read_elf
+from .image import Image, ImageSource, OpenInput
 from .symbols import load_system_map
 
 # --- entry point ---------------------------------------------------------
@@ -120,9 +120,9 @@ def _content_hash(st: os.stat_result, buffer, extent: int) -> str:
 def remembered_identity(path: str | os.PathLike) -> str | None:
     """The identity ``load_image`` gives the ELF file at ``path``, when its hash is remembered, read from
     the file's status and its section headers alone (a few kilobytes, where loading a debug vmlinux
-    reads and parses its 600 MB); None when it is not remembered, or the file is not a plain ELF64
-    file whose section headers this reads as ``elf.read_elf`` does (a bzImage, extended section
-    numbering, a header past the end).  What ``engine.run.again`` needs to answer the same command
+    reads and parses its 600 MB), its extent by ``elf.elf_extent`` as loading computes it; None when
+    it is not remembered, or the file is not a plain ELF64 file (a bzImage, extended section
+    numbering, a header past the end, a truncated section).  What ``engine.run.again`` needs to answer the same command
     again without loading the image."""
     try:
         with open(os.fspath(path), "rb") as handle:
@@ -140,14 +140,11 @@ def remembered_identity(path: str | os.PathLike) -> str | None:
         return None
     if len(table) != shnum * _SHDR_SIZE:
         return None
-    extent = shoff + shnum * shentsize
-    for i in range(shnum):
-        kind = struct.unpack_from("<I", table, i * _SHDR_SIZE + 4)[0]
-        offset, length = struct.unpack_from("<QQ", table, i * _SHDR_SIZE + 0x18)
-        if kind != SHT_NOBITS and length:
-            if offset + length > st.st_size:
-                return None  # truncated: loading it says so
-            extent = max(extent, offset + length)
+    headers = [struct.unpack_from("<I", table, at + 4) + struct.unpack_from("<QQ", table, at + 0x18)
+               for at in range(0, len(table), _SHDR_SIZE)]  # (type, offset, size) of each section
+    extent = elf_extent(shoff, shnum * shentsize, headers)
+    if extent > st.st_size:
+        return None  # truncated: loading it says so
     known = _hash_memo().get(_memo_key(st, extent))
     return known if isinstance(known, str) and len(known) == 64 else None
 
