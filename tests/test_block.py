@@ -241,3 +241,79 @@ def test_block_key_is_position_independent_and_tells_shapes_apart():
     mid = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 3)])
     assert block_key(mid) is None  # an exit to A+3, a role nothing in the original has
     assert block_key(block("488b0560000000 4801c3")) != block_key(here)  # another alignment
+
+
+# --- composition: a block proved piece by piece (engine.jumps keeps each piece's answer) -----------
+
+#: Pieces of every kind the planner makes: copies, rip-relative rewrites, branches out of the range.
+PIECES = SIMPLE + ["488b0510000000", "8b05f0ffffff", "48890550000000", "f0ff00", "488703", "75 40", "0f8440000000",
+                   "e9 40000000", "f3a4", "0fae38", "0f01f9", "f00fb111"]
+
+
+def _mutants(b: BlockPlan) -> list[BlockPlan]:
+    """Relinked blocks over the same instructions that must not all be proved piece by piece when they
+    differ: an exit one byte short, the last piece dropped, two pieces swapped."""
+    raws = [i.raw for i in b.instructions]
+    out = [relink(b, [copy_of(r) for r in raws[:-1]] + [copy_of(raws[-1], A + b.length - 1)])]
+    if len(raws) > 1:
+        out.append(relink(b, [copy_of(r) for r in raws[:-1]] + [lambda t, nxt: jump(t, A + b.length)]))
+        out.append(relink(b, [copy_of(raws[1]), copy_of(raws[0])] + [copy_of(r) for r in raws[2:-1]]
+                          + ([copy_of(raws[-1], A + b.length)] if len(raws) > 2 else [])))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=4))
+def test_pieces_proved_one_by_one_make_the_block_proved_by_its_fast_path(parts):
+    from hypothesis import assume
+
+    from relocverify.proof.block import FAST_PATH_REASON, piece_proved
+
+    b = plan_block(decode_run("".join(parts).replace(" ", "") + "90" * 5), T)
+    assume(isinstance(b, BlockPlan))
+    for candidate in [b] + _mutants(b):
+        if all(piece_proved(candidate, i) for i in range(len(candidate.instructions))):
+            result = prove_block(candidate)
+            assert (result.verdict, result.method, result.reason) == (Verdict.PROVED, "fast-path", FAST_PATH_REASON)
+    short = _mutants(b)[0]
+    assert not all(piece_proved(short, i) for i in range(len(short.instructions)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=4), st.integers(1, 1 << 20), st.integers(0, 1 << 16))
+def test_a_piece_key_stands_for_the_pieces_answer_wherever_the_block_sits(parts, da, dt):
+    """Two blocks with equal piece keys get the same ``piece_proved`` answer: the same run at another
+    address and trampoline, and its mutants there and here (the role of each address-valued field told apart)."""
+    from hypothesis import assume
+
+    from relocverify.proof.block import piece_key, piece_proved
+
+    hexes = "".join(parts).replace(" ", "") + "90" * 5
+    here, there = plan_block(decode_run(hexes), T), plan_block(decode_run(hexes, A + da), T + dt)
+    assume(isinstance(here, BlockPlan) and isinstance(there, BlockPlan))
+    blocks = [here, there] + _mutants(here) + _mutants(there)
+    for i in range(len(here.instructions)):
+        answers: dict[bytes, bool] = {}
+        for b in blocks:
+            key = piece_key(b, i) if i < len(b.instructions) else None
+            if key is not None:
+                assert answers.setdefault(key, piece_proved(b, i)) == piece_proved(b, i), (hexes, i)
+
+
+def test_piece_keys_tell_roles_apart():
+    from relocverify.proof.block import piece_key
+
+    here = block("488b0510000000 4801c3")
+    there = plan_block(decode_run("488b0510000000 4801c3", A + 0x1000), T + 0x2040)
+    assert piece_key(here, 0) is not None and piece_key(here, 0) == piece_key(there, 0)
+    assert piece_key(block("488b0560000000 4801c3"), 0) != piece_key(here, 0)  # another alignment mod 64
+    b = block("55 4889e5 53")
+    raws = [i.raw for i in b.instructions]
+    short = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 4)])
+    assert piece_key(short, 2) not in (None, piece_key(b, 2))  # an exit to A_2 instead of A+L
+    mid = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 3)])
+    assert piece_key(mid, 2) is None  # an exit strictly inside (A, A+L), off the boundaries
+    jcc = block("0f8440000000")  # je out of the range: the target is the original's own (f0) at any distance
+    assert piece_key(jcc, 0) is not None and piece_key(jcc, 0) == piece_key(block("0f8480000000"), 0)
+    near_t = block("8b0425" + struct.pack("<I", (T + 0x100) & 0xFFFFFFFF).hex() + "4889e5")  # mov (T+0x100),%eax
+    assert piece_key(near_t, 0) is None  # an absolute operand near the trampoline: tracer memory or not

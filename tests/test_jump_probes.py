@@ -457,3 +457,32 @@ def test_proved_means_proved(jd, image):
     assert proof.verdict is Verdict.PROVED
     jd.runtime.finish(patch)
     jd.runtime.disable_jump(address)
+
+
+# -- the batch phase: blocks composed from their pieces get prove_block's answers --------------------------
+
+def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image):
+    """``engine.jumps`` proves most blocks by composing pieces it has proved before, and answers runs of
+    known copies without decoding them; over a sample of the kernel's functions, twice (the second
+    pass answered from what the first learned), every answer is the one ``prove_block`` gives alone."""
+    from relocverify.engine.jumps import ELIGIBLE, JumpProver, patch_ranges
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.image.functions import find_functions
+    from relocverify.kernel.sites import find_sites
+    from relocverify.plan.plan import DEFAULT_TRAMP
+
+    functions = find_functions(image)
+    ranges = patch_ranges(image, functions, find_sites(image), "kernel")
+    composed = JumpProver(ranges, DEFAULT_TRAMP, 10.0)
+    alone = JumpProver(ranges, DEFAULT_TRAMP, 10.0, compose=False)
+    keys = KeyMaker(DEFAULT_TRAMP)
+    buckets: Counter = Counter()
+    for fn in functions[::300]:
+        section = image.get_section(fn.section)
+        data = section.data[fn.start - section.address:fn.start - section.address + fn.size]
+        spans = [(off, n) for off, n, _ in keys.keys(data, fn.start)]
+        want = alone.function(fn, data, spans)
+        assert composed.function(fn, data, spans) == want == composed.function(fn, data, spans), fn.name
+        buckets.update(bucket for _, bucket, _ in want)
+    assert buckets[ELIGIBLE] > 2000 and len(buckets) > 5, buckets
+    assert composed.composed > buckets[ELIGIBLE] // 2 and composed.proofs < alone.proofs // 10

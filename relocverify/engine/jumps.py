@@ -16,6 +16,25 @@ with one bucket:
    block's position-independent key (``block_key``) for the rest of the
    run; other blocks are proved one by one.
 
+**Blocks of plain copies, composed.**  Most eligible runs are a few
+instructions with no address-valued field (``push %rbp``, ``mov
+0x18(%rdi),%rax``), each copied and linked to the next by ``jmp rel32`` (the last
+one back to A+L), so their blocks are many (a run of five bytes is rarely
+seen twice) while their pieces are few.  Such a block is proved by
+composition (``proof.block.piece_proved``: every piece passing the fast
+path's checks on its own makes ``prove_block`` prove the block by its fast
+path, with the same reason), and each piece's answer is kept under
+``(bytes, last)``: ``copy_piece_key`` gives that key only where the answer
+cannot depend on where the piece sits (no address-valued field, so VEX's
+IR depends on A_i and T_i only through the PC, which the identity maps; no
+absolute memory operand near the trampoline, where atomicity would read it
+as tracer memory; the link a ``jmp rel32`` to the next byte, the jump
+back a ``jmp rel32``).  Then a run of such instructions in a function far
+from the trampoline (``_far``: no trampoline can overlap it, every jump
+back is a rel32) whose pieces are all known to pass is eligible without
+being decoded or planned: exactly the answer the slow path gives it.
+Pieces that fail, and every other block, take the slow path.
+
 ``eligible`` is the bucket of a proved jump probe; every other bucket is a
 refusal, keyed as ``range:<key>``, ``block:<key>`` or ``proof:<verdict>``,
 with the first reason seen kept as its example.  The int3 probe's verdict
@@ -42,30 +61,43 @@ from collections import Counter
 from ..image.functions import Function
 from ..image.image import Image
 from ..kernel.patch_range import PatchRanges, RangeRefusal
-from ..plan.block import JUMP_SIZE, NoBlock, plan_block
-from ..proof.block import block_key, prove_block
+from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, plan_block
+from ..plan.plan import PlanKind
+from ..proof.block import FAST_PATH_REASON, block_key, piece_key, piece_proved, prove_block
+from ..proof.cache_key import pc_fields
 from ..proof.verdict import Verdict
 from ..text import one_line
 from ..x86.decode import decode
+from ..x86.registers import MASK64
 
 ELIGIBLE = "eligible"
+#: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
+#: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
+_CLEARANCE = 1 << 20
+_LINK = b"\xe9\x00\x00\x00\x00"  # jmp rel32 to the next byte: the link from one piece to the next
 
 
 class JumpProver:
     """One worker's jump-probe answers, with the block proofs it has made so far."""
 
-    def __init__(self, ranges: PatchRanges, tramp: int, timeout_s: float, rules=None):
+    def __init__(self, ranges: PatchRanges, tramp: int, timeout_s: float, rules=None, compose: bool = True):
         self.ranges = ranges
+        self.compose = compose  # False: every block by prove_block (the tests compare the two)
         self.tramp = tramp
         self.timeout_ms = int(timeout_s * 1000)
         self.rules = rules
         self.proved: dict[bytes, tuple[str, str]] = {}  # block key -> (bucket, reason)
+        # copy_piece_key (a tuple) or proof.block.piece_key (bytes) -> piece_proved
+        self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
         self.proofs = 0
+        self.composed = 0  # runs answered from known pieces, without decoding
+        self.piece_proofs = 0
 
     def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]]) -> list[tuple[int, str, str]]:
         """(offset, bucket, reason) for each instruction (offset, length) of ``fn``."""
         out = []
         memo: dict[int, object] = {}  # span index -> decoded: runs overlap, each decodes once
+        pieces = self.pieces if self.compose and _far(fn, self.tramp) else None
         for i, (off, n) in enumerate(spans):
             address = fn.start + off
             length, j = 0, i
@@ -75,6 +107,11 @@ class JumpProver:
             refusal = self.ranges.refusal(fn, address, max(length, JUMP_SIZE))
             if refusal is not None:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
+                continue
+            if pieces is not None and length >= JUMP_SIZE and all(
+                    pieces.get((data[o:o + m], k == j - 1)) for k, (o, m) in enumerate(spans[i:j], i)):
+                self.composed += 1
+                out.append((off, ELIGIBLE, FAST_PATH_REASON))
                 continue
             decoded = []
             for k in range(i, j):
@@ -90,7 +127,9 @@ class JumpProver:
             out.append((off,) + self._prove(block))
         return out
 
-    def _prove(self, block) -> tuple[str, str]:
+    def _prove(self, block: BlockPlan) -> tuple[str, str]:
+        if self.compose and self._composed(block):
+            return ELIGIBLE, FAST_PATH_REASON
         key = block_key(block)
         if key is not None and key in self.proved:
             return self.proved[key]
@@ -105,6 +144,61 @@ class JumpProver:
                 self.proved[key] = answer
             return answer
         return f"proof:{result.verdict.value}", result.reason
+
+    def _composed(self, block: BlockPlan) -> bool:
+        """Whether the block is proved by composing its pieces (module doc), each piece's answer
+        kept by its ``copy_piece_key`` or else ``piece_key``; False (the slow path decides) for a block with a piece that
+        has no such key, or fails."""
+        keys = [copy_piece_key(block, i, self.tramp) or piece_key(block, i, _CLEARANCE)
+                for i in range(len(block.instructions))]
+        if None in keys:
+            return False
+        for i, key in enumerate(keys):
+            ok = self.pieces.get(key)
+            if ok is None:
+                self.piece_proofs += 1
+                try:
+                    ok = piece_proved(block, i)
+                except Exception:  # a library's error: the slow path gives this block its verdict
+                    return False
+                self.pieces[key] = ok
+            if not ok:
+                return False
+        return True
+
+
+def copy_piece_key(block: BlockPlan, i: int, tramp: int) -> tuple[bytes, bool] | None:
+    """``(bytes, last)`` for piece i of a block whose answer from ``piece_proved`` cannot depend on
+    where the instruction or its piece sits (module doc), else None: a copy of an instruction with no
+    address-valued field and no absolute memory operand within ``_CLEARANCE`` of the trampoline,
+    linked by ``jmp rel32`` to the next byte, or (the last) back by ``jmp rel32``, with no save slot."""
+    insn, plan = block.instructions[i], block.plans[i]
+    if plan.kind is not PlanKind.COPY or plan.save_slot is not None:
+        return None
+    last = i == len(block.instructions) - 1
+    piece, raw = block.piece(i), insn.raw
+    if piece[:len(raw)] != raw or (piece[len(raw):] != _LINK if not last else
+                                   len(piece) != len(raw) + 5 or piece[len(raw)] != 0xE9):
+        return None
+    if pc_fields(raw, insn.address) != []:
+        return None
+    memory = insn.memory
+    if memory is not None and memory.base is None and memory.index is None and \
+            (memory.displacement - tramp + _CLEARANCE) & MASK64 < 2 * _CLEARANCE:
+        return None
+    return raw, last
+
+
+def _far(fn: Function, tramp: int) -> bool:
+    """Whether every trampoline of a block in ``fn`` lies clear of the function (no overlap refusal,
+    in a block or in an instruction's plan) and within rel32 reach of its every jump back."""
+    ends = [_signed(fn.start - tramp), _signed(fn.start + fn.size - tramp)]
+    return (ends[0] > 0) == (ends[1] > 0) and all(_CLEARANCE <= abs(d) < (1 << 31) - _CLEARANCE for d in ends)
+
+
+def _signed(x: int) -> int:
+    x &= MASK64
+    return x - (1 << 64) if x >> 63 else x
 
 
 #: Why a user-space image's ranges are not checked against kernel tables.

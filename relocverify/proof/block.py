@@ -259,10 +259,16 @@ def block_fast_path(block: BlockPlan) -> bool:
     address outside both codes.  This covers every start s and every
     forward or backward transfer of the module doc's obligation at once.
     """
+    resolve = _resolver(block)
+    return all(_same_ir(block, i, resolve) for i in range(len(block.instructions)))
+
+
+def _resolver(block: BlockPlan):
+    """The map of the fast path's exit targets (see ``block_fast_path``): T_j to A_j, a jump-only
+    chain inside the trampoline followed, ``NotApplicable`` for what proves nothing."""
     t, end = block.tramp, block.tramp + len(block.trampoline)
     a, a_end = block.address, block.address + block.length
     to_a = dict(zip(block.starts, block.boundaries))
-
     bounds = sorted(set(block.starts) | {end})
 
     def hop(v: int) -> int:
@@ -286,19 +292,49 @@ def block_fast_path(block: BlockPlan) -> bool:
             raise NotApplicable("the relocation leaves into the patched range")
         return v
 
+    return resolve
+
+
+def _same_ir(block: BlockPlan, i: int, resolve) -> bool:
+    """Piece i's half of the fast path: instruction i at A_i and piece i at T_i have the same
+    canonical IR, exits mapped by ``resolve``."""
+    insn = block.instructions[i]
     try:
-        for i, insn in enumerate(block.instructions):
-            orig = L.lift(insn.raw, insn.address, max_inst=1)
-            if orig.size != insn.length:
-                return False
-            off = block.starts[i] - t
-            stop = bounds[bisect.bisect_right(bounds, block.starts[i])] - t  # piece i ends where T_{i+1} starts
-            reloc = canon_block(L.lift(block.trampoline[off:stop], block.starts[i]), resolve)
-            if reloc[-1][0] == "next" or canon_block(orig, lambda v: v) != reloc:
-                return False  # a computed exit may land inside (A, A+L): left to the SMT obligation
+        orig = L.lift(insn.raw, insn.address, max_inst=1)
+        if orig.size != insn.length:
+            return False
+        reloc = canon_block(L.lift(block.piece(i), block.starts[i]), resolve)
+        # a computed exit may land inside (A, A+L): left to the SMT obligation
+        return reloc[-1][0] != "next" and canon_block(orig, lambda v: v) == reloc
     except NotApplicable:
         return False
-    return True
+
+
+#: The reason of a block proved by the fast path.
+FAST_PATH_REASON = "each relocation's IR is its original's up to A_i <-> T_i"
+
+
+def piece_proved(block: BlockPlan, i: int) -> bool:
+    """Whether instruction i and its piece pass, on their own, every check by which ``prove_block``
+    proves a block on its fast path: atomicity, no lift gap, admission of the one instruction with
+    its piece, and the fast path's IR identity (``_same_ir``).
+
+    Composition: if it holds for every i, ``prove_block(block)`` is PROVED by the fast path with
+    ``FAST_PATH_REASON``.  Atomicity, the lift gaps and the IR identity are checked per instruction
+    there too.  Admission of the whole block is implied by admission of each piece: the block's
+    features beyond the original's are the union of the pieces' (``reloc - orig`` of unions lies in
+    the union of the differences), its hazard signature is the concatenation of the pieces' (equal
+    when each is), and the per-instruction status checks are the same loop.  The converse need not
+    hold (a fence moved from one piece to the next), so a block some piece fails is left to
+    ``prove_block`` itself."""
+    insn = block.instructions[i]
+    if check_atomicity(insn, block.piece(i), block.starts[i], block.tracer_memory) is not None:
+        return False
+    if opaque_lift_reason(insn) is not None:
+        return False
+    if not admit([insn], [(_code(block, i), block.starts[i])]).trusted:
+        return False
+    return _same_ir(block, i, _resolver(block))
 
 
 def block_key(block: BlockPlan) -> bytes | None:
@@ -343,6 +379,74 @@ def block_key(block: BlockPlan) -> bytes | None:
     layout = ",".join(str(x - t) for x in block.starts) + "|" + ",".join(str(x - t) for x, _ in _slots(block))
     return (b"block|" + cache_tag() + shape_of(run, ofields) + b"|" + shape_of(block.trampoline, tfields) + b"|"
             + ",".join(sig).encode() + b"|" + layout.encode())
+
+
+def piece_key(block: BlockPlan, i: int, clearance: int = 1 << 20) -> bytes | None:
+    """A position-independent key for ``piece_proved(block, i)``, or None.
+
+    ``block_key``'s argument restricted to one piece: instruction i's bytes
+    and piece i's bytes with their address-valued fields zeroed, i and the
+    number of instructions, and the role of every field's value: a boundary
+    A_j or A+L (``a<j>``), a piece start T_j (``t<j>``), an offset inside
+    piece i, or one of the original's own targets (``f<k>``, data addresses
+    with their alignment mod 64).  What ``piece_proved`` reads of positions
+    is exactly these: the PC constants of VEX's IR (lifter invariance, as in
+    ``cache_key``), ``_resolver``'s map (T_j to A_j, hops inside the piece,
+    refusal inside (A, A+L)), and atomicity's tracer memory.  So no key when
+    a value lies inside the trampoline but is neither a piece start nor in
+    piece i, when a target lies strictly inside (A, A+L) off the
+    boundaries, when an absolute memory operand or a target lies within
+    ``clearance`` of the trampoline (tracer memory is the whole trampoline,
+    whose length the key does not hold), or when the piece has a save
+    slot."""
+    insn, plan = block.instructions[i], block.plans[i]
+    if plan.save_slot is not None or plan.scratch is not None:
+        return None
+    t, t_end = block.tramp, block.tramp + len(block.trampoline)
+    a, a_end = block.address, block.address + block.length
+    memory = insn.memory
+    if memory is not None and memory.base is None and memory.index is None and \
+            (memory.displacement - t + clearance) & MASK64 < 2 * clearance + len(block.trampoline):
+        return None
+    piece, t_i = block.piece(i), block.starts[i]
+    ofields, tfields = pc_fields(insn.raw, insn.address), pc_fields(piece, t_i)
+    if ofields is None or tfields is None:
+        return None
+    boundaries = {x: f"a{j}" for j, x in enumerate(block.boundaries + (a_end & MASK64,))}
+    starts = {x: f"t{j}" for j, x in enumerate(block.starts)}
+    roles: dict[int, str] = {}
+    osig = []
+    for k, f in enumerate(ofields):
+        v = f.value
+        if v in roles:  # two fields with one value: the same role, so equal values show in the key
+            role = role_of(v, f.data, roles[v])
+        elif v in boundaries:
+            role = role_of(v, f.data, boundaries[v])
+        elif a < v < a_end or (v - t + clearance) & MASK64 < 2 * clearance + len(block.trampoline):
+            return None
+        else:
+            role = role_of(v, f.data, f"f{k}")
+        roles.setdefault(v, role.split("@")[0])
+        osig.append(role)
+    tsig = []
+    piece_end = t_i + len(piece)
+    for f in tfields:
+        v = f.value
+        if v in starts:
+            role = role_of(v, f.data, starts[v])
+        elif t_i <= v < piece_end:
+            role = role_of(v, f.data, f"p+{v - t_i}")
+        elif t <= v < t_end:
+            return None
+        elif v in boundaries:
+            role = role_of(v, f.data, boundaries[v])
+        elif v in roles:
+            role = role_of(v, f.data, roles[v])
+        else:
+            return None
+        tsig.append(role)
+    return (f"piece|{i}/{len(block.instructions)}|".encode() + shape_of(insn.raw, ofields) + b"|"
+            + shape_of(piece, tfields) + b"|" + ",".join(osig).encode() + b"|" + ",".join(tsig).encode())
 
 
 # ---------------------------------------------------------------------------
@@ -458,8 +562,7 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
     untrusted = [] if admission.trusted else [(None, admission.reason)]
     try:
         if use_fast_path and not untrusted and block_fast_path(block):
-            return ProofResult(Verdict.PROVED, "each relocation's IR is its original's up to A_i <-> T_i",
-                               "fast-path", seconds=_elapsed(t0))
+            return ProofResult(Verdict.PROVED, FAST_PATH_REASON, "fast-path", seconds=_elapsed(t0))
         todo, done = [0], set()
         while todo:
             s = todo.pop()
