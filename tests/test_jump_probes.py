@@ -486,3 +486,4 @@ def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image)
         buckets.update(bucket for _, bucket, _ in want)
     assert buckets[ELIGIBLE] > 2000 and len(buckets) > 5, buckets
     assert composed.composed > buckets[ELIGIBLE] // 2 and composed.proofs < alone.proofs // 10
+    assert composed.conflicts == 0  # every token stood for one piece key

@@ -24,7 +24,10 @@ seen twice) while their pieces are few.  Such a block is proved by
 composition (``proof.block.piece_proved``: every piece passing the fast
 path's checks on its own makes ``prove_block`` prove the block by its fast
 path, with the same reason), and each piece's answer is kept under
-``(bytes, last)``: ``copy_piece_key`` gives that key only where the answer
+``(token, last)``, the token the instruction's instance key (``engine.keys``:
+a displacement from registers and the immediates ``cache_key`` leaves out do
+not matter, so pieces are as few as instance keys).  ``copy_piece_key``
+gives that key only where the answer
 cannot depend on where the piece sits (no address-valued field, so VEX's
 IR depends on A_i and T_i only through the PC, which the identity maps; no
 absolute memory operand near the trampoline, where atomicity would read it
@@ -33,7 +36,15 @@ back a ``jmp rel32``).  Then a run of such instructions in a function far
 from the trampoline (``_far``: no trampoline can overlap it, every jump
 back is a rel32) whose pieces are all known to pass is eligible without
 being decoded or planned: exactly the answer the slow path gives it.
-Pieces that fail, and every other block, take the slow path.
+
+Relative branches and RIP-relative operands (a ``jcc`` ending a run) are
+rewritten, not copied; their pieces are kept under ``branch_token``: the
+instance key, the instruction's place in the run, and its target's role
+there (a boundary, A+L, or elsewhere), which together fix its
+``proof.block.piece_key``.  Every block that is planned checks that each
+token still stands for the piece key it first stood for (``conflicts``
+counts the ones that did not; none has).  Other blocks (a save slot, a
+piece that fails) take the slow path.
 
 ``eligible`` is the bucket of a proved jump probe; every other bucket is a
 refusal, keyed as ``range:<key>``, ``block:<key>`` or ``proof:<verdict>``,
@@ -58,6 +69,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
+from iced_x86 import Decoder
+
 from ..image.functions import Function
 from ..image.image import Image
 from ..kernel.patch_range import PatchRanges, RangeRefusal
@@ -69,6 +82,7 @@ from ..proof.verdict import Verdict
 from ..text import one_line
 from ..x86.decode import decode
 from ..x86.registers import MASK64
+from .keys import KeyMaker
 
 ELIGIBLE = "eligible"
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
@@ -92,12 +106,23 @@ class JumpProver:
         self.proofs = 0
         self.composed = 0  # runs answered from known pieces, without decoding
         self.piece_proofs = 0
+        self.keys = KeyMaker(tramp)
+        self._stands_for: dict[bytes, bytes] = {}  # branch_token -> the piece_key it stood for
+        self.conflicts = 0
 
-    def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]]) -> list[tuple[int, str, str]]:
-        """(offset, bucket, reason) for each instruction (offset, length) of ``fn``."""
+    def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]],
+                 keys: list[bytes] | None = None) -> list[tuple[int, str, str]]:
+        """(offset, bucket, reason) for each instruction (offset, length) of ``fn``; ``keys``, their
+        instance keys (``engine.keys``) when the caller has them."""
         out = []
         memo: dict[int, object] = {}  # span index -> decoded: runs overlap, each decodes once
-        pieces = self.pieces if self.compose and _far(fn, self.tramp) else None
+        pieces = tokens = None
+        if self.compose and _far(fn, self.tramp):
+            pieces = self.pieces
+            if keys is None:
+                keys = [key for _, _, key in self.keys.keys(data, fn.start)]
+            tokens = [lane_token(key, data[o:o + m]) or _aimed(key, data[o:o + m], fn.start + o)
+                      for key, (o, m) in zip(keys, spans)]
         for i, (off, n) in enumerate(spans):
             address = fn.start + off
             length, j = 0, i
@@ -108,8 +133,7 @@ class JumpProver:
             if refusal is not None:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
                 continue
-            if pieces is not None and length >= JUMP_SIZE and all(
-                    pieces.get((data[o:o + m], k == j - 1)) for k, (o, m) in enumerate(spans[i:j], i)):
+            if pieces is not None and length >= JUMP_SIZE and self._known(tokens, spans, i, j, fn.start):
                 self.composed += 1
                 out.append((off, ELIGIBLE, FAST_PATH_REASON))
                 continue
@@ -126,6 +150,26 @@ class JumpProver:
                 continue
             out.append((off,) + self._prove(block))
         return out
+
+    def _known(self, tokens: list, spans: list[tuple[int, int]], i: int, j: int, start: int) -> bool:
+        """Whether the run of instructions i..j-1 is made of pieces known to pass (``tokens`` from
+        ``lane_token``, or (key, target) for a branch, whose token depends on the run)."""
+        pieces = self.pieces
+        bounds = None
+        for k in range(i, j):
+            token = tokens[k]
+            if token is None:
+                return False
+            if type(token) is tuple:
+                if bounds is None:
+                    bounds = tuple(start + spans[m][0] for m in range(i, j))
+                token = branch_token(token[0], token[1], k - i, bounds,
+                                     (start + spans[j - 1][0] + spans[j - 1][1]) & MASK64, self.tramp)
+                if token is None:
+                    return False
+            if not pieces.get((token, k == j - 1)):
+                return False
+        return True
 
     def _prove(self, block: BlockPlan) -> tuple[str, str]:
         if self.compose and self._composed(block):
@@ -147,12 +191,16 @@ class JumpProver:
 
     def _composed(self, block: BlockPlan) -> bool:
         """Whether the block is proved by composing its pieces (module doc), each piece's answer
-        kept by its ``copy_piece_key`` or else ``piece_key``; False (the slow path decides) for a block with a piece that
-        has no such key, or fails."""
-        keys = [copy_piece_key(block, i, self.tramp) or piece_key(block, i, _CLEARANCE)
-                for i in range(len(block.instructions))]
-        if None in keys:
-            return False
+        kept under its ``_lane_key`` or else its ``piece_key``; False (the slow path decides) for a
+        block with a piece that has neither, or fails."""
+        keys = []
+        for i in range(len(block.instructions)):
+            key = self._lane_key(block, i)
+            if key is None:
+                key = piece_key(block, i, _CLEARANCE)
+                if key is None:
+                    return False
+            keys.append(key)
         for i, key in enumerate(keys):
             ok = self.pieces.get(key)
             if ok is None:
@@ -166,12 +214,41 @@ class JumpProver:
                 return False
         return True
 
+    def _lane_key(self, block: BlockPlan, i: int) -> tuple[bytes, bool] | None:
+        """``(token, last)`` under which piece i's answer is kept and looked up by the lane, or None:
+        ``copy_piece_key`` for a copy; for a relative branch or a RIP-relative operand (instance key
+        ``j`` or ``r``), ``branch_token`` of its key and its target's role in the run, when its
+        ``piece_key`` exists.  Each token remembers the first ``piece_key`` it stood for; a token
+        found standing for another (the argument of ``branch_token`` failing) is never used again,
+        and counted in ``conflicts``."""
+        copy = copy_piece_key(block, i, self.tramp, self.keys)
+        if copy is not None:
+            return copy
+        insn = block.instructions[i]
+        key = self.keys.key(insn.raw, insn.address)
+        target = insn.branch_target if key[:1] == b"j" else insn.rip_target if key[:1] == b"r" else None
+        if target is None:
+            return None
+        boundaries = block.boundaries
+        token = branch_token(key, target, i, boundaries, block.end, self.tramp)
+        if token is None:
+            return None
+        whole = piece_key(block, i, _CLEARANCE)
+        if whole is None:
+            return None
+        if self._stands_for.setdefault(token, whole) != whole:
+            self.conflicts += 1
+            self.pieces[(token, True)] = self.pieces[(token, False)] = False
+            return None
+        return token, i == len(boundaries) - 1
 
-def copy_piece_key(block: BlockPlan, i: int, tramp: int) -> tuple[bytes, bool] | None:
-    """``(bytes, last)`` for piece i of a block whose answer from ``piece_proved`` cannot depend on
+
+def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, bool] | None:
+    """``(token, last)`` for piece i of a block whose answer from ``piece_proved`` cannot depend on
     where the instruction or its piece sits (module doc), else None: a copy of an instruction with no
     address-valued field and no absolute memory operand within ``_CLEARANCE`` of the trampoline,
-    linked by ``jmp rel32`` to the next byte, or (the last) back by ``jmp rel32``, with no save slot."""
+    linked by ``jmp rel32`` to the next byte, or (the last) back by ``jmp rel32``, with no save slot;
+    ``token`` is ``lane_token`` of its instance key."""
     insn, plan = block.instructions[i], block.plans[i]
     if plan.kind is not PlanKind.COPY or plan.save_slot is not None:
         return None
@@ -186,7 +263,62 @@ def copy_piece_key(block: BlockPlan, i: int, tramp: int) -> tuple[bytes, bool] |
     if memory is not None and memory.base is None and memory.index is None and \
             (memory.displacement - tramp + _CLEARANCE) & MASK64 < 2 * _CLEARANCE:
         return None
-    return raw, last
+    token = lane_token(keys.key(raw, insn.address), raw)
+    return None if token is None else (token, last)
+
+
+def lane_token(key: bytes, raw: bytes) -> bytes | None:
+    """What a copy piece's answer is kept under, from the instruction's instance key (``engine.keys``)
+    and bytes, or None: the key of kinds ``b`` (the bytes) and ``d`` (the bytes with a register-based
+    displacement and the immediates ``cache_key`` leaves out zeroed: the instance key determines the
+    plan, and ``cache_key``'s argument the proof, of which ``piece_proved`` checks the fast path's
+    half), with the bytes added back when the displacement is an absolute address (atomicity reads it
+    against tracer memory); only when the jump back is near (``n``), as every one of a ``_far``
+    function is."""
+    if key[1:2] != b"n":
+        return None
+    if key[:1] == b"b":
+        return key
+    if key[:1] == b"d":
+        return key if key[2] == 0xFF else key + b"|" + raw
+    return None
+
+
+def branch_token(key: bytes, target: int, i: int, boundaries, end: int, tramp: int) -> bytes | None:
+    """The lane's token for instruction i of a run (at ``boundaries``, ending at ``end``) with instance
+    key ``key`` of kind ``j`` (a relative branch) or ``r`` (a RIP-relative operand) aimed at
+    ``target``, or None.
+
+    The key holds the bytes with the address field zeroed (``pc_fields`` zeroes the same field), the
+    plan's rule, the data alignment of an ``r`` target, and where the target lies from T: only
+    ``n`` (near) is taken, where every reach decision from any T_i (within a trampoline's length of
+    T) is the same as from T.  Added: i, the run's length, and the target's role (a boundary's index,
+    the run's length for A+L, 254 for elsewhere; none when it is strictly inside the range, which the
+    planner refuses, or within ``_CLEARANCE`` of T).  These are what ``piece_key`` holds, so equal
+    tokens mean equal piece keys; ``JumpProver._lane_key`` checks that on every piece it plans."""
+    if key[:1] not in (b"j", b"r") or key[1:3] != b"nn":
+        return None
+    if (target - tramp + _CLEARANCE) & MASK64 < 2 * _CLEARANCE:
+        return None
+    if target == end:
+        role = len(boundaries)
+    elif target in boundaries:
+        role = boundaries.index(target)
+    elif boundaries[0] < target < end:
+        return None
+    else:
+        role = 254
+    return key + bytes((i, len(boundaries), role))
+
+
+def _aimed(key: bytes, raw: bytes, address: int) -> tuple[bytes, int] | None:
+    """(key, target) of a relative branch or RIP-relative operand whose jump back and target are near
+    (``branch_token`` finishes the token in its run), else None."""
+    if key[:1] not in (b"j", b"r") or key[1:3] != b"nn":
+        return None
+    ins = Decoder(64, raw, ip=address & MASK64).decode()
+    target = ins.near_branch_target if key[:1] == b"j" else ins.ip_rel_memory_address
+    return key, target & MASK64
 
 
 def _far(fn: Function, tramp: int) -> bool:

@@ -436,8 +436,9 @@ class Worker:
             fn = self.job.functions[fid]
             skip = self.job.skip.get(fid, ())
             data = self._function_bytes(fn)
-            spans = [(off, n) for off, n, _ in self.keys.keys(data, fn.start)]
-            for off, bucket, reason in prover.function(fn, data, spans):
+            found = self.keys.keys(data, fn.start)
+            spans = [(off, n) for off, n, _ in found]
+            for off, bucket, reason in prover.function(fn, data, spans, [key for _, _, key in found]):
                 if fn.start + off in skip:
                     continue
                 rows.append((fid, off, bucket))
