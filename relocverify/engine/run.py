@@ -557,7 +557,9 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
 def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | None,
                  unchecked: tuple[str, ...] = ()) -> dict:
     """The summary's ``jump_probe``: eligible, and refusals by bucket, adding up to the instructions;
-    ``unchecked``: the range rules not asked of this image, with why (``PatchRanges.unchecked``)."""
+    ``block_proofs``: the proofs the phase made (whole blocks, and the pieces of blocks composed from
+    them: ``engine.jumps``); ``unchecked``: the range rules not asked of this image, with why
+    (``PatchRanges.unchecked``)."""
     counts = store.jump_probe_counts(image_id)
     eligible = counts.pop("eligible", 0)
     out = {"eligible": eligible, "refused": counts, "instructions": instructions,

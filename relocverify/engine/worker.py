@@ -421,13 +421,14 @@ class Worker:
     # -- jump probes -----------------------------------------------------------------
     def jump_probes(self, fids: list[int]) -> tuple[list[tuple[int, int, str]], dict[str, str], int]:
         """Whether a jump probe can sit at each instruction of the functions (``engine.jumps``):
-        rows (function id, offset, bucket), an example reason per bucket, and the block proofs made."""
+        rows (function id, offset, bucket), an example reason per bucket, and the proofs made (whole
+        blocks by ``prove_block``, pieces by ``piece_proved``)."""
         from .jumps import JumpProver
 
         prover = self.__dict__.get("_jumps")
         if prover is None or prover.ranges is not self.job.ranges:
             prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules)
-        before = prover.proofs
+        before = prover.proofs + prover.piece_proofs
         rows: list[tuple[int, int, str]] = []
         examples: dict[str, str] = {}
         for i, fid in enumerate(fids):
@@ -444,7 +445,7 @@ class Worker:
                 rows.append((fid, off, bucket))
                 examples.setdefault(bucket, reason)
             self._tell(len(spans))
-        return rows, examples, prover.proofs - before
+        return rows, examples, prover.proofs + prover.piece_proofs - before
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:
