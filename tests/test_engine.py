@@ -347,10 +347,10 @@ def test_a_worker_crashing_on_jump_probes_refuses_that_function_and_the_run_goes
 
     real = jumps.JumpProver.function
 
-    def crash_on_cpuid(self, fn, data, spans):
+    def crash_on_cpuid(self, fn, data, spans, keys=None):
         if b"\x0f\xa2" in data:
             os._exit(1)
-        return real(self, fn, data, spans)
+        return real(self, fn, data, spans, keys)
 
     monkeypatch.setattr(jumps.JumpProver, "function", crash_on_cpuid)
     summary = run(small, str(tmp_path / "j.sqlite"), RunOptions(TRAMP, 2, 10.0, None, True, None, jump_probes=True))
