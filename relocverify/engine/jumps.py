@@ -101,7 +101,8 @@ class JumpProver:
         self.timeout_ms = int(timeout_s * 1000)
         self.rules = rules
         self.proved: dict[bytes, tuple[str, str]] = {}  # block key -> (bucket, reason)
-        # copy_piece_key (a tuple) or proof.block.piece_key (bytes) -> piece_proved
+        # _lane_key (a tuple: a copy's or a branch's token, and whether last) or proof.block.piece_key
+        # (bytes) -> piece_proved
         self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
         self.proofs = 0
         self.composed = 0  # runs answered from known pieces, without decoding
