@@ -487,3 +487,28 @@ def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image)
     assert buckets[ELIGIBLE] > 2000 and len(buckets) > 5, buckets
     assert composed.composed > buckets[ELIGIBLE] // 2 and composed.proofs < alone.proofs // 10
     assert composed.conflicts == 0  # every token stood for one piece key
+
+
+def test_a_moved_decode_is_the_decode_at_the_new_address(image):
+    """``engine.jumps.MovedDecodes`` hands out an earlier decode of the same bytes moved to a new
+    address, for instructions whose instance key says they have no address-valued field: on every
+    such instruction of a sample of the kernel, first decoded elsewhere, it is ``decode`` there,
+    the decoders' answers included."""
+    from relocverify.engine.jumps import MovedDecodes, lane_token
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.image.functions import find_functions
+    from relocverify.plan.plan import DEFAULT_TRAMP
+    from relocverify.x86.decode import decode
+
+    moved, keys, checked = MovedDecodes(), KeyMaker(DEFAULT_TRAMP), 0
+    for fn in find_functions(image)[::500]:
+        section = image.get_section(fn.section)
+        data = section.data[fn.start - section.address:fn.start - section.address + fn.size]
+        for off, n, key in keys.keys(data, fn.start):
+            raw = data[off:off + n]
+            if type(lane_token(key, raw)) is bytes:
+                moved.decode(raw, fn.start + off + 0x12345)
+                got, want = moved.decode(raw, fn.start + off), decode(raw, fn.start + off)
+                assert got == want and got.answers == want.answers and got.notes == want.notes, raw.hex()
+                checked += 1
+    assert checked > 3000

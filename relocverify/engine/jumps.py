@@ -67,6 +67,7 @@ adds the ``jump_probe`` sections of several images up.
 from __future__ import annotations
 
 import bisect
+import copy
 from collections import Counter
 
 from iced_x86 import Decoder
@@ -81,10 +82,12 @@ from ..proof.cache_key import pc_fields
 from ..proof.verdict import Verdict
 from ..text import one_line
 from ..x86.decode import decode
+from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from .keys import KeyMaker
 
 ELIGIBLE = "eligible"
+DECODED_LIMIT = 32_768  # decodes kept by bytes, per worker (an Instruction is about 1 KB)
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
 #: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
 _CLEARANCE = 1 << 20
@@ -109,6 +112,7 @@ class JumpProver:
         self.piece_proofs = 0
         self.keys = KeyMaker(tramp)
         self._stands_for: dict[bytes, bytes] = {}  # branch_token -> the piece_key it stood for
+        self.decodes = MovedDecodes()
         self.conflicts = 0
 
     def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]],
@@ -143,7 +147,8 @@ class JumpProver:
                 d = memo.get(k)
                 if d is None:
                     o, m = spans[k]
-                    d = memo[k] = decode(data[o:o + m], fn.start + o)
+                    placeless = tokens is not None and type(tokens[k]) is bytes  # kinds b and d
+                    d = memo[k] = (self.decodes.decode if placeless else decode)(data[o:o + m], fn.start + o)
                 decoded.append(d)
             block = plan_block(decoded, self.tramp, self.rules)
             if isinstance(block, NoBlock):
@@ -242,6 +247,29 @@ class JumpProver:
             self.pieces[(token, True)] = self.pieces[(token, False)] = False
             return None
         return token, i == len(boundaries) - 1
+
+
+class MovedDecodes:
+    """``decode`` for instructions without an address-valued field (``lane_token``'s kinds ``b`` and
+    ``d``), remembered by their bytes: such a decode depends on the address only through its
+    ``address`` field (no branch target, no RIP-relative operand: checked before one is kept), so an
+    earlier decode of the same bytes is moved to the new address."""
+
+    def __init__(self, limit: int = DECODED_LIMIT):
+        self.limit = limit
+        self._seen: dict[bytes, Instruction] = {}
+
+    def decode(self, raw: bytes, address: int):
+        seen = self._seen.get(raw)
+        if seen is None:
+            seen = decode(raw, address)
+            if (isinstance(seen, Instruction) and seen.branch_target is None and not seen.rip_relative
+                    and len(self._seen) < self.limit):
+                self._seen[raw] = seen
+            return seen
+        moved = copy.copy(seen)
+        object.__setattr__(moved, "address", address & MASK64)
+        return moved
 
 
 def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, bool] | None:
