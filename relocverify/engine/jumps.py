@@ -87,7 +87,7 @@ from ..x86.registers import MASK64
 from .keys import KeyMaker
 
 ELIGIBLE = "eligible"
-DECODED_LIMIT = 32_768  # decodes kept by bytes, per worker (an Instruction is about 1 KB)
+DECODED_LIMIT = 8192  # decodes kept by bytes, per worker (about 1 KB each; 32 k cost 50 MB more RSS and no time)
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
 #: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
 _CLEARANCE = 1 << 20
