@@ -358,3 +358,27 @@ def test_a_worker_crashing_on_jump_probes_refuses_that_function_and_the_run_goes
     assert jump["totals_add_up"] and jump["instructions"] == summary["instructions"] == 19
     assert 0 < jump["refused"].get("error:crashed", 0) < 19
     assert sum(n for k, n in jump["refused"].items() if k != "error:crashed") + jump["eligible"] > 0
+
+
+def test_a_warm_cache_answers_jump_probes_from_the_pieces_it_kept(cloud, tmp_path):
+    """The jump-probe phase keeps its pieces' answers in the proof cache (``engine.jumps.JumpMemory``):
+    a second run into a new store, two workers each loading them, proves no piece again and stores
+    the same bucket for every instruction."""
+    cache, image = tmp_path / "cache", load_image(cloud.vmlinux)
+
+    def jump_run(db):
+        summary = run(image, str(tmp_path / db), RunOptions(TRAMP, 2, 10.0, 120, True, str(cache), jump_probes=True))
+        store = Store(str(tmp_path / db), readonly=True)
+        try:
+            rows = sorted(store.db.execute("SELECT f.start, j.offset, b.name FROM jump_probes j JOIN functions f "
+                                           "ON f.id = j.function JOIN jump_buckets b ON b.id = j.bucket"))
+        finally:
+            store.close()
+        return summary["jump_probe"], rows
+
+    first, rows1 = jump_run("a.sqlite")
+    second, rows2 = jump_run("b.sqlite")
+    assert first["totals_add_up"] and first["eligible"] > 1000 and rows1 == rows2
+    # what is proved again: the blocks no fast path proves (here each one's answer is unknown)
+    assert second["block_proofs"] == sum(n for bucket, n in first["refused"].items() if bucket.startswith("proof:"))
+    assert first["block_proofs"] > 10 * max(1, second["block_proofs"])

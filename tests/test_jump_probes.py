@@ -489,6 +489,56 @@ def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image)
     assert composed.conflicts == 0  # every token stood for one piece key
 
 
+def test_jump_answers_kept_in_the_cache_answer_a_later_run_the_same(image, tmp_path):
+    """The pieces and blocks one prover learned, written to a real proof cache and read back by a new
+    prover (a later run's worker), give every answer again without a piece proof."""
+    from relocverify.engine.jumps import JumpMemory, JumpProver, jump_tag, patch_ranges
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.image.functions import find_functions
+    from relocverify.kernel.sites import find_sites
+    from relocverify.plan.plan import DEFAULT_TRAMP
+    from relocverify.proof.cache_key import cache_tag
+    from relocverify.store.cache import ProofCache
+
+    functions = find_functions(image)[::400]
+    ranges = patch_ranges(image, functions, find_sites(image), "kernel")
+    keys = KeyMaker(DEFAULT_TRAMP)
+    inputs = []
+    for fn in functions:
+        section = image.get_section(fn.section)
+        data = section.data[fn.start - section.address:fn.start - section.address + fn.size]
+        inputs.append((fn, data, [(off, n) for off, n, _ in keys.keys(data, fn.start)]))
+    first = JumpProver(ranges, DEFAULT_TRAMP, 10.0)
+    answers = [first.function(*args) for args in inputs]
+    tag = jump_tag(cache_tag())
+    cache = ProofCache(str(tmp_path))
+    cache.add_jump_entries(tag, first.memory.take_new())
+    cache.close()
+    cache = ProofCache(str(tmp_path))
+    later = JumpProver(ranges, DEFAULT_TRAMP, 10.0, memory=JumpMemory(cache.jump_entries(tag)))
+    assert [later.function(*args) for args in inputs] == answers
+    assert first.piece_proofs > 100 and later.piece_proofs == 0 and later.composed > first.composed
+    assert later.proofs <= first.proofs and not later.memory.new  # only SMT-proved blocks are proved again
+
+
+def test_the_jump_tag_follows_every_byte_of_the_source(tmp_path):
+    """Jump answers are filed under a digest of relocverify's own source: a copy of the package
+    has the same, and one byte changed in the planner gives another."""
+    import shutil
+    from pathlib import Path
+
+    import relocverify
+    from relocverify.engine.jumps import source_digest
+
+    root = Path(relocverify.__file__).resolve().parent
+    copy = tmp_path / "relocverify"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert source_digest(copy) == source_digest(root)
+    planner = copy / "plan" / "plan.py"
+    planner.write_bytes(planner.read_bytes().replace(b"rel32", b"rel31", 1))
+    assert source_digest.__wrapped__(copy) != source_digest(root)
+
+
 def test_a_moved_decode_is_the_decode_at_the_new_address(image):
     """``engine.jumps.MovedDecodes`` hands out an earlier decode of the same bytes moved to a new
     address, for instructions whose instance key says they have no address-valued field: on every

@@ -61,3 +61,59 @@ def test_a_damaged_segment_loses_only_its_own_findings(tmp_path):
     first = _segments(cache)[0][0]
     cache.db.execute("UPDATE segments SET data = ? WHERE id = ?", (b"\x00not marshal", first))
     assert cache.findings(TAG) == {b"b": _finding(2)}
+
+
+# -- jump answers (engine.jumps.JumpMemory) ------------------------------------------------------------
+
+def _jump_batch(rng: random.Random) -> dict[tuple, object]:
+    batch: dict[tuple, object] = {}
+    for _ in range(rng.choice((1, 5, 40, 300))):
+        kind = rng.choice("psb")
+        token = b"j-token-%d" % rng.randrange(50)
+        if kind == "p":
+            batch[("p", (token, rng.random() < 0.5))] = rng.random() < 0.9
+        elif kind == "s":
+            batch[("s", token)] = b"piece|%d" % rng.randrange(60)  # a few tokens meet two piece keys
+        else:
+            batch[("b", b"block|%d" % rng.randrange(100))] = ("eligible", "fast path")
+    return batch
+
+
+def test_jump_answers_merge_the_same_through_every_compaction(tmp_path):
+    """Segments of jump answers, read back after any number of compactions, are what merging the
+    batches in order gives (``merge_jump_entries``): a piece's False is never undone, and a branch
+    token seen standing for a second piece key makes both of its pieces fail for good."""
+    from relocverify.store.cache import merge_jump_entries
+
+    rng = random.Random(11)
+    cache = ProofCache(str(tmp_path))
+    expected: dict[tuple, object] = {}
+    conflicts = 0
+    for _ in range(60):
+        batch = _jump_batch(rng)
+        cache.add_jump_entries(TAG, batch)
+        conflicts += merge_jump_entries(expected, batch)
+        assert cache.db.execute("SELECT count(*) FROM jump_segments").fetchone()[0] <= COMPACT_AFTER + 1
+    assert conflicts > 0  # the generator does make tokens that stand for two piece keys
+    assert cache.jump_entries(TAG) == expected
+    cache.close()
+    assert ProofCache(str(tmp_path)).jump_entries(TAG) == expected
+    assert ProofCache(str(tmp_path)).jump_entries(b"another tag") == {}
+
+
+def test_a_token_standing_for_two_piece_keys_fails_its_pieces():
+    from relocverify.store.cache import merge_jump_entries
+
+    kept = {("s", b"t"): b"piece|1", ("p", (b"t", True)): True, ("p", (b"t", False)): True}
+    assert merge_jump_entries(kept, {("s", b"t"): b"piece|1"}) == 0 and kept[("p", (b"t", True))] is True
+    assert merge_jump_entries(kept, {("s", b"t"): b"piece|2", ("p", (b"t", True)): True}) == 1
+    assert kept[("p", (b"t", True))] is False and kept[("p", (b"t", False))] is False
+    assert kept[("s", b"t")] == b"piece|1"  # the first piece key stays the one the token stood for
+
+
+def test_a_damaged_jump_segment_is_skipped(tmp_path):
+    cache = ProofCache(str(tmp_path))
+    cache.add_jump_entries(TAG, {("p", b"piece|1"): True})
+    cache.db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?, 1, ?)", (TAG, b"\x00garbage"))
+    cache.add_jump_entries(TAG, {("p", b"piece|2"): False})
+    assert cache.jump_entries(TAG) == {("p", b"piece|1"): True, ("p", b"piece|2"): False}

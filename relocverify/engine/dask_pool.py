@@ -45,7 +45,7 @@ from typing import Callable
 from ..image.image import ImageSource
 from ..store.shard import shard_path
 from .executors import Task, WorkerError
-from .worker import Job, Worker
+from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class DaskPool:
         self._counter = itertools.count(1)
         self._done = 0
         self._shards: list[str] = []
-        self._harvested: tuple[dict, dict, dict] = ({}, {}, {})
+        self._harvested = empty_harvest()
         self.set_job(job)
 
     # -- the job and what the run learns ----------------------------------------------------
@@ -221,21 +221,20 @@ class DaskPool:
                     continue
                 raise WorkerError(f"a Dask worker failed in {task.method}: {type(exc).__name__}: {exc}")
 
-    def _keep(self, shard: bytes | None, harvest: tuple[dict, dict, dict]) -> None:
+    def _keep(self, shard: bytes | None, harvest: tuple[dict, dict, dict, dict]) -> None:
         if shard:
             path = shard_path(self.job.store_path, os.getpid(), next(self._counter))
             with open(path, "wb") as f:
                 f.write(shard)
             self._shards.append(path)
-        for mine, theirs in zip(self._harvested, harvest):
-            mine.update(theirs)
+        merge_harvest(self._harvested, harvest)
 
     def close_shards(self) -> list[str]:
         paths, self._shards = self._shards, []
         return [p for p in paths if os.path.exists(p)]  # a crash handler may have merged some already
 
-    def harvest(self) -> tuple[dict, dict, dict]:
-        out, self._harvested = self._harvested, ({}, {}, {})
+    def harvest(self) -> tuple[dict, dict, dict, dict]:
+        out, self._harvested = self._harvested, empty_harvest()
         return out
 
     def close(self) -> None:

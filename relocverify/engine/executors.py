@@ -26,7 +26,7 @@ from multiprocessing.connection import wait
 from typing import Callable
 
 from ..errors import RelocverifyError
-from .worker import Job, Worker
+from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
 @dataclass
@@ -125,13 +125,13 @@ class LocalPool:
         self.run([[Task("close_shard", ())] for _ in range(self.n)], lambda task, path: paths.append(path))
         return [p for p in paths if p]
 
-    def harvest(self) -> tuple[dict, dict, dict]:
-        """What the workers proved since the last harvest: (findings, proofs, derivations)."""
-        out: tuple[dict, dict, dict] = ({}, {}, {})
+    def harvest(self) -> tuple[dict, dict, dict, dict]:
+        """What the workers proved since the last harvest: (findings, proofs, derivations, jump answers
+        by tag), merged by ``worker.merge_harvest``."""
+        out = empty_harvest()
 
         def got(task, value):
-            for mine, theirs in zip(out, value):
-                mine.update(theirs)
+            merge_harvest(out, value)
 
         self.run([[Task("harvest", ())] for _ in range(self.n)], got)
         return out

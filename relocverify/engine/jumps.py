@@ -68,7 +68,10 @@ from __future__ import annotations
 
 import bisect
 import copy
+import hashlib
 from collections import Counter
+from functools import lru_cache
+from pathlib import Path
 
 from iced_x86 import Decoder
 
@@ -97,21 +100,23 @@ _LINK = b"\xe9\x00\x00\x00\x00"  # jmp rel32 to the next byte: the link from one
 class JumpProver:
     """One worker's jump-probe answers, with the block proofs it has made so far."""
 
-    def __init__(self, ranges: PatchRanges, tramp: int, timeout_s: float, rules=None, compose: bool = True):
+    def __init__(self, ranges: PatchRanges, tramp: int, timeout_s: float, rules=None, compose: bool = True,
+                 memory: "JumpMemory | None" = None):
         self.ranges = ranges
         self.compose = compose  # False: every block by prove_block (the tests compare the two)
         self.tramp = tramp
         self.timeout_ms = int(timeout_s * 1000)
         self.rules = rules
-        self.proved: dict[bytes, tuple[str, str]] = {}  # block key -> (bucket, reason)
+        self.memory = memory if memory is not None else JumpMemory()
+        self.proved = self.memory.proved  # block key -> (bucket, reason)
         # _lane_key (a tuple: a copy's or a branch's token, and whether last) or proof.block.piece_key
         # (bytes) -> piece_proved
-        self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
+        self.pieces = self.memory.pieces
         self.proofs = 0
         self.composed = 0  # runs answered from known pieces, without decoding
         self.piece_proofs = 0
         self.keys = KeyMaker(tramp)
-        self._stands_for: dict[bytes, bytes] = {}  # branch_token -> the piece_key it stood for
+        self._stands_for = self.memory.stands_for  # branch_token -> the piece_key it stood for
         self.decodes = MovedDecodes()
         self.conflicts = 0
 
@@ -192,6 +197,7 @@ class JumpProver:
             answer = (ELIGIBLE, result.reason)
             if key is not None and result.method == "fast-path":
                 self.proved[key] = answer
+                self.memory.new[("b", key)] = answer
             return answer
         return f"proof:{result.verdict.value}", result.reason
 
@@ -216,6 +222,7 @@ class JumpProver:
                 except Exception:  # a library's error: the slow path gives this block its verdict
                     return False
                 self.pieces[key] = ok
+                self.memory.new[("p", key)] = ok
             if not ok:
                 return False
         return True
@@ -242,11 +249,56 @@ class JumpProver:
         whole = piece_key(block, i, _CLEARANCE)
         if whole is None:
             return None
-        if self._stands_for.setdefault(token, whole) != whole:
+        kept = self._stands_for.setdefault(token, whole)
+        if kept is whole:
+            self.memory.new[("s", token)] = whole
+        elif kept != whole:
             self.conflicts += 1
-            self.pieces[(token, True)] = self.pieces[(token, False)] = False
+            self.memory.forget(token)
             return None
         return token, i == len(boundaries) - 1
+
+
+class JumpMemory:
+    """What a worker's jump probes have learned, kept across the images of a session and, through the
+    proof cache (``store.cache``'s ``jump_segments``, under ``jump_tag``), across runs: ``pieces``
+    (``JumpProver._lane_key`` or ``piece_key`` -> ``piece_proved``), ``stands_for`` (a
+    ``branch_token`` -> the ``piece_key`` it first stood for: the tripwire) and ``proved``
+    (``block_key`` -> the answer of a fast-path proof).  ``new`` holds the same, as cache entries
+    (``store.cache.merge_jump_entries``), learned since the last ``take_new``.
+
+    Why kept answers may be reused in another run: each is filed under a key that stands for it
+    wherever the piece or block sits (the arguments of ``piece_key``, ``block_key``,
+    ``copy_piece_key`` and ``branch_token``), under the tools' versions, the policy table, the
+    CPU-validated forms and relocverify's own source (``jump_tag``): a run with any of those changed
+    starts afresh.  Only answers that need no solver are kept (pieces by the fast path's checks,
+    blocks proved by the fast path), so no time limit enters them."""
+
+    __slots__ = ("pieces", "stands_for", "proved", "new")
+
+    def __init__(self, entries: dict[tuple, object] | None = None):
+        self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
+        self.stands_for: dict[bytes, bytes] = {}
+        self.proved: dict[bytes, tuple[str, str]] = {}
+        self.new: dict[tuple, object] = {}
+        for (kind, key), value in (entries or {}).items():
+            if kind == "p":
+                self.pieces[key] = value
+            elif kind == "s":
+                self.stands_for[key] = value
+            elif kind == "b":
+                self.proved[key] = tuple(value)
+
+    def forget(self, token: bytes) -> None:
+        """A branch token found standing for a second piece key: its pieces fail from now on (the slow
+        path answers its blocks), here and in every later run."""
+        for last in (True, False):
+            self.pieces[(token, last)] = False
+            self.new[("p", (token, last))] = False
+
+    def take_new(self) -> dict[tuple, object]:
+        new, self.new = self.new, {}
+        return new
 
 
 class MovedDecodes:
@@ -270,6 +322,26 @@ class MovedDecodes:
         moved = copy.copy(seen)
         object.__setattr__(moved, "address", address & MASK64)
         return moved
+
+
+def jump_tag(tag: bytes) -> bytes:
+    """The tag the jump answers are kept under in the proof cache: the proof tag (tools, policy table,
+    CPU-validated forms) and ``source_digest``: the answers come from the planner, the decoders'
+    adapters and the fast path's checks, and a change to any of them must not be answered by what an
+    older version learned."""
+    return b"jump|" + hashlib.sha256(tag + source_digest()).digest()[:16]
+
+
+@lru_cache(maxsize=2)
+def source_digest(root: Path | None = None) -> bytes:
+    """SHA-256 of relocverify's own source (every ``.py`` and ``.json`` file under ``root``, the
+    package's directory by default, with its relative path)."""
+    root = root or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.digest()
 
 
 def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, bool] | None:

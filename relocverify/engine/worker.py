@@ -31,7 +31,7 @@ from ..kernel.site_verdicts import site_finding
 from ..kernel.sites import SiteIndex, kind_key
 from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
-from ..store.cache import CachedFinding, CachedProof, ProofCache
+from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
 from .keys import KeyMaker, per_instance
@@ -61,6 +61,21 @@ class Job:
     stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
+
+
+def empty_harvest() -> tuple[dict, dict, dict, dict]:
+    """What ``merge_harvest`` adds workers' harvests into: findings, proofs, derivations, jump answers."""
+    return {}, {}, {}, {}
+
+
+def merge_harvest(into: tuple[dict, dict, dict, dict], harvest: tuple[dict, dict, dict, dict]) -> None:
+    """One worker's ``Worker.harvest`` added to ``into``: later findings, proofs and derivations win
+    (a key's are the same wherever made); jump answers merge by ``store.cache.merge_jump_entries``, so a
+    branch token two workers saw standing for two piece keys is caught."""
+    for mine, theirs in zip(into[:3], harvest[:3]):
+        mine.update(theirs)
+    for tag, entries in harvest[3].items():
+        merge_jump_entries(into[3].setdefault(tag, {}), entries)
 
 
 class Learned:
@@ -140,7 +155,7 @@ class Worker:
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self.__dict__.pop("_alts", None)
-        self.__dict__.pop("_jumps", None)
+        self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
 
     # -- helpers -------------------------------------------------------------------
     def _load_proofs(self) -> dict[bytes, CachedProof]:
@@ -151,6 +166,25 @@ class Worker:
             return cache.proofs(self.job.tag)
         finally:
             cache.close()
+
+    def _jump_memory(self):
+        """The jump answers this worker has learned, first loaded from the persistent cache under the
+        jump tag, kept for the session (``engine.jumps.JumpMemory``); a new policy table starts anew."""
+        from .jumps import JumpMemory, jump_tag
+
+        tag = jump_tag(self.job.tag)
+        memory = self.__dict__.get("_jump_answers")
+        if memory is not None and memory[0] == tag:
+            return memory[1]
+        entries = {}
+        if self.job.cache_dir is not None:
+            cache = ProofCache(self.job.cache_dir)
+            try:
+                entries = cache.jump_entries(tag)
+            finally:
+                cache.close()
+        self._jump_answers = (tag, JumpMemory(entries))
+        return self._jump_answers[1]
 
     def _function_bytes(self, fn: Function) -> bytes:
         section = self.job.image.get_section(fn.section)
@@ -267,12 +301,16 @@ class Worker:
         """Findings other workers made for keys of this worker's functions."""
         self.learned.update(learned)
 
-    def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None]]:
-        """The findings, proofs and derivations made here since the last harvest, for the persistent cache."""
+    def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
+                               dict[bytes, dict[tuple, object]]]:
+        """The findings, proofs and derivations made here since the last harvest, for the persistent
+        cache, and the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag."""
         findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
         self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
         kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
-        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}
+        memory = self.__dict__.get("_jump_answers")
+        jumps = {memory[0]: memory[1].take_new()} if memory is not None and memory[1].new else {}
+        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps
 
     def count(self, fids: list[int]) -> int:
         """How many instructions the functions hold, as the survey walks them (no key kept)."""
@@ -427,7 +465,8 @@ class Worker:
 
         prover = self.__dict__.get("_jumps")
         if prover is None or prover.ranges is not self.job.ranges:
-            prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules)
+            prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules,
+                                              memory=self._jump_memory())
         before = prover.proofs + prover.piece_proofs
         rows: list[tuple[int, int, str]] = []
         examples: dict[str, str] = {}

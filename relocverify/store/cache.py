@@ -13,6 +13,12 @@ same tools and the same policy:
                appended in segments, one per run, each a ``marshal`` blob:
                a warm run loads 100 k findings in a few tens of milliseconds,
                where one row each took a second
+  jump_segments  what the jump-probe phase learned (``engine.jumps.JumpMemory``):
+               the answers of block pieces and fast-path block proofs under
+               their position-independent keys, and which piece key each
+               branch token stood for; segments as above, merged by
+               ``merge_jump_entries``, under the jump tag (``engine.jumps.jump_tag``:
+               the proof tag and the digest of relocverify's own source)
 
 Why an instance key may stand for its finding: it determines the full key
 (tested), and a full key determines a reusable verdict (the argument is in
@@ -45,15 +51,18 @@ CREATE TABLE IF NOT EXISTS derivations (
     tag BLOB NOT NULL, key BLOB NOT NULL, full_key BLOB, PRIMARY KEY (tag, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, entries INTEGER NOT NULL,
     data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS jump_segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, entries INTEGER NOT NULL,
+    data BLOB NOT NULL);
 """
 CACHE_SCHEMA = "2"
 FILE_NAME = "proofs.sqlite"
 #: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
 APPLICATION_ID = 0x52565043
-_TABLES = frozenset({"meta", "proofs", "derivations", "segments"})
+_TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"})
+_OLDER_TABLES = frozenset({"meta", "proofs", "derivations", "segments"})  # before jump answers were kept
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
-__all__ = ["CachedFinding", "CachedProof", "ProofCache", "default_cache_dir"]
+__all__ = ["CachedFinding", "CachedProof", "ProofCache", "default_cache_dir", "merge_jump_entries"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,7 @@ def _refuse_foreign(path: str) -> None:
             con.close()
     except sqlite3.DatabaseError:
         tables, meta = set(), {}
-    if app != 0 or tables != _TABLES or "schema" not in meta or "application" in meta:
+    if app != 0 or tables not in (_TABLES, _OLDER_TABLES) or "schema" not in meta or "application" in meta:
         raise StoreError(f"{path}: another program's SQLite file (or a result store), not a relocverify proof "
                          f"cache; left untouched: pass --cache-dir elsewhere or --no-cache")
 
@@ -218,6 +227,41 @@ class ProofCache:
             self.db.execute("ROLLBACK")
             raise
 
+    # -- jump answers --------------------------------------------------------------------
+    def jump_entries(self, tag: bytes) -> dict[tuple, object]:
+        """Every jump answer kept under ``tag``, its segments merged in order (``merge_jump_entries``)."""
+        out: dict[tuple, object] = {}
+        if self.db is None:
+            return out
+        for (data,) in self.db.execute("SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,)):
+            merge_jump_entries(out, _jump_segment(data))
+        return out
+
+    def add_jump_entries(self, tag: bytes, entries: dict[tuple, object]) -> None:
+        """One new segment of jump answers; the newest segments merged into one past ``COMPACT_AFTER``."""
+        if self.db is None or not entries:
+            return
+        db = self.db
+        db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
+                   (tag, len(entries), marshal.dumps(list(entries.items()))))
+        rows = db.execute("SELECT id, entries FROM jump_segments WHERE tag=? ORDER BY id", (tag,)).fetchall()
+        if len(rows) <= COMPACT_AFTER:
+            return
+        ids = [r[0] for r in rows[min(_merge_from(rows), len(rows) - 2):]]
+        marks = ",".join("?" * len(ids))
+        merged: dict[tuple, object] = {}
+        for (data,) in db.execute(f"SELECT data FROM jump_segments WHERE id IN ({marks}) ORDER BY id", ids):
+            merge_jump_entries(merged, _jump_segment(data))
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(f"DELETE FROM jump_segments WHERE id IN ({marks})", ids)
+            db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
+                       (tag, len(merged), marshal.dumps(list(merged.items()))))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
         if self.db is None:
@@ -271,6 +315,38 @@ def _merge_from(rows: list[tuple[int, int]]) -> int:
             return i + 1
         after += rows[i][1]
     return 0
+
+
+def merge_jump_entries(into: dict[tuple, object], new: dict[tuple, object]) -> int:
+    """Jump answers ``new`` merged into ``into``; returns the conflicts found.
+
+    An entry is ``(kind, key) -> value``: ``("p", key)`` a piece's answer (a bool), ``("s", token)``
+    the piece key a branch token stood for, ``("b", key)`` a block's (bucket, reason).  A piece's
+    False wins over True (answers made under one key agree, unless a token was found standing for
+    two piece keys, which makes both of its answers False for good); a token met with another piece
+    key than the one kept is such a conflict (two workers or two runs each saw one of them)."""
+    conflicts = 0
+    for k, v in new.items():
+        kind = k[0]
+        if kind == "p":
+            into[k] = into.get(k, True) and v
+        elif kind == "s":
+            old = into.setdefault(k, v)
+            if old != v:
+                conflicts += 1
+                into[("p", (k[1], True))] = into[("p", (k[1], False))] = False
+        else:
+            into[k] = v
+    return conflicts
+
+
+def _jump_segment(data: bytes) -> dict[tuple, object]:
+    """The entries of one ``jump_segments`` blob; a damaged one is empty (its answers are made again)."""
+    try:
+        entries = marshal.loads(data)
+        return {tuple(k): v for k, v in entries}
+    except (ValueError, TypeError, EOFError):
+        return {}
 
 
 def _loaded(blobs) -> dict[bytes, CachedFinding]:
