@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import iced_x86
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from unicorn import UC_HOOK_CODE
 
 from relocverify.image.loader import load_image
@@ -465,7 +467,7 @@ def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image)
     """``engine.jumps`` proves most blocks by composing pieces it has proved before, and answers runs of
     known copies without decoding them; over a sample of the kernel's functions, twice (the second
     pass answered from what the first learned), every answer is the one ``prove_block`` gives alone."""
-    from relocverify.engine.jumps import ELIGIBLE, JumpProver, patch_ranges
+    from relocverify.engine.jumps import CALL_IN_RANGE, ELIGIBLE, JumpProver, patch_ranges
     from relocverify.engine.keys import KeyMaker
     from relocverify.image.functions import find_functions
     from relocverify.kernel.sites import find_sites
@@ -482,17 +484,22 @@ def test_composed_jump_answers_are_prove_blocks_answers_on_real_functions(image)
         data = section.data[fn.start - section.address:fn.start - section.address + fn.size]
         spans = [(off, n) for off, n, _ in keys.keys(data, fn.start)]
         want = alone.function(fn, data, spans)
-        assert composed.function(fn, data, spans) == want == composed.function(fn, data, spans), fn.name
+        for got in composed.function(fn, data, spans), composed.function(fn, data, spans):
+            assert [(off, bucket) for off, bucket, _ in got] == [(off, bucket) for off, bucket, _ in want], fn.name
+            # the reasons too, but a call refused from its key's facts is not decoded: no text of it
+            assert [(off, reason) for off, bucket, reason in got if bucket != CALL_IN_RANGE] == \
+                [(off, reason) for off, bucket, reason in want if bucket != CALL_IN_RANGE], fn.name
         buckets.update(bucket for _, bucket, _ in want)
     assert buckets[ELIGIBLE] > 2000 and len(buckets) > 5, buckets
     assert composed.composed > buckets[ELIGIBLE] // 2 and composed.proofs < alone.proofs // 10
-    assert composed.conflicts == 0  # every token stood for one piece key
+    assert composed.calls > buckets[CALL_IN_RANGE] // 2  # most calls refused without a decode
+    assert composed.conflicts == 0  # every token stood for one piece key, every key for one set of facts
 
 
 def test_jump_answers_kept_in_the_cache_answer_a_later_run_the_same(image, tmp_path):
     """The pieces and blocks one prover learned, written to a real proof cache and read back by a new
     prover (a later run's worker), give every answer again without a piece proof."""
-    from relocverify.engine.jumps import JumpMemory, JumpProver, jump_tag, patch_ranges
+    from relocverify.engine.jumps import CALL_IN_RANGE, JumpMemory, JumpProver, jump_tag, patch_ranges
     from relocverify.engine.keys import KeyMaker
     from relocverify.image.functions import find_functions
     from relocverify.kernel.sites import find_sites
@@ -516,7 +523,11 @@ def test_jump_answers_kept_in_the_cache_answer_a_later_run_the_same(image, tmp_p
     cache.close()
     cache = ProofCache(str(tmp_path))
     later = JumpProver(ranges, DEFAULT_TRAMP, 10.0, memory=JumpMemory(cache.jump_entries(tag)))
-    assert [later.function(*args) for args in inputs] == answers
+    again = [later.function(*args) for args in inputs]
+    # the same buckets, and the same reasons but for calls (refused with or without decoding them, as
+    # each prover learned the facts of their keys)
+    assert [[(o, b, r if b != CALL_IN_RANGE else "") for o, b, r in a] for a in again] == \
+        [[(o, b, r if b != CALL_IN_RANGE else "") for o, b, r in a] for a in answers]
     assert first.piece_proofs > 100 and later.piece_proofs == 0 and later.composed > first.composed
     assert later.proofs <= first.proofs and not later.memory.new  # only SMT-proved blocks are proved again
 
@@ -562,3 +573,60 @@ def test_a_moved_decode_is_the_decode_at_the_new_address(image):
                 assert got == want and got.answers == want.answers and got.notes == want.notes, raw.hex()
                 checked += 1
     assert checked > 3000
+
+
+#: Instructions to build runs from: calls of every form, short branches aimed into and past a
+#: 5-byte range, a RIP-relative load, plain ones, and bytes no decoder takes in 64-bit mode.
+_RUN_PIECES = [bytes.fromhex(h) for h in (
+    "e800000000", "e8f0ffffff", "ffd0", "41ffd3", "ff5008", "ff1500001000", "7501", "7502", "75fe", "eb01",
+    "e901000000", "488b0500000000", "90", "4889e5", "55", "c3", "06", "0f0b", "f0ff00")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_RUN_PIECES), min_size=2, max_size=10))
+def test_a_call_refused_from_its_keys_facts_is_plan_blocks_refusal(pieces):
+    """``JumpProver._call_first`` refuses a run as call-in-range without decoding it only where
+    ``plan_block`` does: over generated runs of calls, branches into the range, undecodable bytes and
+    plain instructions, with the facts of every key learned from the real decoders."""
+    from relocverify.engine.jumps import JumpProver
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.plan.block import NoBlock, plan_block
+    from relocverify.plan.plan import DEFAULT_TRAMP
+    from relocverify.x86.decode import decode
+
+    data, start = b"".join(pieces), 0xFFFFFFFF81000000
+    found = KeyMaker(DEFAULT_TRAMP).keys(data, start)
+    keys, spans = [k for _, _, k in found], [(off, n) for off, n, _ in found]
+    decoded = [decode(data[off:off + n], start + off) for off, n in spans]
+    prover = JumpProver(None, DEFAULT_TRAMP, 10.0)
+    for key, d in zip(keys, decoded):
+        prover._learn_facts(key, d)
+    for i in range(len(spans)):
+        j, length = i, 0
+        while length < 5 and j < len(spans):
+            length, j = length + spans[j][1], j + 1
+        if length >= 5 and prover._call_first(keys, i, j):
+            block = plan_block(decoded[i:j], DEFAULT_TRAMP)
+            assert isinstance(block, NoBlock) and block.key == "call-in-range", (data.hex(), i, block)
+    assert prover.conflicts == 0
+
+
+def test_calls_refused_from_facts_cover_the_forms():
+    """The shortcut is taken (the property above is not vacuous): a call first, a call after a
+    plain instruction, and not after a branch or before undecodable bytes."""
+    from relocverify.engine.jumps import JumpProver
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.plan.plan import DEFAULT_TRAMP
+    from relocverify.x86.decode import decode
+
+    def first(code: str) -> bool:
+        data, start = bytes.fromhex(code), 0xFFFFFFFF81000000
+        found = KeyMaker(DEFAULT_TRAMP).keys(data, start)
+        prover = JumpProver(None, DEFAULT_TRAMP, 10.0)
+        for off, n, key in found:
+            prover._learn_facts(key, decode(data[off:off + n], start + off))
+        j = next(k for k in range(len(found)) if found[k][0] + found[k][1] >= 5) + 1
+        return prover._call_first([k for _, _, k in found], 0, j)
+
+    assert first("e800000000") and first("55ffd0c3c3") and first("4889e5e800000000")
+    assert not first("7502ffd0c3") and not first("ffd006c3c3") and not first("4889e5c3c3")

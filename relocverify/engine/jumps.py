@@ -78,7 +78,7 @@ from iced_x86 import Decoder
 from ..image.functions import Function
 from ..image.image import Image
 from ..kernel.patch_range import PatchRanges, RangeRefusal
-from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, plan_block
+from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, is_call, plan_block
 from ..plan.plan import PlanKind
 from ..proof.block import FAST_PATH_REASON, block_key, piece_key, piece_proved, prove_block
 from ..proof.cache_key import pc_fields
@@ -90,6 +90,9 @@ from ..x86.registers import MASK64
 from .keys import KeyMaker
 
 ELIGIBLE = "eligible"
+CALL_IN_RANGE = "block:call-in-range"
+CALL_WHY = ("its copy would return into the trampoline, and emulating it needs the trap handler a jump probe has "
+            "not")
 DECODED_LIMIT = 8192  # decodes kept by bytes, per worker (about 1 KB each; 32 k cost 50 MB more RSS and no time)
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
 #: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
@@ -118,7 +121,10 @@ class JumpProver:
         self.keys = KeyMaker(tramp)
         self._stands_for = self.memory.stands_for  # branch_token -> the piece_key it stood for
         self.decodes = MovedDecodes()
-        self.conflicts = 0
+        self.conflicts = 0  # tokens or keys found standing for two answers (none has)
+        self.calls = 0  # runs refused as call-in-range from their keys' facts, without decoding
+        # instance key -> (decodes, is a call, has no target) as plan_block reads them, or None
+        self._facts: dict[bytes, tuple[bool, bool, bool] | None] = {}
 
     def function(self, fn: Function, data: bytes, spans: list[tuple[int, int]],
                  keys: list[bytes] | None = None) -> list[tuple[int, str, str]]:
@@ -143,10 +149,16 @@ class JumpProver:
             if refusal is not None:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
                 continue
-            if pieces is not None and length >= JUMP_SIZE and self._known(tokens, spans, i, j, fn.start):
-                self.composed += 1
-                out.append((off, ELIGIBLE, FAST_PATH_REASON))
-                continue
+            if pieces is not None and length >= JUMP_SIZE:
+                if self._known(tokens, spans, i, j, fn.start):
+                    self.composed += 1
+                    out.append((off, ELIGIBLE, FAST_PATH_REASON))
+                    continue
+                if self._call_first(keys, i, j):
+                    self.calls += 1
+                    out.append((off, CALL_IN_RANGE, f"a call in the range [{address:#x}, {address + length:#x}): "
+                                                     f"{CALL_WHY}"))
+                    continue
             decoded = []
             for k in range(i, j):
                 d = memo.get(k)
@@ -154,6 +166,8 @@ class JumpProver:
                     o, m = spans[k]
                     placeless = tokens is not None and type(tokens[k]) is bytes  # kinds b and d
                     d = memo[k] = (self.decodes.decode if placeless else decode)(data[o:o + m], fn.start + o)
+                    if keys is not None:
+                        self._learn_facts(keys[k], d)
                 decoded.append(d)
             block = plan_block(decoded, self.tramp, self.rules)
             if isinstance(block, NoBlock):
@@ -181,6 +195,34 @@ class JumpProver:
             if not pieces.get((token, k == j - 1)):
                 return False
         return True
+
+    def _learn_facts(self, key: bytes, d) -> None:
+        """Remember what ``plan_block`` reads of an instruction before it refuses a call (``_call_first``)
+        under its instance key: whether it decodes, is a call, and has a branch or RIP-relative target.
+        The key determines them (its bytes with only a displacement, an immediate or a branch offset
+        zeroed); a key met again with other facts is never used for a shortcut (``conflicts``)."""
+        facts = (True, is_call(d), d.branch_target is None and d.rip_target is None) \
+            if isinstance(d, Instruction) else (False, False, False)
+        kept = self._facts.setdefault(key, facts)
+        if kept != facts and kept is not None:
+            self.conflicts += 1
+            self._facts[key] = None
+
+    def _call_first(self, keys: list[bytes], i: int, j: int) -> bool:
+        """Whether ``plan_block`` refuses the run i..j-1 as ``call-in-range``, from the facts of its
+        instructions' keys (``_learn_facts``): every one decodes (else ``patched_run`` refuses it as
+        undecodable first), and a call comes before any instruction with a target (one that
+        ``_refusal`` could refuse as ``branch-into-range`` first).  False when a fact is unknown."""
+        facts = self._facts
+        for k in range(i, j):
+            f = facts.get(keys[k])
+            if f is None or not f[0]:
+                return False
+            if f[1]:
+                return all((facts.get(keys[m]) or (False,))[0] for m in range(k + 1, j))
+            if not f[2]:
+                return False
+        return False
 
     def _prove(self, block: BlockPlan) -> tuple[str, str]:
         if self.compose and self._composed(block):

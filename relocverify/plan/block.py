@@ -128,8 +128,14 @@ def patched_run(decoded: Sequence[Decoded]) -> list[Decoded] | NoBlock:
     return run
 
 
+def is_call(insn: Instruction) -> bool:
+    """Whether ``plan_block`` refuses a run holding ``insn`` as ``call-in-range`` (when no instruction
+    before it in the run is refused first)."""
+    return insn.opname == "call" and insn.flow in ("call", "indirect_call")
+
+
 def _refusal(insn: Instruction, a: int, end: int) -> NoBlock | None:
-    if insn.opname == "call" and insn.flow in ("call", "indirect_call"):
+    if is_call(insn):
         return NoBlock(f"a call in the range ({insn.text} at {insn.address:#x}): its copy would return into "
                        f"the trampoline, and emulating it needs the trap handler a jump probe has not",
                        "call-in-range")
