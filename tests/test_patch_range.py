@@ -252,3 +252,45 @@ def test_debian_branch_targets_inside_ranges_exist_and_are_real(debian):
         if found >= 3:
             break
     assert found >= 1
+
+
+def _every_range(image, functions, step=1):
+    """(function, [(address, length)]) for every instruction of every ``step``-th function, each
+    range the whole instructions covering 5 bytes, as the jump-probe phase asks them."""
+    from relocverify.engine.keys import KeyMaker
+
+    keys = KeyMaker(0xFFFFFFFFC0001000)
+    for f in list(functions)[::step]:
+        section = image.get_section(f.section)
+        if section is None or not section.data:
+            continue
+        data = section.data[f.start - section.address:f.start - section.address + f.size]
+        spans = [(off, n) for off, n, _ in keys.keys(data, f.start)]
+        out = []
+        for i, (off, _) in enumerate(spans):
+            length, j = 0, i
+            while length < 5 and j < len(spans):
+                length, j = length + spans[j][1], j + 1
+            out.append((f.start + off, max(length, 5)))
+        yield f, out
+
+
+def test_refusals_in_bulk_are_refusal_one_by_one_on_a_small_image(small):
+    image, functions, ranges = small
+    for f, asked in _every_range(image, functions.values()):
+        assert ranges.refusals(f, asked) == [ranges.refusal(f, a, n) for a, n in asked], f.name
+        assert ranges.refusals(f, [(a, 1) for a, _ in asked]) == [ranges.refusal(f, a, 1) for a, _ in asked]
+
+
+def test_refusals_in_bulk_are_refusal_one_by_one_on_the_kernel(debian):
+    """Every bucket and reason, on every instruction of a tenth of the Debian kernel's functions (sites,
+    exception tables, jump tables, pointers and branch targets all met)."""
+    from collections import Counter
+
+    image, ranges = debian[1], debian[3]
+    seen: Counter = Counter()
+    for f, asked in _every_range(image, ranges.functions, 10):
+        want = [ranges.refusal(f, a, n) for a, n in asked]
+        assert ranges.refusals(f, asked) == want, f.name
+        seen.update(r.key if r else None for r in want)
+    assert len(seen) > 15 and seen[None] > 10_000, seen

@@ -139,13 +139,20 @@ class JumpProver:
                 keys = [key for _, _, key in self.keys.keys(data, fn.start)]
             tokens = [lane_token(key, data[o:o + m]) or _aimed(key, data[o:o + m], fn.start + o)
                       for key, (o, m) in zip(keys, spans)]
+        runs = []  # (j, length): the run from instruction i is i..j-1, ``length`` bytes
         for i, (off, n) in enumerate(spans):
-            address = fn.start + off
             length, j = 0, i
             while length < JUMP_SIZE and j < len(spans) and spans[j][0] == off + length:
                 length += spans[j][1]
                 j += 1
-            refusal = self.ranges.refusal(fn, address, max(length, JUMP_SIZE))
+            runs.append((j, length))
+        start = fn.start
+        refusals = self.ranges.refusals(fn, [(start + off, max(length, JUMP_SIZE))
+                                             for (off, _), (_, length) in zip(spans, runs)])
+        for i, (off, n) in enumerate(spans):
+            address = start + off
+            j, length = runs[i]
+            refusal = refusals[i]
             if refusal is not None:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
                 continue

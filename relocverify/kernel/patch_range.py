@@ -50,13 +50,13 @@ import bisect
 import os
 from array import array
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from iced_x86 import Decoder, FlowControl, Instruction, Mnemonic, OpKind, Register
 
 from ..image.functions import Function, function_bytes
 from ..image.image import Image
-from .sites import POLICY_BY_KIND, SiteIndex, read_config
+from .sites import POLICY_BY_KIND, SiteIndex, kind_key, read_config
 
 THUNK_PREFIXES = ("__x86_indirect_thunk_", "__x86_indirect_jump_thunk_", "__x86_indirect_its_thunk_")
 MARK_ONLY_KINDS = frozenset({"irqentry", "softirqentry", "cpuidle"})
@@ -298,6 +298,100 @@ class PatchRanges:
             return RangeRefusal("branch-target-inside", f"{inside[0]:#x}, strictly inside [{address:#x}, {end:#x}), "
                                 f"is a branch target: a jump there would land in the probe's jump")
         return None
+
+
+    def refusals(self, function: Function, ranges: Sequence[tuple[int, int]]) -> list[RangeRefusal | None]:
+        """``refusal(function, address, length)`` for each (address, length) of ``function``, in order:
+        the same answers (``tests/test_patch_range.py`` compares them over the kernel's functions),
+        with what belongs to the whole function asked once: its sites, exception-table entry,
+        indirect jump, stored pointers and branch targets.  A subclass that answers ``refusal``
+        otherwise is asked range by range."""
+        if type(self).refusal is not PatchRanges.refusal:
+            return [self.refusal(function, a, n) for a, n in ranges]
+        fs, fe = function.start, function.end
+        covering: list[tuple[tuple, str]] = []  # (kind_key, kind) of sites over the whole function
+        points: list[tuple[int, int, tuple, str]] = []  # (start, end, kind_key, kind) of the others
+        extable = jump = None
+        if self.sites is not None:
+            for site in self.sites.sites_at(fs, fe - fs):
+                if site.kind in MARK_ONLY_KINDS:
+                    continue
+                if site.address <= fs and site.end >= fe:
+                    covering.append((kind_key(site.kind), site.kind))
+                else:
+                    points.append((site.address, site.end, kind_key(site.kind), site.kind))
+            points.sort()
+            at = self._extable_functions.get(fs)
+            if at is not None:
+                extable = RangeRefusal("exception-table", f"{function.name} has an __ex_table entry (at {at:#x}): "
+                                       f"its fixup code may jump back anywhere into the function "
+                                       f"(optprobes refuse the whole function)")
+        best_cover = min(covering) if covering else None
+        starts = [p[0] for p in points]
+        reach = max((p[1] - p[0] for p in points), default=0)
+        indirect = self._indirect.get(fs)
+        if indirect is not None:
+            jump = RangeRefusal("jump-table", f"{function.name} dispatches through a jump table ({indirect.text} at "
+                                f"{indirect.address:#x}) whose entries may aim inside the range") \
+                if indirect.kind == "jump-table" else \
+                RangeRefusal("indirect-jump-in-function", f"{function.name} has an indirect jump ({indirect.text} "
+                             f"at {indirect.address:#x}, {indirect.kind}) whose target may lie inside the range")
+        lo = bisect.bisect_right(self._pointers, (fs, 1 << 64))
+        pointers = self._pointers[lo:bisect.bisect_left(self._pointers, (fe, 0))]
+        pointer_values = [v for v, _ in pointers]
+        targets = self._targets[bisect.bisect_right(self._targets, fs):bisect.bisect_left(self._targets, fe)]
+        by_kind: dict[str, RangeRefusal] = {}
+        out: list[RangeRefusal | None] = []
+        for address, length in ranges:
+            if not fs <= address < fe:
+                raise ValueError(f"{address:#x} is not inside {function.name} [{fs:#x}, {fe:#x})")
+            end = address + length
+            if end > fe:
+                out.append(RangeRefusal("past-function-end", f"the range [{address:#x}, {end:#x}) runs past the end "
+                                        f"of {function.name} at {fe:#x}"))
+                continue
+            if self.sites is not None:
+                best = best_cover
+                if points:
+                    top = address + max(length, 1)
+                    for k in range(bisect.bisect_right(starts, address - reach), bisect.bisect_left(starts, top)):
+                        p = points[k]
+                        if p[1] > address and (best is None or p[2] < best[0]):
+                            best = (p[2], p[3])
+                if best is not None:
+                    kind = best[1]
+                    refusal = by_kind.get(kind)
+                    if refusal is None:
+                        row = POLICY_BY_KIND.get(kind)
+                        refusal = by_kind[kind] = RangeRefusal(f"site:{kind}", f"the range overlaps a {kind} site: "
+                                                               f"{row.reason if row else 'a kernel site'}")
+                    out.append(refusal)
+                    continue
+                if extable is not None:
+                    out.append(extable)
+                    continue
+            if jump is not None and jump.key == "jump-table":
+                out.append(jump)
+                continue
+            if pointers:
+                k = bisect.bisect_right(pointers, (address, 1 << 64))
+                if k < len(pointers) and pointer_values[k] < end:
+                    value, where = pointers[k]
+                    out.append(RangeRefusal("jump-table", f"a pointer stored at {where:#x} aims at {value:#x}, "
+                                            f"inside the range (a jump table entry, or another code pointer)"))
+                    continue
+            if jump is not None:
+                out.append(jump)
+                continue
+            if targets:
+                i = bisect.bisect_right(targets, address)
+                if i < len(targets) and targets[i] < end:
+                    out.append(RangeRefusal("branch-target-inside", f"{targets[i]:#x}, strictly inside "
+                                            f"[{address:#x}, {end:#x}), is a branch target: a jump there would "
+                                            f"land in the probe's jump"))
+                    continue
+            out.append(None)
+        return out
 
 
 def _retpoline_config(config) -> tuple[bool | None, str]:
