@@ -185,7 +185,7 @@ class DaskPool:
         pending: dict = {}
 
         def submit(task: Task) -> None:
-            future = self.client.submit(run_task, self._spec, task.method, task.args, list(self._replays),
+            future = self.client.submit(run_task, self._spec, task.method, task.call_args(), list(self._replays),
                                         key=f"{task.method}-{next(self._counter)}-{uuid.uuid4().hex[:8]}",
                                         pure=False)
             pending[future] = task

@@ -34,6 +34,11 @@ class Task:
     method: str
     args: tuple
     tag: object = None  # the caller's own label, handed back with the result
+    # more arguments, made when the task is sent to its worker (what other workers learned meanwhile)
+    late: Callable[[], tuple] | None = None
+
+    def call_args(self) -> tuple:
+        return self.args + self.late() if self.late is not None else self.args
 
 
 class WorkerError(RelocverifyError):
@@ -152,7 +157,7 @@ class LocalPool:
         if self.inline:
             for queue in queues:
                 for task in queue:
-                    on_result(task, getattr(self.worker, task.method)(*task.args))
+                    on_result(task, getattr(self.worker, task.method)(*task.call_args()))
                     if tick:
                         tick()
             return
@@ -163,7 +168,7 @@ class LocalPool:
                 if busy[i] is None and queues[i]:
                     busy[i] = queues[i].pop(0)
                     self.current[i] = 0
-                    self.conns[i].send((busy[i].method, busy[i].args))
+                    self.conns[i].send((busy[i].method, busy[i].call_args()))
             if not any(busy):
                 return
             waiting = {self.conns[i]: i for i in range(self.n) if busy[i] is not None}
@@ -191,7 +196,7 @@ class LocalPool:
                     if queues[i]:  # keep the worker busy while its result is taken in
                         busy[i] = queues[i].pop(0)
                         self.current[i] = 0
-                        self.conns[i].send((busy[i].method, busy[i].args))
+                        self.conns[i].send((busy[i].method, busy[i].call_args()))
                     on_result(task, value)
                 elif status == "error":
                     self.close()

@@ -246,7 +246,7 @@ class JumpProver:
             answer = (ELIGIBLE, result.reason)
             if key is not None and result.method == "fast-path":
                 self.proved[key] = answer
-                self.memory.new[("b", key)] = answer
+                self.memory.learn(("b", key), answer)
             return answer
         return f"proof:{result.verdict.value}", result.reason
 
@@ -271,7 +271,7 @@ class JumpProver:
                 except Exception:  # a library's error: the slow path gives this block its verdict
                     return False
                 self.pieces[key] = ok
-                self.memory.new[("p", key)] = ok
+                self.memory.learn(("p", key), ok)
             if not ok:
                 return False
         return True
@@ -300,7 +300,7 @@ class JumpProver:
             return None
         kept = self._stands_for.setdefault(token, whole)
         if kept is whole:
-            self.memory.new[("s", token)] = whole
+            self.memory.learn(("s", token), whole)
         elif kept != whole:
             self.conflicts += 1
             self.memory.forget(token)
@@ -323,18 +323,35 @@ class JumpMemory:
     starts afresh.  Only answers that need no solver are kept (pieces by the fast path's checks,
     blocks proved by the fast path), so no time limit enters them."""
 
-    __slots__ = ("pieces", "stands_for", "proved", "new")
+    __slots__ = ("pieces", "stands_for", "proved", "new", "outgoing", "conflicts")
 
     def __init__(self, entries: dict[tuple, object] | None = None):
         self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
         self.stands_for: dict[bytes, bytes] = {}
         self.proved: dict[bytes, tuple[str, str]] = {}
-        self.new: dict[tuple, object] = {}
-        for (kind, key), value in (entries or {}).items():
+        self.new: dict[tuple, object] = {}  # for the persistent cache (the harvest)
+        self.outgoing: dict[tuple, object] = {}  # for the other workers of this phase
+        self.conflicts = 0  # tokens another worker saw standing for another piece key
+        self.absorb(entries or {})
+
+    def learn(self, entry: tuple, value) -> None:
+        """One answer this worker made (also recorded for the cache and the other workers)."""
+        self.new[entry] = self.outgoing[entry] = value
+
+    def absorb(self, entries: dict[tuple, object]) -> None:
+        """Answers made elsewhere (the cache, or another worker during the phase: it records its own
+        for the cache), merged as ``store.cache.merge_jump_entries`` merges them: a piece's False wins,
+        and a token met standing for another piece key than the one kept fails for good (``forget``)."""
+        for (kind, key), value in entries.items():
             if kind == "p":
+                value = self.pieces.get(key, True) and value
                 self.pieces[key] = value
             elif kind == "s":
-                self.stands_for[key] = value
+                kept = self.stands_for.setdefault(key, value)
+                if kept != value:
+                    self.conflicts += 1
+                    self.forget(key)
+                    continue
             elif kind == "b":
                 self.proved[key] = tuple(value)
 
@@ -343,11 +360,15 @@ class JumpMemory:
         path answers its blocks), here and in every later run."""
         for last in (True, False):
             self.pieces[(token, last)] = False
-            self.new[("p", (token, last))] = False
+            self.learn(("p", (token, last)), False)
 
     def take_new(self) -> dict[tuple, object]:
         new, self.new = self.new, {}
         return new
+
+    def take_outgoing(self) -> dict[tuple, object]:
+        out, self.outgoing = self.outgoing, {}
+        return out
 
 
 class MovedDecodes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from ..collector import paused
 from ..errors import ImageError
@@ -34,7 +35,7 @@ from ..kernel.sites import find_sites
 from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
-from ..store.cache import CachedFinding, ProofCache
+from ..store.cache import CachedFinding, ProofCache, merge_jump_entries
 from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
@@ -526,11 +527,20 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
     fids = store.functions_without_jump_probes(image_id)
     chunks = _chunks(fids, JUMP_CHUNK)
     made = [0]
+    inboxes: list[dict] = [{} for _ in range(pool.n)]  # what each worker has not heard from the others
 
     def got(task, value):
-        rows, examples, proofs = value
+        rows, examples, proofs, learned = value
         store.write_jump_probes(rows, examples)
         made[0] += proofs
+        if learned:
+            for w, inbox in enumerate(inboxes):
+                if w != task.tag:
+                    merge_jump_entries(inbox, learned)
+
+    def news(w: int) -> tuple[dict]:
+        inbox, inboxes[w] = inboxes[w], {}
+        return (inbox,)
 
     def crashed(task, at, pid):
         """A worker died on function ``task.args[0][at]``: its instructions are refused as
@@ -544,11 +554,12 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
                 if fn.start + off not in skip]
         store.write_jump_probes(rows, {"error:crashed": "the worker crashed while answering for this function"})
         rest = task.args[0][:at] + task.args[0][at + 1:]  # the task's answers die with the worker
-        return [Task(task.method, (rest,))] if rest else []
+        return [Task(task.method, (rest,), task.tag)] if rest else []
 
     base = pool.items_done()
     progress.phase("jump probes", sum(pool.job.functions[f].size for f in fids) // 4 or 1, "instructions")
-    pool.run([[Task("jump_probes", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)], got, crashed,
+    pool.run([[Task("jump_probes", (c,), w, partial(news, w)) for c in chunks[w::pool.n]] for w in range(pool.n)],
+             got, crashed,
              tick=lambda: progress.update(pool.items_done() - base))
     progress.end()
     return made[0]

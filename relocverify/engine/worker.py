@@ -457,16 +457,20 @@ class Worker:
         return written
 
     # -- jump probes -----------------------------------------------------------------
-    def jump_probes(self, fids: list[int]) -> tuple[list[tuple[int, int, str]], dict[str, str], int]:
+    def jump_probes(self, fids: list[int], news: dict[tuple, object] | None = None
+                    ) -> tuple[list[tuple[int, int, str]], dict[str, str], int, dict[tuple, object]]:
         """Whether a jump probe can sit at each instruction of the functions (``engine.jumps``):
-        rows (function id, offset, bucket), an example reason per bucket, and the proofs made (whole
-        blocks by ``prove_block``, pieces by ``piece_proved``)."""
+        rows (function id, offset, bucket), an example reason per bucket, the proofs made (whole
+        blocks by ``prove_block``, pieces by ``piece_proved``), and the answers learned since the last
+        task, for the other workers; ``news``, what the other workers learned (``JumpMemory.absorb``)."""
         from .jumps import JumpProver
 
         prover = self.__dict__.get("_jumps")
         if prover is None or prover.ranges is not self.job.ranges:
             prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules,
                                               memory=self._jump_memory())
+        if news:
+            prover.memory.absorb(news)
         before = prover.proofs + prover.piece_proofs
         rows: list[tuple[int, int, str]] = []
         examples: dict[str, str] = {}
@@ -484,7 +488,7 @@ class Worker:
                 rows.append((fid, off, bucket))
                 examples.setdefault(bucket, reason)
             self._tell(len(spans))
-        return rows, examples, prover.proofs + prover.piece_proofs - before
+        return rows, examples, prover.proofs + prover.piece_proofs - before, prover.memory.take_outgoing()
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:
