@@ -300,6 +300,47 @@ def test_a_piece_key_stands_for_the_pieces_answer_wherever_the_block_sits(parts,
                 assert answers.setdefault(key, piece_proved(b, i)) == piece_proved(b, i), (hexes, i)
 
 
+def _bare(b: BlockPlan, back_to: int | None = None) -> BlockPlan:
+    """``b``'s instructions as optprobes lays them out: bare copies back to back, falling through into
+    each other, and one jump back (to A+L, or ``back_to``)."""
+    raws = [i.raw for i in b.instructions]
+    return relink(b, [(lambda r: lambda t, nxt: r)(r) for r in raws[:-1]]
+                  + [copy_of(raws[-1], A + b.length if back_to is None else back_to)])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=4), st.integers(1, 1 << 20))
+def test_a_block_composed_from_kept_pieces_is_what_prove_block_proves(parts, da):
+    """``proof.block.composed`` (the tracer audit's composition, answers kept under ``piece_key``)
+    says True only for blocks ``prove_block`` proves on its fast path with its reason: over our
+    blocks, optprobes' layout (bare copies falling through), their mutants, and the same run
+    elsewhere, all sharing one table of piece answers."""
+    from hypothesis import assume
+
+    from relocverify.proof.block import FAST_PATH_REASON, composed
+
+    hexes = "".join(parts).replace(" ", "") + "90" * 5
+    here, there = plan_block(decode_run(hexes), T), plan_block(decode_run(hexes, A + da), T + 0x40)
+    assume(isinstance(here, BlockPlan) and isinstance(there, BlockPlan))
+    known: dict[bytes, bool] = {}
+    for b in (here, there):
+        for candidate in [b, _bare(b), _bare(b, A + b.length - 1)] + _mutants(b):
+            if composed(candidate, known):
+                result = prove_block(candidate)
+                assert (result.verdict, result.method, result.reason) == \
+                    (Verdict.PROVED, "fast-path", FAST_PATH_REASON), (hexes, candidate.trampoline.hex())
+
+
+def test_optprobes_layout_composes_and_a_short_exit_does_not():
+    from relocverify.proof.block import composed
+
+    b = block("55 4889e5 53")
+    known: dict[bytes, bool] = {}
+    assert composed(_bare(b), known) and composed(b, known)
+    assert not composed(_bare(b, A + b.length - 1), known)
+    assert not composed(dataclasses.replace(b, tracer_memory=b.tracer_memory + ((T + 0x1000, 8),)), known)
+
+
 def test_piece_keys_tell_roles_apart():
     from relocverify.proof.block import piece_key
 

@@ -337,6 +337,35 @@ def piece_proved(block: BlockPlan, i: int) -> bool:
     return _same_ir(block, i, _resolver(block))
 
 
+def composed(block: BlockPlan, known: dict[bytes, bool], clearance: int = 1 << 20) -> bool:
+    """Whether ``prove_block(block)`` proves the block by its fast path, found by composing its pieces
+    (``piece_proved``, the argument there), each piece's answer kept in ``known`` under its
+    ``piece_key``.  False (let ``prove_block`` decide) for a block ``prove_block`` would not take
+    (``_validate``), whose tracer memory is more than its trampoline (``piece_key`` holds only that),
+    with a piece that has no key, or with a piece that fails."""
+    insns = block.instructions
+    try:
+        _validate(block)
+    except ValueError:
+        return False
+    if len(block.plans) != len(insns) or block.tracer_memory != ((block.tramp, len(block.trampoline)),):
+        return False
+    keys = [piece_key(block, i, clearance) for i in range(len(insns))]
+    if None in keys:
+        return False
+    for i, key in enumerate(keys):
+        ok = known.get(key)
+        if ok is None:
+            try:
+                ok = piece_proved(block, i)
+            except Exception:  # a library's error: prove_block gives the block its verdict
+                return False
+            known[key] = ok
+        if not ok:
+            return False
+    return True
+
+
 def block_key(block: BlockPlan) -> bytes | None:
     """A position-independent key for a block's fast-path proof, or None.
 
