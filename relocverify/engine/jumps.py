@@ -46,6 +46,16 @@ token still stands for the piece key it first stood for (``conflicts``
 counts the ones that did not; none has).  Other blocks (a save slot, a
 piece that fails) take the slow path.
 
+**Calls, refused from their keys.**  A run holding a call is refused ``call-in-range`` by
+``plan_block`` when every instruction of the run decodes and the call comes before any instruction
+with a target; those facts are the instance key's, learned from the decodes the worker makes
+anyway (``JumpProver._call_first``), so most such runs are answered without decoding them.
+
+**What is learned is kept** (``JumpMemory``): for the rest of the session, shared with the other
+workers while the phase runs (each task carries what the others learned since its worker's last
+one), and in the proof cache under ``jump_tag`` for later runs.  Range rules are asked a function
+at a time (``PatchRanges.refusals``).
+
 ``eligible`` is the bucket of a proved jump probe; every other bucket is a
 refusal, keyed as ``range:<key>``, ``block:<key>`` or ``proof:<verdict>``,
 with the first reason seen kept as its example.  The int3 probe's verdict
