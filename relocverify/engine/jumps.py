@@ -90,7 +90,7 @@ from ..image.image import Image
 from ..kernel.patch_range import PatchRanges, RangeRefusal
 from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, is_call, plan_block
 from ..plan.plan import PlanKind
-from ..proof.block import FAST_PATH_REASON, block_key, piece_key, piece_proved, prove_block
+from ..proof.block import FAST_PATH_REASON, block_key, composed, piece_key, prove_block
 from ..proof.cache_key import pc_fields
 from ..proof.verdict import Verdict
 from ..text import one_line
@@ -261,30 +261,16 @@ class JumpProver:
         return f"proof:{result.verdict.value}", result.reason
 
     def _composed(self, block: BlockPlan) -> bool:
-        """Whether the block is proved by composing its pieces (module doc), each piece's answer
-        kept under its ``_lane_key`` or else its ``piece_key``; False (the slow path decides) for a
-        block with a piece that has neither, or fails."""
-        keys = []
-        for i in range(len(block.instructions)):
-            key = self._lane_key(block, i)
-            if key is None:
-                key = piece_key(block, i, _CLEARANCE)
-                if key is None:
-                    return False
-            keys.append(key)
-        for i, key in enumerate(keys):
-            ok = self.pieces.get(key)
-            if ok is None:
-                self.piece_proofs += 1
-                try:
-                    ok = piece_proved(block, i)
-                except Exception:  # a library's error: the slow path gives this block its verdict
-                    return False
-                self.pieces[key] = ok
-                self.memory.learn(("p", key), ok)
-            if not ok:
-                return False
-        return True
+        """Whether the block is proved by composing its pieces (``proof.block.composed``), each piece's
+        answer kept under its ``_lane_key`` or else its ``piece_key``; False (the slow path decides)
+        for a block with a piece that has neither, or fails."""
+        return composed(block, self.pieces, [self._lane_key(block, i) or piece_key(block, i, _CLEARANCE)
+                                             for i in range(len(block.instructions))], self._learn_piece)
+
+    def _learn_piece(self, key, ok: bool) -> None:
+        self.piece_proofs += 1
+        self.pieces[key] = ok
+        self.memory.learn(("p", key), ok)
 
     def _lane_key(self, block: BlockPlan, i: int) -> tuple[bytes, bool] | None:
         """``(token, last)`` under which piece i's answer is kept and looked up by the lane, or None:
@@ -333,7 +319,7 @@ class JumpMemory:
     starts afresh.  Only answers that need no solver are kept (pieces by the fast path's checks,
     blocks proved by the fast path), so no time limit enters them."""
 
-    __slots__ = ("pieces", "stands_for", "proved", "new", "outgoing", "conflicts")
+    __slots__ = ("pieces", "stands_for", "proved", "new", "outgoing")
 
     def __init__(self, entries: dict[tuple, object] | None = None):
         self.pieces: dict[tuple[bytes, bool] | bytes, bool] = {}
@@ -341,17 +327,18 @@ class JumpMemory:
         self.proved: dict[bytes, tuple[str, str]] = {}
         self.new: dict[tuple, object] = {}  # for the persistent cache (the harvest)
         self.outgoing: dict[tuple, object] = {}  # for the other workers of this phase
-        self.conflicts = 0  # tokens another worker saw standing for another piece key
         self.absorb(entries or {})
 
     def learn(self, entry: tuple, value) -> None:
         """One answer this worker made (also recorded for the cache and the other workers)."""
         self.new[entry] = self.outgoing[entry] = value
 
-    def absorb(self, entries: dict[tuple, object]) -> None:
+    def absorb(self, entries: dict[tuple, object]) -> int:
         """Answers made elsewhere (the cache, or another worker during the phase: it records its own
         for the cache), merged as ``store.cache.merge_jump_entries`` merges them: a piece's False wins,
-        and a token met standing for another piece key than the one kept fails for good (``forget``)."""
+        and a token met standing for another piece key than the one kept fails for good (``forget``);
+        returns how many tokens did."""
+        conflicts = 0
         for (kind, key), value in entries.items():
             if kind == "p":
                 value = self.pieces.get(key, True) and value
@@ -359,11 +346,11 @@ class JumpMemory:
             elif kind == "s":
                 kept = self.stands_for.setdefault(key, value)
                 if kept != value:
-                    self.conflicts += 1
+                    conflicts += 1
                     self.forget(key)
-                    continue
             elif kind == "b":
                 self.proved[key] = tuple(value)
+        return conflicts
 
     def forget(self, token: bytes) -> None:
         """A branch token found standing for a second piece key: its pieces fail from now on (the slow

@@ -470,7 +470,7 @@ class Worker:
             prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules,
                                               memory=self._jump_memory())
         if news:
-            prover.memory.absorb(news)
+            prover.conflicts += prover.memory.absorb(news)
         before = prover.proofs + prover.piece_proofs
         rows: list[tuple[int, int, str]] = []
         examples: dict[str, str] = {}

@@ -267,51 +267,39 @@ class PatchRanges:
             raise ValueError(f"{address:#x} is not inside {function.name} [{function.start:#x}, {function.end:#x})")
         end = address + length
         if end > function.end:
-            return RangeRefusal("past-function-end", f"the range [{address:#x}, {end:#x}) runs past the end of "
-                                f"{function.name} at {function.end:#x}")
+            return _past_end(function, address, end)
         if self.sites is not None:
             for kind in self.sites.kinds_at(address, length):
-                if kind in MARK_ONLY_KINDS:
-                    continue
-                row = POLICY_BY_KIND.get(kind)
-                return RangeRefusal(f"site:{kind}", f"the range overlaps a {kind} site: "
-                                    f"{row.reason if row else 'a kernel site'}")
+                if kind not in MARK_ONLY_KINDS:
+                    return _site_refusal(kind)
             if function.start in self._extable_functions:
-                at = self._extable_functions[function.start]
-                return RangeRefusal("exception-table", f"{function.name} has an __ex_table entry (at {at:#x}): "
-                                    f"its fixup code may jump back anywhere into the function "
-                                    f"(optprobes refuse the whole function)")
+                return _extable_refusal(function, self._extable_functions[function.start])
         jump = self._indirect.get(function.start)
         if jump is not None and jump.kind == "jump-table":
-            return RangeRefusal("jump-table", f"{function.name} dispatches through a jump table ({jump.text} at "
-                                f"{jump.address:#x}) whose entries may aim inside the range")
+            return _indirect_refusal(function, jump)
         k = bisect.bisect_right(self._pointers, (address, 1 << 64))
         if k < len(self._pointers) and self._pointers[k][0] < end:
-            value, where = self._pointers[k]
-            return RangeRefusal("jump-table", f"a pointer stored at {where:#x} aims at {value:#x}, inside the "
-                                f"range (a jump table entry, or another code pointer)")
+            return _pointer_refusal(*self._pointers[k])
         if jump is not None:
-            return RangeRefusal("indirect-jump-in-function", f"{function.name} has an indirect jump ({jump.text} "
-                                f"at {jump.address:#x}, {jump.kind}) whose target may lie inside the range")
+            return _indirect_refusal(function, jump)
         inside = self.targets_inside(address, length)
         if inside:
-            return RangeRefusal("branch-target-inside", f"{inside[0]:#x}, strictly inside [{address:#x}, {end:#x}), "
-                                f"is a branch target: a jump there would land in the probe's jump")
+            return _target_refusal(inside[0], address, end)
         return None
-
 
     def refusals(self, function: Function, ranges: Sequence[tuple[int, int]]) -> list[RangeRefusal | None]:
         """``refusal(function, address, length)`` for each (address, length) of ``function``, in order:
         the same answers (``tests/test_patch_range.py`` compares them over the kernel's functions),
-        with what belongs to the whole function asked once: its sites, exception-table entry,
-        indirect jump, stored pointers and branch targets.  A subclass that answers ``refusal``
-        otherwise is asked range by range."""
+        with what belongs to the whole function asked once: its sites (those over the whole function,
+        and the others sorted, with their longest length, so a range's are found by bisection), its
+        exception-table entry, indirect jump, stored pointers and branch targets.  A subclass that
+        answers ``refusal`` otherwise is asked range by range."""
         if type(self).refusal is not PatchRanges.refusal:
             return [self.refusal(function, a, n) for a, n in ranges]
         fs, fe = function.start, function.end
         covering: list[tuple[tuple, str]] = []  # (kind_key, kind) of sites over the whole function
         points: list[tuple[int, int, tuple, str]] = []  # (start, end, kind_key, kind) of the others
-        extable = jump = None
+        extable = None
         if self.sites is not None:
             for site in self.sites.sites_at(fs, fe - fs):
                 if site.kind in MARK_ONLY_KINDS:
@@ -322,20 +310,12 @@ class PatchRanges:
                     points.append((site.address, site.end, kind_key(site.kind), site.kind))
             points.sort()
             at = self._extable_functions.get(fs)
-            if at is not None:
-                extable = RangeRefusal("exception-table", f"{function.name} has an __ex_table entry (at {at:#x}): "
-                                       f"its fixup code may jump back anywhere into the function "
-                                       f"(optprobes refuse the whole function)")
+            extable = None if at is None else _extable_refusal(function, at)
         best_cover = min(covering) if covering else None
         starts = [p[0] for p in points]
         reach = max((p[1] - p[0] for p in points), default=0)
         indirect = self._indirect.get(fs)
-        if indirect is not None:
-            jump = RangeRefusal("jump-table", f"{function.name} dispatches through a jump table ({indirect.text} at "
-                                f"{indirect.address:#x}) whose entries may aim inside the range") \
-                if indirect.kind == "jump-table" else \
-                RangeRefusal("indirect-jump-in-function", f"{function.name} has an indirect jump ({indirect.text} "
-                             f"at {indirect.address:#x}, {indirect.kind}) whose target may lie inside the range")
+        jump = None if indirect is None else _indirect_refusal(function, indirect)
         lo = bisect.bisect_right(self._pointers, (fs, 1 << 64))
         pointers = self._pointers[lo:bisect.bisect_left(self._pointers, (fe, 0))]
         pointer_values = [v for v, _ in pointers]
@@ -347,51 +327,72 @@ class PatchRanges:
                 raise ValueError(f"{address:#x} is not inside {function.name} [{fs:#x}, {fe:#x})")
             end = address + length
             if end > fe:
-                out.append(RangeRefusal("past-function-end", f"the range [{address:#x}, {end:#x}) runs past the end "
-                                        f"of {function.name} at {fe:#x}"))
+                out.append(_past_end(function, address, end))
                 continue
             if self.sites is not None:
                 best = best_cover
-                if points:
-                    top = address + max(length, 1)
-                    for k in range(bisect.bisect_right(starts, address - reach), bisect.bisect_left(starts, top)):
-                        p = points[k]
-                        if p[1] > address and (best is None or p[2] < best[0]):
-                            best = (p[2], p[3])
+                top = address + max(length, 1)
+                for k in range(bisect.bisect_right(starts, address - reach), bisect.bisect_left(starts, top)):
+                    p = points[k]
+                    if p[1] > address and (best is None or p[2] < best[0]):
+                        best = (p[2], p[3])
                 if best is not None:
-                    kind = best[1]
-                    refusal = by_kind.get(kind)
+                    refusal = by_kind.get(best[1])
                     if refusal is None:
-                        row = POLICY_BY_KIND.get(kind)
-                        refusal = by_kind[kind] = RangeRefusal(f"site:{kind}", f"the range overlaps a {kind} site: "
-                                                               f"{row.reason if row else 'a kernel site'}")
+                        refusal = by_kind[best[1]] = _site_refusal(best[1])
                     out.append(refusal)
                     continue
                 if extable is not None:
                     out.append(extable)
                     continue
-            if jump is not None and jump.key == "jump-table":
+            if jump is not None and indirect.kind == "jump-table":
                 out.append(jump)
                 continue
-            if pointers:
-                k = bisect.bisect_right(pointers, (address, 1 << 64))
-                if k < len(pointers) and pointer_values[k] < end:
-                    value, where = pointers[k]
-                    out.append(RangeRefusal("jump-table", f"a pointer stored at {where:#x} aims at {value:#x}, "
-                                            f"inside the range (a jump table entry, or another code pointer)"))
-                    continue
+            k = bisect.bisect_right(pointers, (address, 1 << 64))
+            if k < len(pointers) and pointer_values[k] < end:
+                out.append(_pointer_refusal(*pointers[k]))
+                continue
             if jump is not None:
                 out.append(jump)
                 continue
-            if targets:
-                i = bisect.bisect_right(targets, address)
-                if i < len(targets) and targets[i] < end:
-                    out.append(RangeRefusal("branch-target-inside", f"{targets[i]:#x}, strictly inside "
-                                            f"[{address:#x}, {end:#x}), is a branch target: a jump there would "
-                                            f"land in the probe's jump"))
-                    continue
-            out.append(None)
+            i = bisect.bisect_right(targets, address)
+            out.append(_target_refusal(targets[i], address, end) if i < len(targets) and targets[i] < end else None)
         return out
+
+
+# The reasons, one builder each (``refusal`` and ``refusals`` give the same text).
+
+def _past_end(function: Function, address: int, end: int) -> RangeRefusal:
+    return RangeRefusal("past-function-end", f"the range [{address:#x}, {end:#x}) runs past the end of "
+                        f"{function.name} at {function.end:#x}")
+
+
+def _site_refusal(kind: str) -> RangeRefusal:
+    row = POLICY_BY_KIND.get(kind)
+    return RangeRefusal(f"site:{kind}", f"the range overlaps a {kind} site: {row.reason if row else 'a kernel site'}")
+
+
+def _extable_refusal(function: Function, at: int) -> RangeRefusal:
+    return RangeRefusal("exception-table", f"{function.name} has an __ex_table entry (at {at:#x}): its fixup code "
+                        f"may jump back anywhere into the function (optprobes refuse the whole function)")
+
+
+def _indirect_refusal(function: Function, jump: IndirectJump) -> RangeRefusal:
+    if jump.kind == "jump-table":
+        return RangeRefusal("jump-table", f"{function.name} dispatches through a jump table ({jump.text} at "
+                            f"{jump.address:#x}) whose entries may aim inside the range")
+    return RangeRefusal("indirect-jump-in-function", f"{function.name} has an indirect jump ({jump.text} at "
+                        f"{jump.address:#x}, {jump.kind}) whose target may lie inside the range")
+
+
+def _pointer_refusal(value: int, where: int) -> RangeRefusal:
+    return RangeRefusal("jump-table", f"a pointer stored at {where:#x} aims at {value:#x}, inside the range "
+                        f"(a jump table entry, or another code pointer)")
+
+
+def _target_refusal(target: int, address: int, end: int) -> RangeRefusal:
+    return RangeRefusal("branch-target-inside", f"{target:#x}, strictly inside [{address:#x}, {end:#x}), is a branch "
+                        f"target: a jump there would land in the probe's jump")
 
 
 def _retpoline_config(config) -> tuple[bool | None, str]:

@@ -337,10 +337,13 @@ def piece_proved(block: BlockPlan, i: int) -> bool:
     return _same_ir(block, i, _resolver(block))
 
 
-def composed(block: BlockPlan, known: dict[bytes, bool], clearance: int = 1 << 20) -> bool:
+def composed(block: BlockPlan, known: dict, keys: list | None = None, learn=None,
+             clearance: int = 1 << 20) -> bool:
     """Whether ``prove_block(block)`` proves the block by its fast path, found by composing its pieces
-    (``piece_proved``, the argument there), each piece's answer kept in ``known`` under its
-    ``piece_key``.  False (let ``prove_block`` decide) for a block ``prove_block`` would not take
+    (``piece_proved``, the argument there), each piece's answer kept in ``known`` under its key:
+    ``keys[i]``, which the caller vouches stands for piece i's answer wherever it sits, else its
+    ``piece_key``.  A piece proved now is recorded by ``learn(key, answer)`` (by default into
+    ``known``).  False (let ``prove_block`` decide) for a block ``prove_block`` would not take
     (``_validate``), whose tracer memory is more than its trampoline (``piece_key`` holds only that),
     with a piece that has no key, or with a piece that fails."""
     insns = block.instructions
@@ -350,9 +353,11 @@ def composed(block: BlockPlan, known: dict[bytes, bool], clearance: int = 1 << 2
         return False
     if len(block.plans) != len(insns) or block.tracer_memory != ((block.tramp, len(block.trampoline)),):
         return False
-    keys = [piece_key(block, i, clearance) for i in range(len(insns))]
+    if keys is None:
+        keys = [piece_key(block, i, clearance) for i in range(len(insns))]
     if None in keys:
         return False
+    learn = learn or known.__setitem__
     for i, key in enumerate(keys):
         ok = known.get(key)
         if ok is None:
@@ -360,7 +365,7 @@ def composed(block: BlockPlan, known: dict[bytes, bool], clearance: int = 1 << 2
                 ok = piece_proved(block, i)
             except Exception:  # a library's error: prove_block gives the block its verdict
                 return False
-            known[key] = ok
+            learn(key, ok)
         if not ok:
             return False
     return True

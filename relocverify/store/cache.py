@@ -207,21 +207,29 @@ class ProofCache:
         self.db.execute("INSERT INTO segments (tag, entries, data) VALUES (?,?,?)", (tag, len(entries), blob))
 
     def _compact(self, tag: bytes) -> None:
-        """Merge the tag's newest segments into one (at least two), in one transaction: those after the
-        newest segment that outweighs all its successors (``_merge_from``), so a large old segment is not
-        rewritten for every few small new ones.  A package run adds two segments per image; rewriting
-        every finding each 16 of them made its harvests grow with the cache."""
-        rows = self.db.execute("SELECT id, entries FROM segments WHERE tag=? ORDER BY id", (tag,)).fetchall()
+        """Merge the tag's newest finding segments into one (``_compact_segments``)."""
+
+        def merged(blobs) -> None:
+            self._append(tag, _loaded(blobs))
+
+        self._compact_segments("segments", tag, merged)
+
+    def _compact_segments(self, table: str, tag: bytes, append_merged) -> None:
+        """Merge the tag's newest segments of ``table`` into one (at least two), in one transaction:
+        those after the newest segment that outweighs all its successors (``_merge_from``), so a large
+        old segment is not rewritten for every few small new ones.  A package run adds two segments per
+        image; rewriting every finding each 16 of them made its harvests grow with the cache.
+        ``append_merged(blobs)`` writes the merged segment from the old ones' blobs, oldest first."""
+        rows = self.db.execute(f"SELECT id, entries FROM {table} WHERE tag=? ORDER BY id", (tag,)).fetchall()
         ids = [r[0] for r in rows[min(_merge_from(rows), len(rows) - 2):]]
         if len(ids) < 2:
             return
         marks = ",".join("?" * len(ids))
-        merged = _loaded(d for (d,) in self.db.execute(f"SELECT data FROM segments WHERE id IN ({marks}) ORDER BY id",
-                                                       ids))
+        blobs = [d for (d,) in self.db.execute(f"SELECT data FROM {table} WHERE id IN ({marks}) ORDER BY id", ids)]
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self.db.execute(f"DELETE FROM segments WHERE id IN ({marks})", ids)
-            self._append(tag, merged)
+            self.db.execute(f"DELETE FROM {table} WHERE id IN ({marks})", ids)
+            append_merged(blobs)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -241,26 +249,21 @@ class ProofCache:
         """One new segment of jump answers; the newest segments merged into one past ``COMPACT_AFTER``."""
         if self.db is None or not entries:
             return
-        db = self.db
-        db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
-                   (tag, len(entries), marshal.dumps(list(entries.items()))))
-        rows = db.execute("SELECT id, entries FROM jump_segments WHERE tag=? ORDER BY id", (tag,)).fetchall()
-        if len(rows) <= COMPACT_AFTER:
-            return
-        ids = [r[0] for r in rows[min(_merge_from(rows), len(rows) - 2):]]
-        marks = ",".join("?" * len(ids))
-        merged: dict[tuple, object] = {}
-        for (data,) in db.execute(f"SELECT data FROM jump_segments WHERE id IN ({marks}) ORDER BY id", ids):
-            merge_jump_entries(merged, _jump_segment(data))
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(f"DELETE FROM jump_segments WHERE id IN ({marks})", ids)
-            db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
-                       (tag, len(merged), marshal.dumps(list(merged.items()))))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        self._append_jump(tag, entries)
+        n = self.db.execute("SELECT count(*) FROM jump_segments WHERE tag=?", (tag,)).fetchone()[0]
+        if n > COMPACT_AFTER:
+
+            def merged(blobs) -> None:
+                out: dict[tuple, object] = {}
+                for data in blobs:
+                    merge_jump_entries(out, _jump_segment(data))
+                self._append_jump(tag, out)
+
+            self._compact_segments("jump_segments", tag, merged)
+
+    def _append_jump(self, tag: bytes, entries: dict[tuple, object]) -> None:
+        self.db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
+                        (tag, len(entries), marshal.dumps(list(entries.items()))))
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
@@ -343,8 +346,7 @@ def merge_jump_entries(into: dict[tuple, object], new: dict[tuple, object]) -> i
 def _jump_segment(data: bytes) -> dict[tuple, object]:
     """The entries of one ``jump_segments`` blob; a damaged one is empty (its answers are made again)."""
     try:
-        entries = marshal.loads(data)
-        return {tuple(k): v for k, v in entries}
+        return dict(marshal.loads(data))
     except (ValueError, TypeError, EOFError):
         return {}
 
