@@ -300,6 +300,52 @@ def test_a_piece_key_stands_for_the_pieces_answer_wherever_the_block_sits(parts,
                 assert answers.setdefault(key, piece_proved(b, i)) == piece_proved(b, i), (hexes, i)
 
 
+#: Copies of every sort the lane keys by token: plain, with a register-based displacement, locked,
+#: xchg, flushing, fencing, string, timestamp, with an absolute memory operand (near and far from T).
+COPIES = SIMPLE + ["f0ff00", "488703", "f3a4", "0fae38", "0f01f9", "f00fb111", "0faee8", "0f31", "ff4018",
+                   "48c7470800000000", "8b042500100000", "8b0425000000a0", "0f18400c", "cc", "c3"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(COPIES), st.lists(st.sampled_from(SIMPLE), min_size=1, max_size=3),
+       st.integers(1, 1 << 20), st.integers(0, 1 << 16))
+def test_a_copy_piece_has_one_answer_linked_or_last(x, fillers, da, dt):
+    """``engine.jumps.copy_piece_key`` keys a copy's answer without saying whether it is the last piece
+    (``jmp`` back to A+L) or linked (``jmp`` to T_{i+1}): over the same copy first in its run and last in
+    another, at other places, with the runs' mutants (an exit one byte short must get no key, or a
+    key of its own), equal keys get equal ``piece_proved`` answers.  It fails if the key ignores the
+    jump's target."""
+    from hypothesis import assume
+
+    from relocverify.engine.jumps import copy_piece_key
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.proof.block import piece_proved
+
+    fill = "".join(fillers)
+    runs = [(x + fill + "90" * 5, A, T), (fill + x + "90" * 5, A + da, T + dt), (x + fill + "90" * 5, A + da, T)]
+    blocks = [b for hexes, at, t in runs for b in [plan_block(decode_run(hexes, at), t)] if isinstance(b, BlockPlan)]
+    assume(blocks)
+    answers: dict[tuple, bool] = {}
+    for b in blocks + [m for b in blocks for m in _mutants(b)]:
+        keys = KeyMaker(b.tramp)
+        for i in range(len(b.instructions)):
+            key = copy_piece_key(b, i, b.tramp, keys)
+            if key is not None:
+                assert answers.setdefault(key, piece_proved(b, i)) == piece_proved(b, i), (x, fill, i)
+
+
+def test_a_copy_is_keyed_alike_linked_and_last():
+    """The property above is not vacuous: a copy first in a run (linked) and last in another share a key."""
+    from relocverify.engine.jumps import copy_piece_key
+    from relocverify.engine.keys import KeyMaker
+
+    linked, last = block("488b4708 55"), block("55 488b4708")  # mov 0x8(%rdi),%rax; push %rbp
+    keys = KeyMaker(T)
+    assert copy_piece_key(linked, 0, T, keys) == copy_piece_key(last, 1, T, keys) is not None
+    short = _mutants(last)[0]  # the jump back one byte short of A+L
+    assert copy_piece_key(short, 1, T, keys) is None
+
+
 def _bare(b: BlockPlan, back_to: int | None = None) -> BlockPlan:
     """``b``'s instructions as optprobes lays them out: bare copies back to back, falling through into
     each other, and one jump back (to A+L, or ``back_to``)."""

@@ -24,15 +24,29 @@ seen twice) while their pieces are few.  Such a block is proved by
 composition (``proof.block.piece_proved``: every piece passing the fast
 path's checks on its own makes ``prove_block`` prove the block by its fast
 path, with the same reason), and each piece's answer is kept under
-``(token, last)``, the token the instruction's instance key (``engine.keys``:
+``(token, COPY_LANE)``, the token the instruction's instance key (``engine.keys``:
 a displacement from registers and the immediates ``cache_key`` leaves out do
 not matter, so pieces are as few as instance keys).  ``copy_piece_key``
 gives that key only where the answer
 cannot depend on where the piece sits (no address-valued field, so VEX's
 IR depends on A_i and T_i only through the PC, which the identity maps; no
 absolute memory operand near the trampoline, where atomicity would read it
-as tracer memory; the link a ``jmp rel32`` to the next byte, the jump
-back a ``jmp rel32``).  Then a run of such instructions in a function far
+as tracer memory; the copy followed by a ``jmp rel32`` to where its
+successor runs).
+
+The answer does not depend on whether the piece is the last either: a
+piece linked to the next (``jmp`` to T_{i+1}) and the last (``jmp`` to A+L)
+differ only in that ``jmp``'s offset, and ``piece_proved`` reads the offset
+nowhere but through the target.  Atomicity finds no locked access in a
+``jmp`` whatever its bytes; admission's walk (``proof.reachable``) follows
+neither target, both lying outside the piece, and the ``jmp``'s facts are
+those of every ``jmp rel32`` (``proof.forms.facts`` zeroes a branch offset);
+in the fast path's IR the target is only the lifted piece's exit
+(``next``), which ``canon_block`` passes through the block's resolver: T_{i+1}
+to A_{i+1}, A+L to itself, A_i+len both.  So a
+copy is proved once, not once as the last piece and once linked.
+``tests/test_block.py`` checks it on generated pieces and
+``tests/test_jump_probes.py`` on the kernel's.  Then a run of such instructions in a function far
 from the trampoline (``_far``: no trampoline can overlap it, every jump
 back is a rel32) whose pieces are all known to pass is eligible without
 being decoded or planned: exactly the answer the slow path gives it.
@@ -107,7 +121,9 @@ DECODED_LIMIT = 8192  # decodes kept by bytes, per worker (about 1 KB each; 32 k
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
 #: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
 _CLEARANCE = 1 << 20
-_LINK = b"\xe9\x00\x00\x00\x00"  # jmp rel32 to the next byte: the link from one piece to the next
+#: The second half of a copy piece's key (``copy_piece_key``): a copy linked to the next piece and one
+#: jumping back to A+L share their answer (the module doc); a branch piece's is whether it is the last.
+COPY_LANE = "copy"
 
 
 class JumpProver:
@@ -122,7 +138,8 @@ class JumpProver:
         self.rules = rules
         self.memory = memory if memory is not None else JumpMemory()
         self.proved = self.memory.proved  # block key -> (bucket, reason)
-        # _lane_key (a tuple: a copy's or a branch's token, and whether last) or proof.block.piece_key
+        # _lane_key (a tuple: a copy's token and COPY_LANE, or a branch's token and whether last) or
+        # proof.block.piece_key
         # (bytes) -> piece_proved
         self.pieces = self.memory.pieces
         self.proofs = 0
@@ -207,9 +224,9 @@ class JumpProver:
                     bounds = tuple(start + spans[m][0] for m in range(i, j))
                 token = branch_token(token[0], token[1], k - i, bounds,
                                      (start + spans[j - 1][0] + spans[j - 1][1]) & MASK64, self.tramp)
-                if token is None:
+                if token is None or not pieces.get((token, k == j - 1)):
                     return False
-            if not pieces.get((token, k == j - 1)):
+            elif not pieces.get((token, COPY_LANE)):
                 return False
         return True
 
@@ -272,9 +289,9 @@ class JumpProver:
         self.pieces[key] = ok
         self.memory.learn(("p", key), ok)
 
-    def _lane_key(self, block: BlockPlan, i: int) -> tuple[bytes, bool] | None:
-        """``(token, last)`` under which piece i's answer is kept and looked up by the lane, or None:
-        ``copy_piece_key`` for a copy; for a relative branch or a RIP-relative operand (instance key
+    def _lane_key(self, block: BlockPlan, i: int) -> tuple[bytes, str | bool] | None:
+        """``(token, COPY_LANE)`` or ``(token, last)`` under which piece i's answer is kept and looked up
+        by the lane, or None: ``copy_piece_key`` for a copy; for a relative branch or a RIP-relative operand (instance key
         ``j`` or ``r``), ``branch_token`` of its key and its target's role in the run, when its
         ``piece_key`` exists.  Each token remembers the first ``piece_key`` it stood for; a token
         found standing for another (the argument of ``branch_token`` failing) is never used again,
@@ -411,19 +428,22 @@ def source_digest(root: Path | None = None) -> bytes:
     return digest.digest()
 
 
-def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, bool] | None:
-    """``(token, last)`` for piece i of a block whose answer from ``piece_proved`` cannot depend on
-    where the instruction or its piece sits (module doc), else None: a copy of an instruction with no
-    address-valued field and no absolute memory operand within ``_CLEARANCE`` of the trampoline,
-    linked by ``jmp rel32`` to the next byte, or (the last) back by ``jmp rel32``, with no save slot;
-    ``token`` is ``lane_token`` of its instance key."""
+def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, str] | None:
+    """``(token, COPY_LANE)`` for piece i of a block whose answer from ``piece_proved`` cannot depend on
+    where the instruction or its piece sits, nor on whether it is the last (module doc), else None: a
+    copy of an instruction with no address-valued field and no absolute memory operand within
+    ``_CLEARANCE`` of the trampoline, followed by a ``jmp rel32`` to where its successor runs (the next
+    piece, T_{i+1}, or for the last one A+L), with no save slot; ``token`` is ``lane_token`` of its
+    instance key."""
     insn, plan = block.instructions[i], block.plans[i]
     if plan.kind is not PlanKind.COPY or plan.save_slot is not None:
         return None
-    last = i == len(block.instructions) - 1
     piece, raw = block.piece(i), insn.raw
-    if piece[:len(raw)] != raw or (piece[len(raw):] != _LINK if not last else
-                                   len(piece) != len(raw) + 5 or piece[len(raw)] != 0xE9):
+    if piece[:len(raw)] != raw or len(piece) != len(raw) + 5 or piece[len(raw)] != 0xE9:
+        return None
+    last = i == len(block.instructions) - 1
+    successor = block.end if last else block.starts[i + 1]
+    if (block.starts[i] + len(piece) + int.from_bytes(piece[-4:], "little", signed=True)) & MASK64 != successor:
         return None
     if pc_fields(raw, insn.address) != []:
         return None
@@ -432,7 +452,7 @@ def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tupl
             (memory.displacement - tramp + _CLEARANCE) & MASK64 < 2 * _CLEARANCE:
         return None
     token = lane_token(keys.key(raw, insn.address), raw)
-    return None if token is None else (token, last)
+    return None if token is None else (token, COPY_LANE)
 
 
 def lane_token(key: bytes, raw: bytes) -> bytes | None:
