@@ -370,8 +370,7 @@ def test_a_warm_cache_answers_jump_probes_from_the_pieces_it_kept(cloud, tmp_pat
         summary = run(image, str(tmp_path / db), RunOptions(TRAMP, 2, 10.0, 120, True, str(cache), jump_probes=True))
         store = Store(str(tmp_path / db), readonly=True)
         try:
-            rows = sorted(store.db.execute("SELECT f.start, j.offset, b.name FROM jump_probes j JOIN functions f "
-                                           "ON f.id = j.function JOIN jump_buckets b ON b.id = j.bucket"))
+            rows = [(start, off, bucket) for start, _, off, bucket in store.jump_rows(store.find_image())]
         finally:
             store.close()
         return summary["jump_probe"], rows

@@ -259,14 +259,18 @@ second:
 
 
 def _jump_rows(db: Path) -> dict[str, dict[str, int]]:
-    import sqlite3
+    from relocverify.store.store import Store
 
     rows: dict[str, dict[str, int]] = {}
-    with sqlite3.connect(db) as connection:
-        for function, bucket, n in connection.execute(
-                "SELECT f.name, b.name, count(*) FROM jump_probes j JOIN jump_buckets b ON b.id = j.bucket "
-                "JOIN functions f ON f.id = j.function GROUP BY 1, 2"):
-            rows.setdefault(function, {})[bucket] = n
+    store = Store(str(db), readonly=True)
+    try:
+        images = [r[0] for r in store.db.execute("SELECT id FROM images")]
+        for image in images:
+            for _, function, _, bucket in store.jump_rows(image):
+                per = rows.setdefault(function, {})
+                per[bucket] = per.get(bucket, 0) + 1
+    finally:
+        store.close()
     return rows
 
 

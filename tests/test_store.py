@@ -103,3 +103,74 @@ def test_queries_by_address_function_verdict_and_the_function_table(small_store)
 def test_site_kinds_round_trip():
     for kinds in [(), ("bug",), ("alternative", "fentry"), SITE_KINDS]:
         assert site_kinds(site_mask(kinds)) == tuple(kinds)
+
+
+def test_jump_rows_packed_per_function_read_back_with_rows_an_older_store_kept(tmp_path, small_store):
+    """``--jump-probes`` answers are written packed, one row per function (``store.jump_rows``); every
+    reader gives back what was written, and still reads the one-row-per-instruction ``jump_probes`` of
+    stores written before: counts, one instruction, one function, the whole image."""
+    import random
+    import shutil
+
+    from relocverify.store.jump_rows import pack_jump_row
+
+    _, db = small_store
+    copy = tmp_path / "j.sqlite"
+    shutil.copy(db, copy)
+    store = Store(str(copy))
+    try:
+        image = store.find_image()
+        fids = [r[0] for r in store.db.execute("SELECT id FROM functions WHERE image=? ORDER BY id", (image,))]
+        assert len(fids) >= 3
+        rng = random.Random(7)
+        buckets = ["eligible", "range:site:bug", "block:call-in-range", "proof:unknown"]
+        want = {fid: [(off, rng.choice(buckets)) for off in sorted(rng.sample(range(1 << 20), rng.randrange(1, 300)))]
+                for fid in fids[1:]}
+        store.write_jump_probes([pack_jump_row(fid, rows) for fid, rows in want.items()],
+                                {b: f"why {b}" for b in buckets})
+        # the first function as an older store kept it: one row per instruction
+        old = [(0, "eligible"), (3, "range:exception-table")]
+        with store.db:
+            store.db.execute("INSERT INTO jump_buckets (name, example) VALUES ('range:exception-table', 'old why')")
+            ids = dict(store.db.execute("SELECT name, id FROM jump_buckets"))
+            store.db.executemany("INSERT INTO jump_probes VALUES (?,?,?)", [(fids[0], off, ids[b]) for off, b in old])
+        want[fids[0]] = old
+        assert store.functions_without_jump_probes(image) == []
+        for fid, rows in want.items():
+            got = store.jump_answers(fid)
+            assert got == {off: ids[b] for off, b in rows}
+            off, bucket = rng.choice(rows)
+            assert store.jump_probe_at(fid, off)[0] == bucket
+        assert store.jump_probe_at(fids[1], 1 << 21) is None
+        counts: dict[str, int] = {}
+        for rows in want.values():
+            for _, b in rows:
+                counts[b] = counts.get(b, 0) + 1
+        assert store.jump_probe_counts(image) == counts and list(store.jump_probe_counts(image).values()) == \
+            sorted(counts.values(), reverse=True)
+        names = {fid: name for fid, name in store.db.execute("SELECT id, name FROM functions")}
+        assert sorted((names[fid], off, b) for fid, rows in want.items() for off, b in rows) == \
+            sorted((name, off, b) for _, name, off, b in store.jump_rows(image))
+    finally:
+        store.close()
+
+
+def test_a_packed_jump_row_is_its_answers():
+    from hypothesis import given, strategies as st
+
+    from relocverify.store.jump_rows import pack_jump_row
+
+    @given(st.lists(st.tuples(st.integers(0, (1 << 32) - 1), st.sampled_from(["eligible", "a", "b", "c"]))))
+    def check(answers):
+        row = pack_jump_row(5, answers)
+        assert row.answers() == answers and len(row) == len(answers) and len(set(row.buckets)) == len(row.buckets)
+
+    check()
+
+
+def test_a_function_with_more_buckets_than_a_byte_holds_is_refused_in_words():
+    from relocverify.store.jump_rows import MAX_BUCKETS, pack_jump_row
+
+    assert len(pack_jump_row(1, [(k, f"b{k}") for k in range(MAX_BUCKETS)]).buckets) == MAX_BUCKETS
+    with pytest.raises(StoreError, match="more than 255 jump-probe buckets"):
+        pack_jump_row(1, [(k, f"b{k}") for k in range(MAX_BUCKETS + 1)])

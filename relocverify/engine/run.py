@@ -36,6 +36,7 @@ from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, ProofCache, merge_jump_entries
+from ..store.jump_rows import pack_jump_row
 from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
@@ -549,10 +550,9 @@ def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
         fid = task.args[0][at]
         fn = job.functions[fid]
         skip = job.skip.get(fid, ())
-        rows = [(fid, off, "error:crashed") for off, _, _ in KeyMaker(job.tramp).keys(_bytes_of(job.image, fn),
-                                                                                         fn.start)
-                if fn.start + off not in skip]
-        store.write_jump_probes(rows, {"error:crashed": "the worker crashed while answering for this function"})
+        row = pack_jump_row(fid, [(off, "error:crashed") for off, _, _ in KeyMaker(job.tramp).keys(
+            _bytes_of(job.image, fn), fn.start) if fn.start + off not in skip])
+        store.write_jump_probes([row], {"error:crashed": "the worker crashed while answering for this function"})
         rest = task.args[0][:at] + task.args[0][at + 1:]  # the task's answers die with the worker
         return [Task(task.method, (rest,), task.tag)] if rest else []
 

@@ -32,6 +32,7 @@ from ..kernel.sites import SiteIndex, kind_key
 from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
+from ..store.jump_rows import JumpRow, pack_jump_row
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
 from .keys import KeyMaker, per_instance
@@ -458,9 +459,9 @@ class Worker:
 
     # -- jump probes -----------------------------------------------------------------
     def jump_probes(self, fids: list[int], news: dict[tuple, object] | None = None
-                    ) -> tuple[list[tuple[int, int, str]], dict[str, str], int, dict[tuple, object]]:
+                    ) -> tuple[list[JumpRow], dict[str, str], int, dict[tuple, object]]:
         """Whether a jump probe can sit at each instruction of the functions (``engine.jumps``):
-        rows (function id, offset, bucket), an example reason per bucket, the proofs made (whole
+        each function's answers packed (``store.jump_rows``), an example reason per bucket, the proofs made (whole
         blocks by ``prove_block``, pieces by ``piece_proved``), and the answers learned since the last
         task, for the other workers; ``news``, what the other workers learned (``JumpMemory.absorb``)."""
         from .jumps import JumpProver
@@ -472,7 +473,7 @@ class Worker:
         if news:
             prover.conflicts += prover.memory.absorb(news)
         before = prover.proofs + prover.piece_proofs
-        rows: list[tuple[int, int, str]] = []
+        rows: list[JumpRow] = []
         examples: dict[str, str] = {}
         for i, fid in enumerate(fids):
             if self.current is not None:
@@ -482,11 +483,13 @@ class Worker:
             data = self._function_bytes(fn)
             found = self.keys.keys(data, fn.start)
             spans = [(off, n) for off, n, _ in found]
+            kept = []
             for off, bucket, reason in prover.function(fn, data, spans, [key for _, _, key in found]):
                 if fn.start + off in skip:
                     continue
-                rows.append((fid, off, bucket))
+                kept.append((off, bucket))
                 examples.setdefault(bucket, reason)
+            rows.append(pack_jump_row(fid, kept))
             self._tell(len(spans))
         return rows, examples, prover.proofs + prover.piece_proofs - before, prover.memory.take_outgoing()
 

@@ -26,9 +26,13 @@ Tables (integer keys throughout; ``schema.sql`` is the exact text):
                    (names in ``variant_names``)
   replacements     every instruction of every alternative's replacement, at its live address
   counterexamples  concrete inputs, the differences, and the replay command line
-  jump_probes      (written by ``--jump-probes``) per instruction, whether a jump-optimized
-                   probe can sit there: a bucket in ``jump_buckets`` (``eligible``, or the
-                   refusal's key, with the first reason seen as its example)
+  jump_packed      (written by ``--jump-probes``) per function, whether a jump-optimized
+                   probe can sit at each of its instructions: a bucket in ``jump_buckets``
+                   (``eligible``, or the refusal's key, with the first reason seen as its
+                   example), packed (``store.jump_rows``: the function's bucket ids, and per
+                   instruction its offset and the index of its bucket among them)
+  jump_probes      the same, one row per instruction, as stores before ``jump_packed`` kept
+                   it: still read, no longer written
 
 An instruction's address is its function's start plus its offset; its
 bytes are the function's bytes at that offset.
@@ -60,6 +64,7 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from ..proof.verdict import Verdict
 from . import shard
+from .jump_rows import JumpRow, pack_ids, unpack_offsets
 
 SCHEMA_VERSION = 3
 
@@ -70,6 +75,8 @@ CREATE TABLE IF NOT EXISTS jump_buckets (id INTEGER PRIMARY KEY, name TEXT NOT N
 CREATE TABLE IF NOT EXISTS jump_probes (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, bucket INTEGER NOT NULL,
     PRIMARY KEY (function, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS jump_packed (
+    function INTEGER PRIMARY KEY, buckets BLOB NOT NULL, offsets BLOB NOT NULL, indexes BLOB NOT NULL);
 """
 CACHE_KIB = 32 * 1024
 APPLICATION = "relocverify"
@@ -458,32 +465,63 @@ class Store:
                   f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
 
     # -- jump probes ----------------------------------------------------------------------
-    def write_jump_probes(self, rows: list[tuple[int, int, str]], examples: dict[str, str]) -> None:
-        """(function id, offset, bucket name) for instructions, in one transaction (replacing)."""
+    def write_jump_probes(self, rows: list[JumpRow], examples: dict[str, str]) -> None:
+        """Functions' jump-probe answers (``store.jump_rows``), in one transaction (replacing); a new
+        bucket gets its example reason from ``examples``."""
         with self._transaction():
             ids = dict(self.db.execute("SELECT name, id FROM jump_buckets"))
-            for name in {b for _, _, b in rows} - set(ids):
+            for name in {b for row in rows for b in row.buckets} - set(ids):
                 ids[name] = self.db.execute("INSERT INTO jump_buckets (name, example) VALUES (?, ?)",
                                             (name, examples.get(name, ""))).lastrowid
-            self.db.executemany("INSERT OR REPLACE INTO jump_probes VALUES (?,?,?)",
-                                [(f, off, ids[b]) for f, off, b in rows])
+            self.db.executemany("INSERT OR REPLACE INTO jump_packed VALUES (?,?,?,?)",
+                                [(row.function, pack_ids(ids[b] for b in row.buckets), row.offsets, row.indexes)
+                                 for row in rows])
 
     def functions_without_jump_probes(self, image: int) -> list[int]:
         return [r[0] for r in self.db.execute(
-            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS "
-            "(SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
+            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS (SELECT 1 FROM jump_packed p WHERE p.function = f.id) "
+            "AND NOT EXISTS (SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
 
     def jump_probe_counts(self, image: int) -> dict[str, int]:
-        """Bucket name -> instructions, over the image's instructions that have an answer."""
-        return dict(self.db.execute(
-            "SELECT b.name, count(*) FROM jump_probes j JOIN jump_buckets b ON b.id = j.bucket "
-            "JOIN functions f ON f.id = j.function WHERE f.image=? GROUP BY b.name ORDER BY count(*) DESC",
-            (image,)))
+        """Bucket name -> instructions, over the image's instructions that have an answer, most first."""
+        counts: dict[int, int] = dict(self.db.execute(
+            "SELECT j.bucket, count(*) FROM jump_probes j JOIN functions f ON f.id = j.function WHERE f.image=? "
+            "GROUP BY j.bucket", (image,)))
+        if self._has_packed_jumps():
+            for ids, indexes in self.db.execute("SELECT p.buckets, p.indexes FROM jump_packed p "
+                                                "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
+                for k, bucket in enumerate(unpack_offsets(ids)):
+                    counts[bucket] = counts.get(bucket, 0) + indexes.count(k)
+        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
+        return {names[b]: n for b, n in sorted(counts.items(), key=lambda item: (-item[1], names[item[0]]))}
 
     def jump_probe_at(self, function: int, offset: int) -> tuple[str, str] | None:
         """(bucket, its example reason) of one instruction, or None when not analysed."""
-        return self.db.execute("SELECT b.name, b.example FROM jump_probes j JOIN jump_buckets b ON b.id = j.bucket "
-                               "WHERE j.function=? AND j.offset=?", (function, offset)).fetchone()
+        bucket = self.jump_answers(function).get(offset)
+        return None if bucket is None else \
+            self.db.execute("SELECT name, example FROM jump_buckets WHERE id=?", (bucket,)).fetchone()
+
+    def jump_rows(self, image: int) -> list[tuple[int, str, int, str]]:
+        """(function start, function name, offset, bucket name) of every answered instruction of the image."""
+        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
+        out = [(unsigned(start), name, off, names[b]) for start, name, off, b in self.db.execute(
+            "SELECT f.start, f.name, j.offset, j.bucket FROM jump_probes j JOIN functions f ON f.id = j.function "
+            "WHERE f.image=?", (image,))]
+        if self._has_packed_jumps():
+            for start, name, ids, offsets, indexes in self.db.execute(
+                    "SELECT f.start, f.name, p.buckets, p.offsets, p.indexes FROM jump_packed p "
+                    "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
+                buckets = [names[b] for b in unpack_offsets(ids)]
+                out.extend((unsigned(start), name, off, buckets[k]) for off, k in zip(unpack_offsets(offsets), indexes))
+        return sorted(out)
+
+    def _has_packed_jumps(self) -> bool:
+        """Whether the store has ``jump_packed`` (a store opened read-only may be older than it)."""
+        known = self.__dict__.get("_packed_jumps")
+        if known is None:
+            known = self._packed_jumps = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jump_packed'").fetchone() is not None
+        return known
 
     def jump_probe_examples(self) -> dict[str, str]:
         return dict(self.db.execute("SELECT name, example FROM jump_buckets"))
@@ -665,7 +703,16 @@ class Store:
 
     def jump_answers(self, function: int) -> dict[int, int]:
         """offset -> jump-probe bucket id of one function's instructions."""
-        return dict(self.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))
+        if self._has_packed_jumps():
+            row = self.db.execute("SELECT buckets, offsets, indexes FROM jump_packed WHERE function=?",
+                                  (function,)).fetchone()
+            if row is not None:
+                ids = unpack_offsets(row[0])
+                return {off: ids[k] for off, k in zip(unpack_offsets(row[1]), row[2])}
+        try:
+            return dict(self.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))
+        except sqlite3.OperationalError:  # a store opened read-only from before the jump tables
+            return {}
 
     def verified_function_count(self, image: int) -> int:
         """How many functions of the image a run has verified (stored with a configuration)."""
