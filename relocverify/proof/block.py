@@ -300,7 +300,7 @@ def _same_ir(block: BlockPlan, i: int, resolve) -> bool:
     canonical IR, exits mapped by ``resolve``."""
     insn = block.instructions[i]
     try:
-        orig = L.lift(insn.raw, insn.address, max_inst=1)
+        orig = L.lift_one(insn.raw, insn.address)
         if orig.size != insn.length:
             return False
         reloc = canon_block(L.lift(block.piece(i), block.starts[i]), resolve)

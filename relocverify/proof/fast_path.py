@@ -216,7 +216,7 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
         return None
 
     try:
-        orig = L.lift(raw, at, max_inst=1)
+        orig = L.lift_one(bytes(raw), at)
         if orig.size != len(raw):
             return False
         reloc = L.lift(code, tramp)
@@ -327,7 +327,7 @@ def fast_path_effects(raw: bytes, at: int, effects) -> bool:
     if image is None:
         return False
     try:
-        orig = L.lift(raw, at, max_inst=1)
+        orig = L.lift_one(bytes(raw), at)
         if orig.size != len(raw):
             return False
         return canon_block(orig, lambda v: v) == image

@@ -12,6 +12,8 @@ and any instruction boundary VEX draws where the CPU does not
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import archinfo
 import pyvex
 
@@ -57,6 +59,14 @@ class Gap(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+@lru_cache(maxsize=8)
+def lift_one(raw: bytes, addr: int):
+    """``lift(raw, addr, max_inst=1)``, the last few remembered: an original instruction is lifted at
+    its address by the lifter checks and then by the fast path, one after the other.  The IRSB is
+    shared: no caller may change it (none does: they read it into canonical forms or reasons)."""
+    return lift(raw, addr, max_inst=1)
 
 
 def lift(code: bytes, addr: int, max_inst: int | None = None):

@@ -28,7 +28,6 @@ Any other relocation gets ``unknown`` at best, never ``proved``.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 import iced_x86
 import pyvex
@@ -86,14 +85,35 @@ def _iced(raw: bytes, address: int):
     return dec.decode()
 
 
+#: ``loose_reasons`` remembered by (bytes, operation name), up to this many.
+LOOSE_LIMIT = 65536
+_LOOSE: dict[tuple[bytes, str], tuple[str, ...]] = {}
+
+
 def loose_reasons(decoded: Instruction) -> tuple[str, ...]:
-    """Every reason VEX's model of ``decoded`` may differ from the CPU (empty: none known)."""
-    return _loose(decoded.raw, decoded.address & 0xFFF, decoded.opname)
+    """Every reason VEX's model of ``decoded`` may differ from the CPU (empty: none known).
+
+    The reasons are remembered by the instruction's bytes alone: none depends on where it is.  They
+    read iced-x86's undefined flags, used registers and used memory (facts of the encoding), the
+    operation name, and of VEX's lift the kinds of statements, the offsets and sizes of register
+    writes, loads and the names of operations.  Lifted at another address, one instruction's IR
+    differs only in constants the address makes (the IMark, the next rip, a branch target, a
+    RIP-relative address): 64-bit integers, which no reason reads and which fold only into other
+    integer constants, so no statement, write, load or floating-point operation comes or goes.
+    ``tests/test_lifter_checks.py`` compares the reasons at random addresses on the kernel's
+    instructions.  The lift is made at the instruction's own address (``lift.lift_one``), so the fast
+    path that lifts it next gets the same IRSB without lifting again."""
+    key = (decoded.raw, decoded.opname)
+    reasons = _LOOSE.get(key)
+    if reasons is None:
+        reasons = _loose(decoded.raw, decoded.address, decoded.opname)
+        if len(_LOOSE) >= LOOSE_LIMIT:
+            _LOOSE.clear()
+        _LOOSE[key] = reasons
+    return reasons
 
 
-@lru_cache(maxsize=65536)
-def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
-    address = 0xFFFFFFFF81000000 | low  # the reasons do not depend on where the instruction is
+def _loose(raw: bytes, address: int, opname: str) -> tuple[str, ...]:
     reasons: list[str] = []
     ins = _iced(raw, address)
     undefined = ins.rflags_undefined & ARITH
@@ -102,7 +122,7 @@ def _loose(raw: bytes, low: int, opname: str) -> tuple[str, ...]:
     if opname in UNDEFINED_RESULTS:
         reasons.append(f"{opname} {UNDEFINED_RESULTS[opname]}")
     try:
-        irsb = L.lift(raw, address, max_inst=1)
+        irsb = L.lift_one(raw, address)
     except L.Gap:
         return tuple(reasons)
     ops, stores = set(), False
