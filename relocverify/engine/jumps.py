@@ -291,8 +291,8 @@ class JumpProver:
 
     def _lane_key(self, block: BlockPlan, i: int) -> tuple[bytes, str | bool] | None:
         """``(token, COPY_LANE)`` or ``(token, last)`` under which piece i's answer is kept and looked up
-        by the lane, or None: ``copy_piece_key`` for a copy; for a relative branch or a RIP-relative operand (instance key
-        ``j`` or ``r``), ``branch_token`` of its key and its target's role in the run, when its
+        by the lane, or None: ``copy_piece_key`` for a copy; for a relative branch or a RIP-relative
+        operand (instance key ``j`` or ``r``), ``branch_token`` of its key and its target's role in the run, when its
         ``piece_key`` exists.  Each token remembers the first ``piece_key`` it stood for; a token
         found standing for another (the argument of ``branch_token`` failing) is never used again,
         and counted in ``conflicts``."""

@@ -479,7 +479,8 @@ class Store:
 
     def functions_without_jump_probes(self, image: int) -> list[int]:
         return [r[0] for r in self.db.execute(
-            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS (SELECT 1 FROM jump_packed p WHERE p.function = f.id) "
+            "SELECT id FROM functions f WHERE image=? "
+            "AND NOT EXISTS (SELECT 1 FROM jump_packed p WHERE p.function = f.id) "
             "AND NOT EXISTS (SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
 
     def jump_probe_counts(self, image: int) -> dict[str, int]:
