@@ -386,9 +386,10 @@ def test_report_shows_jump_probe_answers(debian_kernels, tmp_path, browser):
         assert f"{bucket}\t{n:,}" in table
     store = Store(str(db), readonly=True)
     image_id = store.find_image()
-    fid, refused_at = next((fid, off) for fid, off, b in store.db.execute(
-        "SELECT function, offset, b.name FROM jump_probes JOIN jump_buckets b ON b.id = bucket")
-        if b.startswith("range:"))
+    names = {i: name for i, name, _ in store.jump_bucket_names()}
+    fid, refused_at = next((fid, off) for (fid,) in store.db.execute("SELECT id FROM functions WHERE image=?",
+                                                                     (image_id,))
+                           for off, b in store.jump_answers(fid).items() if names[b].startswith("range:"))
     store.close()
     p.go(f"i={fid}:{refused_at}")
     p.page.wait_for_selector("#insn-detail")
