@@ -191,9 +191,7 @@ class ProofCache:
         if self.db is None or not findings:
             return
         self._append(tag, findings)
-        n = self.db.execute("SELECT count(*) FROM segments WHERE tag=?", (tag,)).fetchone()[0]
-        if n > COMPACT_AFTER:
-            self._compact(tag)
+        self._compact_when_due("segments", tag, lambda blobs: self._append(tag, _loaded(blobs)))
 
     def _append(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
         """One new segment holding ``findings``."""
@@ -206,13 +204,11 @@ class ProofCache:
         blob = marshal.dumps((list(templates), entries))
         self.db.execute("INSERT INTO segments (tag, entries, data) VALUES (?,?,?)", (tag, len(entries), blob))
 
-    def _compact(self, tag: bytes) -> None:
-        """Merge the tag's newest finding segments into one (``_compact_segments``)."""
-
-        def merged(blobs) -> None:
-            self._append(tag, _loaded(blobs))
-
-        self._compact_segments("segments", tag, merged)
+    def _compact_when_due(self, table: str, tag: bytes, append_merged) -> None:
+        """``_compact_segments`` once the tag has more than ``COMPACT_AFTER`` segments in ``table``."""
+        n = self.db.execute(f"SELECT count(*) FROM {table} WHERE tag=?", (tag,)).fetchone()[0]
+        if n > COMPACT_AFTER:
+            self._compact_segments(table, tag, append_merged)
 
     def _compact_segments(self, table: str, tag: bytes, append_merged) -> None:
         """Merge the tag's newest segments of ``table`` into one (at least two), in one transaction:
@@ -238,28 +234,17 @@ class ProofCache:
     # -- jump answers --------------------------------------------------------------------
     def jump_entries(self, tag: bytes) -> dict[tuple, object]:
         """Every jump answer kept under ``tag``, its segments merged in order (``merge_jump_entries``)."""
-        out: dict[tuple, object] = {}
         if self.db is None:
-            return out
-        for (data,) in self.db.execute("SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,)):
-            merge_jump_entries(out, _jump_segment(data))
-        return out
+            return {}
+        return _merged_jump(data for (data,) in self.db.execute(
+            "SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,)))
 
     def add_jump_entries(self, tag: bytes, entries: dict[tuple, object]) -> None:
         """One new segment of jump answers; the newest segments merged into one past ``COMPACT_AFTER``."""
         if self.db is None or not entries:
             return
         self._append_jump(tag, entries)
-        n = self.db.execute("SELECT count(*) FROM jump_segments WHERE tag=?", (tag,)).fetchone()[0]
-        if n > COMPACT_AFTER:
-
-            def merged(blobs) -> None:
-                out: dict[tuple, object] = {}
-                for data in blobs:
-                    merge_jump_entries(out, _jump_segment(data))
-                self._append_jump(tag, out)
-
-            self._compact_segments("jump_segments", tag, merged)
+        self._compact_when_due("jump_segments", tag, lambda blobs: self._append_jump(tag, _merged_jump(blobs)))
 
     def _append_jump(self, tag: bytes, entries: dict[tuple, object]) -> None:
         self.db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
@@ -341,6 +326,14 @@ def merge_jump_entries(into: dict[tuple, object], new: dict[tuple, object]) -> i
         else:
             into[k] = v
     return conflicts
+
+
+def _merged_jump(blobs) -> dict[tuple, object]:
+    """The entries of ``jump_segments`` blobs, merged in order (``merge_jump_entries``)."""
+    out: dict[tuple, object] = {}
+    for data in blobs:
+        merge_jump_entries(out, _jump_segment(data))
+    return out
 
 
 def _jump_segment(data: bytes) -> dict[tuple, object]:

@@ -36,7 +36,7 @@ class JumpRow:
 
     def answers(self) -> list[tuple[int, str]]:
         """(offset, bucket name) of every instruction."""
-        return [(off, self.buckets[k]) for off, k in zip(unpack_offsets(self.offsets), self.indexes)]
+        return [(off, self.buckets[k]) for off, k in zip(unpack_u32(self.offsets), self.indexes)]
 
 
 def pack_jump_row(function: int, answers: Iterable[tuple[int, str]]) -> JumpRow:
@@ -60,8 +60,8 @@ def pack_ids(ids: Iterable[int]) -> bytes:
     return _little(array("I", ids))
 
 
-def unpack_offsets(blob: bytes) -> array:
-    """The uint32 values of a ``pack_ids`` or ``JumpRow.offsets`` blob."""
+def unpack_u32(blob: bytes) -> array:
+    """The uint32 values of a little-endian blob: a ``pack_ids`` list or ``JumpRow.offsets``."""
     out = array("I")
     out.frombytes(blob)
     if sys.byteorder == "big":
@@ -77,4 +77,4 @@ def _little(values: array) -> bytes:
     return values.tobytes()
 
 
-__all__ = ["JumpRow", "MAX_BUCKETS", "pack_jump_row", "pack_ids", "unpack_offsets"]
+__all__ = ["JumpRow", "MAX_BUCKETS", "pack_jump_row", "pack_ids", "unpack_u32"]

@@ -64,7 +64,7 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from ..proof.verdict import Verdict
 from . import shard
-from .jump_rows import JumpRow, pack_ids, unpack_offsets
+from .jump_rows import JumpRow, pack_ids, unpack_u32
 
 SCHEMA_VERSION = 3
 
@@ -491,7 +491,7 @@ class Store:
         if self._has_packed_jumps():
             for ids, indexes in self.db.execute("SELECT p.buckets, p.indexes FROM jump_packed p "
                                                 "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
-                for k, bucket in enumerate(unpack_offsets(ids)):
+                for k, bucket in enumerate(unpack_u32(ids)):
                     counts[bucket] = counts.get(bucket, 0) + indexes.count(k)
         names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
         return {names[b]: n for b, n in sorted(counts.items(), key=lambda item: (-item[1], names[item[0]]))}
@@ -512,8 +512,8 @@ class Store:
             for start, name, ids, offsets, indexes in self.db.execute(
                     "SELECT f.start, f.name, p.buckets, p.offsets, p.indexes FROM jump_packed p "
                     "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
-                buckets = [names[b] for b in unpack_offsets(ids)]
-                out.extend((unsigned(start), name, off, buckets[k]) for off, k in zip(unpack_offsets(offsets), indexes))
+                buckets = [names[b] for b in unpack_u32(ids)]
+                out.extend((unsigned(start), name, off, buckets[k]) for off, k in zip(unpack_u32(offsets), indexes))
         return sorted(out)
 
     def _has_packed_jumps(self) -> bool:
@@ -708,8 +708,8 @@ class Store:
             row = self.db.execute("SELECT buckets, offsets, indexes FROM jump_packed WHERE function=?",
                                   (function,)).fetchone()
             if row is not None:
-                ids = unpack_offsets(row[0])
-                return {off: ids[k] for off, k in zip(unpack_offsets(row[1]), row[2])}
+                ids = unpack_u32(row[0])
+                return {off: ids[k] for off, k in zip(unpack_u32(row[1]), row[2])}
         try:
             return dict(self.db.execute("SELECT offset, bucket FROM jump_probes WHERE function=?", (function,)))
         except sqlite3.OperationalError:  # a store opened read-only from before the jump tables
