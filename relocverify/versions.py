@@ -11,6 +11,7 @@ import hashlib
 import json
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 
 from . import __version__
 from .x86.decoders import capstone as cs_adapter
@@ -38,3 +39,15 @@ def tool_versions() -> dict[str, str]:
 def versions_tag() -> bytes:
     """8 bytes identifying ``tool_versions()``."""
     return hashlib.sha256(json.dumps(tool_versions(), sort_keys=True).encode()).digest()[:8]
+
+
+@lru_cache(maxsize=2)
+def source_digest(root: Path | None = None) -> bytes:
+    """SHA-256 of relocverify's own source (every ``.py`` and ``.json`` file under ``root``, the
+    package's directory by default, with its relative path)."""
+    root = root or Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.digest()

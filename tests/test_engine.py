@@ -32,9 +32,9 @@ def cloud():
     return fetch("debian-6.1-cloud")
 
 
-def _run(image, db, jobs=2, timeout_s=10.0, limit=None, cache=None, progress=None):
-    return run(image, str(db), RunOptions(TRAMP, jobs, timeout_s, limit, True, None if cache is None else str(cache)),
-               progress)
+def _run(image, db, jobs=2, timeout_s=10.0, limit=None, cache=None, progress=None, reuse_rows=True):
+    return run(image, str(db), RunOptions(TRAMP, jobs, timeout_s, limit, True, None if cache is None else str(cache),
+                                          reuse_rows=reuse_rows), progress)
 
 
 def _rows(db) -> list[tuple]:
@@ -203,8 +203,8 @@ def small(tmp_path):
     return load_image(elfbuild.build_elf(tmp_path, SMALL_ASM, SMALL_LDS))
 
 
-def _run_small(image, tmp_path, jobs=2, timeout_s=10.0, cache=None, db="s.sqlite"):
-    summary = _run(image, tmp_path / db, jobs=jobs, timeout_s=timeout_s, cache=cache)
+def _run_small(image, tmp_path, jobs=2, timeout_s=10.0, cache=None, db="s.sqlite", reuse_rows=True):
+    summary = _run(image, tmp_path / db, jobs=jobs, timeout_s=timeout_s, cache=cache, reuse_rows=reuse_rows)
     store = Store(str(tmp_path / db), readonly=True)
     rows = {r.address: r for r in store.iter_rows(store.find_image(image.identity))}
     store.close()
@@ -223,14 +223,21 @@ def test_small_image_all_verdicts_add_up(small, tmp_path, jobs):
 
 
 def test_a_warm_cache_proves_nothing_again(small, tmp_path):
+    """A second run into a new store copies every function's rows the first one kept (``row_memo``);
+    told not to, it walks them, and every key is known."""
     cache = tmp_path / "cache"
     first, rows1 = _run_small(small, tmp_path, cache=cache, db="a.sqlite")
     second, rows2 = _run_small(small, tmp_path, cache=cache, db="b.sqlite")
+    third, rows3 = _run_small(small, tmp_path, cache=cache, db="c.sqlite", reuse_rows=False)
     assert first["run"]["proof_cache"]["proved"] > 0
+    assert first["run"]["proof_cache"]["functions_reused"] == 0
     assert second["run"]["proof_cache"]["proved"] == 0
-    assert second["run"]["proof_cache"]["cached"] == first["run"]["proof_cache"]["keys"]
+    assert second["run"]["proof_cache"]["functions_reused"] == second["functions"] > 0
+    assert third["run"]["proof_cache"]["proved"] == third["run"]["proof_cache"]["functions_reused"] == 0
+    assert third["run"]["proof_cache"]["cached"] == first["run"]["proof_cache"]["keys"]
     assert [(r.verdict, r.reason) for r in rows1.values()] == [(r.verdict, r.reason) for r in rows2.values()]
     assert any(r.fresh for r in rows1.values()) and not any(r.fresh for r in rows2.values())
+    assert rows2 == rows3
 
 
 def test_the_same_command_again_answers_from_the_store(small, tmp_path):

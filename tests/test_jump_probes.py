@@ -539,7 +539,7 @@ def test_the_jump_tag_follows_every_byte_of_the_source(tmp_path):
     from pathlib import Path
 
     import relocverify
-    from relocverify.engine.jumps import source_digest
+    from relocverify.versions import source_digest
 
     root = Path(relocverify.__file__).resolve().parent
     copy = tmp_path / "relocverify"

@@ -94,8 +94,6 @@ import bisect
 import copy
 import hashlib
 from collections import Counter
-from functools import lru_cache
-from pathlib import Path
 
 from iced_x86 import Decoder
 
@@ -108,6 +106,7 @@ from ..proof.block import FAST_PATH_REASON, block_key, composed, piece_key, prov
 from ..proof.cache_key import pc_fields
 from ..proof.verdict import Verdict
 from ..text import one_line
+from ..versions import source_digest
 from ..x86.decode import decode
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
@@ -414,18 +413,6 @@ def jump_tag(tag: bytes) -> bytes:
     adapters and the fast path's checks, and a change to any of them must not be answered by what an
     older version learned."""
     return b"jump|" + hashlib.sha256(tag + source_digest()).digest()[:16]
-
-
-@lru_cache(maxsize=2)
-def source_digest(root: Path | None = None) -> bytes:
-    """SHA-256 of relocverify's own source (every ``.py`` and ``.json`` file under ``root``, the
-    package's directory by default, with its relative path)."""
-    root = root or Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.digest()
 
 
 def copy_piece_key(block: BlockPlan, i: int, tramp: int, keys: KeyMaker) -> tuple[bytes, str] | None:

@@ -63,6 +63,7 @@ class RunOptions:
     scheduler: str | None = None  # a Dask scheduler's address: run the tasks on its cluster
     dask_local: int | None = None  # run the tasks on a Dask LocalCluster of this many worker processes
     jump_probes: bool = False  # also answer, per instruction, whether a jump probe can sit there
+    reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
 
 
 class Session:
@@ -167,13 +168,15 @@ class Scope:
 class PhaseCounts:
     """What the survey, proofs and rows phases did: the instructions of the functions they walked, the
     distinct instance keys (``keys``), of which the persistent cache knew ``cached`` and ``proved`` were
-    proved now, and the rows written."""
+    proved now, and the rows written; ``reused`` functions' rows were copied from the cache
+    (``row_memo``), their instance keys not counted (they were not made)."""
 
     instructions: int = 0
     keys: int = 0
     cached: int = 0
     proved: int = 0
     rows: int = 0
+    reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         summary["run"] = {"id": scope.run_id, "status": "complete", "verified_now": work.counts.rows,
                           "resumed": len(scope.done),
                           "proof_cache": {"keys": work.counts.keys, "cached": work.counts.cached,
-                                          "proved": work.counts.proved},
+                                          "proved": work.counts.proved, "functions_reused": work.counts.reused},
                           "phases": {k: round(v, 3) for k, v in phases.items()}, "versions": versions}
         summary["wall_s"] = round(wall, 3)
         summary["instructions_per_s"] = round(work.counts.rows / wall, 1) if wall > 0 else None
@@ -286,7 +289,8 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
 
             ranges = patch_ranges(image, functions, sites, options.policy)
         job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
-                  store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges)
+                  store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
+                  options.reuse_rows)
         pool = session.pool_for(job)
         counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
         expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
@@ -420,7 +424,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         rest = [f for f in fids if f not in stored]
         return [Task(task.method, (rest,), task.tag)] if rest else []
 
-    counts = {"rows": 0}
+    counts = {"rows": 0, "reused": 0}
     if not todo:
         return PhaseCounts()
     chunks = _chunks(todo, CHUNK_FUNCTIONS)
@@ -432,12 +436,13 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     estimate = max(1, n_insns // 4)                      # so the total is an estimate until it is done
 
     def surveyed(task, value):
-        misses, n, known, later, written = value
+        misses, n, known, later, written, reused = value
         owned[task.tag].update(misses)
         hits.update(known)
         waiting[task.tag].extend(later)
         total[0] += n
         counts["rows"] += written
+        counts["reused"] += reused
 
     t1 = time.monotonic()
     base = pool.items_done()
@@ -493,7 +498,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     for w in fallback:
         w.close()
     phases["rows_s"] = time.monotonic() - t1
-    return PhaseCounts(total[0], len(misses) + len(hits), len(hits), len(misses), counts["rows"])
+    return PhaseCounts(total[0], len(misses) + len(hits), len(hits), len(misses), counts["rows"], counts["reused"])
 
 
 def _count_done(pool: LocalPool, job: Job, done: list[int]) -> int:
@@ -587,10 +592,11 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
 def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> None:
     """Collect what the workers proved since the last harvest into the persistent cache (and into
     ``cached``, the session's copy, which a worker started later is given)."""
-    findings, proofs, derivations, jumps = pool.harvest()
+    findings, proofs, derivations, jumps, rows, outcomes = pool.harvest()
     cache.add(tag, findings, proofs, derivations)
     for jtag, entries in jumps.items():
         cache.add_jump_entries(jtag, entries)
+    cache.add_function_rows(rows, outcomes)
     cached.update(findings)
 
 

@@ -122,7 +122,9 @@ def render_summary(s: dict, escape=lambda text: text) -> str:
         lines.append(f"run {run.get('id')}: {run.get('status')}; {phases}")
         pc = run.get("proof_cache")
         if pc:
-            lines.append(f"proof cache: {pc['keys']:,} instance keys, {pc['cached']:,} known, {pc['proved']:,} proved now")
+            reused = f", {pc['functions_reused']:,} functions' rows reused" if pc.get("functions_reused") else ""
+            lines.append(f"proof cache: {pc['keys']:,} instance keys, {pc['cached']:,} known, {pc['proved']:,} proved now"
+                         + reused)
     lines.append(f"wall: {s.get('wall_s', 0):.1f} s, {s.get('instructions_per_s') or 0:,.0f} insn/s verified in this run")
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ processes and a distributed one rebuilds from the image's path.
 
 from __future__ import annotations
 
+import marshal
 import os
 import sys
 from array import array
@@ -35,11 +36,20 @@ from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_ent
 from ..store.jump_rows import JumpRow, pack_jump_row
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
+from ..versions import source_digest
 from .keys import KeyMaker, per_instance
 from .pipeline import Prover
+from .row_memo import (
+    context_digest,
+    function_key,
+    kept_rows,
+    outcome_digest,
+    unpack_rows,
+)
 
 KEEP = "keep"  # Job.rules in a job sent to a live worker: keep the policy table it has
 NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
+_UNSET = object()  # an argument not given
 
 
 @dataclass
@@ -62,21 +72,25 @@ class Job:
     stale: frozenset[int] = frozenset()  # functions stored under another configuration: rows replaced
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
+    reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
 
 
-def empty_harvest() -> tuple[dict, dict, dict, dict]:
-    """What ``merge_harvest`` adds workers' harvests into: findings, proofs, derivations, jump answers."""
-    return {}, {}, {}, {}
+def empty_harvest() -> tuple[dict, dict, dict, dict, dict, dict]:
+    """What ``merge_harvest`` adds workers' harvests into: findings, proofs, derivations, jump answers,
+    functions' kept rows and the outcomes they name."""
+    return {}, {}, {}, {}, {}, {}
 
 
-def merge_harvest(into: tuple[dict, dict, dict, dict], harvest: tuple[dict, dict, dict, dict]) -> None:
-    """One worker's ``Worker.harvest`` added to ``into``: later findings, proofs and derivations win
-    (a key's are the same wherever made); jump answers merge by ``store.cache.merge_jump_entries``, so a
-    branch token two workers saw standing for two piece keys is caught."""
+def merge_harvest(into: tuple[dict, ...], harvest: tuple[dict, ...]) -> None:
+    """One worker's ``Worker.harvest`` added to ``into``: later findings, proofs, derivations and kept
+    rows win (a key's are the same wherever made); jump answers merge by ``store.cache.merge_jump_entries``,
+    so a branch token two workers saw standing for two piece keys is caught."""
     for mine, theirs in zip(into[:3], harvest[:3]):
         mine.update(theirs)
     for tag, entries in harvest[3].items():
         merge_jump_entries(into[3].setdefault(tag, {}), entries)
+    into[4].update(harvest[4])
+    into[5].update(harvest[5])
 
 
 class Learned:
@@ -117,6 +131,12 @@ class Worker:
         self.learned: dict[bytes, Learned] = {}
         self.new_findings: dict[bytes, CachedFinding] = {}
         self.derivations: dict[bytes, bytes | None] = {}
+        self.new_rows: dict[bytes, tuple[bytes, bytes]] = {}  # function key -> (context, kept rows), for the cache
+        self.new_row_outcomes: dict[bytes, bytes] = {}  # outcome digest -> what it stands for, for the cache
+        self._digests: dict[int, bytes] = {}  # outcome id -> its digest (``row_memo.outcome_digest``)
+        self._row_outcomes: dict[bytes, tuple[tuple, str]] | None = None  # the cache's digests, once read
+        self.reused = 0  # functions whose rows were copied from the cache (``row_memo``)
+        self._rows_cache: ProofCache | None = None
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
@@ -136,6 +156,7 @@ class Worker:
         if job.rules == KEEP:
             job = replace(job, rules=self.job.rules)
         self.close_shard()
+        self._close_rows_cache()
         old, self.job = self.job, job
         if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
             self.keys = KeyMaker(job.tramp)
@@ -157,6 +178,9 @@ class Worker:
         self.ids = OutcomeIds(job.outcomes)
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
+        self.__dict__.pop("_context", None)
+        self._digests = {}  # outcome ids are the new store's, or numbered anew
+        self._row_outcomes = None  # the cache may hold more since
 
     # -- helpers -------------------------------------------------------------------
     def _load_proofs(self) -> dict[bytes, CachedProof]:
@@ -200,6 +224,7 @@ class Worker:
         table they index.  As tuples of (offset, length, key) the keys of a whole kernel took about
         280 MB per worker; as a string of lengths and an array of numbers, 5 bytes per instruction."""
         self.surveyed: dict[int, tuple[bytes, array]] = {}
+        self.function_keys: dict[int, bytes] = {}  # a waiting function's key (``row_memo.function_key``)
         self.key_number = _Numbering()
         self.key_table: list[bytes] = []  # number -> key, made when first wanted
 
@@ -214,6 +239,91 @@ class Worker:
             self.key_table = list(self.key_number)  # a dict keeps insertion order: the numbers'
         return zip(accumulate(lengths, initial=0), lengths, map(self.key_table.__getitem__, numbers))
 
+    def _row_context(self) -> bytes | None:
+        """What every function key of this image shares (``row_memo.context_digest``); None when rows
+        are neither reused nor kept (no proof cache, or ``Job.reuse_rows`` off)."""
+        if "_context" not in self.__dict__:
+            job = self.job
+            self._context = None
+            if job.reuse_rows and job.cache_dir is not None:
+                thunks = self.variants.thunk_reg if self.variants is not None else {}
+                self._context = context_digest(job.tag, source_digest(), job.tramp, job.timeout_s,
+                                               job.sites is not None, thunks)
+        return self._context
+
+    def _kept_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The rows the proof cache keeps under these function keys (one reader per worker)."""
+        if not keys:
+            return {}
+        if self._rows_cache is None:
+            self._rows_cache = ProofCache(self.job.cache_dir)
+        found = self._rows_cache.function_rows(keys)
+        if found and self._row_outcomes is None:
+            self._row_outcomes = self._rows_cache.row_outcomes()
+        return found
+
+    def _close_rows_cache(self) -> None:
+        if self._rows_cache is not None:
+            self._rows_cache.close()
+            self._rows_cache = None
+
+    def _reuse(self, fid: int, value: bytes, batch: _Batch) -> int | None:
+        """A function's kept rows (``row_memo.kept_rows``) added to ``batch`` with this store's outcome
+        ids; how many instructions.  None, with nothing added, when they do not fit this store: an outcome
+        it holds under another reason, or a damaged value."""
+        got = unpack_rows(value)
+        if got is None:
+            return None
+        n, digests, counts, blob, full, variants = got
+        known, table = self.ids.known, self._row_outcomes or {}
+        described = []
+        for digest in digests:
+            d = table.get(digest)
+            if d is None:
+                return None
+            hit = known.get(d[0])
+            if hit is not None and hit[1] != d[1]:
+                return None
+            described.append(d)
+        oids = [self.ids.define(outcome, reason)[0] for outcome, reason in described]
+        weak = self.ids.weak
+        batch.functions.append(fid)
+        batch.counts.extend((fid, oids[k], c, weak(oids[k]), k) for k, c in counts)
+        if blob:
+            batch.packed.append((fid, blob))
+            batch.n_packed += len(blob) // 12
+        batch.full.extend((fid, off, length, oids[k], reason, us, 0, mask, answers, None)
+                          for off, length, k, reason, us, mask, answers in full)
+        batch.variants.extend((fid, off, name, oids[k], reason) for off, name, k, reason in variants)
+        self.reused += 1
+        return n
+
+    def _keep_rows(self, fkey: bytes, batch: _Batch, fid: int, n: int, f0: int, v0: int, per: dict[int, int],
+                   kmap: dict[int, int], plain: array, fresh: bool) -> None:
+        """The function just added to ``batch`` (its full rows from ``f0``, variants from ``v0``), kept for the
+        cache under ``fkey`` as a run on a warm cache would write it (``row_memo.kept_rows``)."""
+        order = sorted(kmap, key=kmap.__getitem__)
+        index = dict(kmap)
+        for row in batch.variants[v0:]:
+            if row[3] not in index:
+                index[row[3]] = len(order)
+                order.append(row[3])
+        full = [(r[1], r[2], index[r[3]], r[4], r[5], r[6], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
+        blob = batch.packed[-1][1] if plain else b""
+        self.new_rows[fkey] = (self._context, kept_rows(
+            n, b"".join(map(self._digest, order)), [(index[o], c) for o, c in per.items()], blob,
+            fresh or any(r[8] for r in full), full,
+            [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]]))
+
+    def _digest(self, oid: int) -> bytes:
+        """An outcome's ``row_memo.outcome_digest``, what it stands for noted for the cache."""
+        digest = self._digests.get(oid)
+        if digest is None:
+            described = marshal.dumps(self.ids.described(oid))
+            digest = self._digests[oid] = outcome_digest(described)
+            self.new_row_outcomes[digest] = described
+        return digest
+
     def lookup(self, key: bytes) -> Learned | None:
         hit = self.learned.get(key)
         if hit is None:
@@ -227,25 +337,42 @@ class Worker:
             self.progress(n)
 
     # -- phase 1 -------------------------------------------------------------------
-    def survey(self, fids: list[int]) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], RowBatch]:
-        """Walk functions and key their instructions.  A function whose every key
-        is known is verified now; the others wait for the proofs.
+    def survey(self, fids: list[int]) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], int, int]:
+        """Walk functions and key their instructions.  A function whose rows the proof cache keeps
+        (``row_memo``) is copied; one whose every key is known is verified now; the others wait for
+        the proofs.
 
         Returns the keys nobody knows yet, each with a representative (bytes,
         address); how many instructions the functions hold (overlaps owned
         elsewhere left out); the keys that were known; the functions left
-        waiting; and the rows of the functions verified."""
+        waiting; the rows written; and how many functions were copied."""
         misses: dict[bytes, tuple[bytes, int]] = {}
         hits: set[bytes] = set()
         waiting: list[int] = []
         cached, learned = self.job.cached, self.learned
         total = 0
         batch = _Batch()
-        for i, fid in enumerate(fids):
-            if self.current is not None:
-                self.current(i)
+        context = self._row_context()
+        reused = self.reused
+        prepared = []
+        for fid in fids:
             fn = self.job.functions[fid]
             data = self._function_bytes(fn)
+            here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
+            fkey = None if context is None else function_key(context, fn.start, fn.size, data, self.job.skip.get(fid),
+                                                             here, self.job.image)
+            prepared.append((fid, fn, data, here, fkey))
+        kept = self._kept_rows([p[4] for p in prepared]) if context is not None else {}
+        for i, (fid, fn, data, here, fkey) in enumerate(prepared):
+            if self.current is not None:
+                self.current(i)
+            value = kept.get(fkey)
+            if value is not None:
+                n = self._reuse(fid, value, batch)
+                if n is not None:
+                    total += n
+                    self._tell(n)
+                    continue
             ks = self.keys.keys(data, fn.start)
             skip = self.job.skip.get(fid, ())
             complete = True
@@ -260,15 +387,17 @@ class Worker:
                     if key not in misses:
                         misses[key] = (data[off:off + n], fn.start + off)
             if complete:
-                self.function_rows(fid, batch, ks)
+                self.function_rows(fid, batch, ks, here, fkey)
             else:
                 self.surveyed[fid] = (bytes(map(_SECOND, ks)), array("I", map(self.key_number.__getitem__,
                                                                                map(_THIRD, ks))))
+                if fkey is not None:
+                    self.function_keys[fid] = fkey
                 waiting.append(fid)
             self._tell(len(ks))
         written = batch.n
         self.write(batch.done(self.ids))
-        return misses, total, hits, waiting, written
+        return misses, total, hits, waiting, written, self.reused - reused
 
     # -- phase 2 -------------------------------------------------------------------
     def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
@@ -303,15 +432,18 @@ class Worker:
         self.learned.update(learned)
 
     def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
-                               dict[bytes, dict[tuple, object]]]:
+                               dict[bytes, dict[tuple, object]], dict[bytes, tuple[bytes, bytes]], dict[bytes, bytes]]:
         """The findings, proofs and derivations made here since the last harvest, for the persistent
-        cache, and the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag."""
+        cache, the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag, and the functions'
+        rows kept (``row_memo``)."""
         findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
         self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
+        rows, self.new_rows = self.new_rows, {}
+        outcomes, self.new_row_outcomes = self.new_row_outcomes, {}
         kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
         memory = self.__dict__.get("_jump_answers")
         jumps = {memory[0]: memory[1].take_new()} if memory is not None and memory[1].new else {}
-        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps
+        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps, rows, outcomes
 
     def count(self, fids: list[int]) -> int:
         """How many instructions the functions hold, as the survey walks them (no key kept)."""
@@ -373,20 +505,28 @@ class Worker:
         self.shard = None
         return path
 
-    def function_rows(self, fid: int, batch: "_Batch", keys: list[tuple[int, int, bytes]] | None = None) -> None:
+    def function_rows(self, fid: int, batch: _Batch, keys: list[tuple[int, int, bytes]] | None = None,
+                      here: list | None | object = _UNSET, fkey: bytes | None | object = _UNSET) -> None:
         """Every instruction of a function, with its finding, its kernel sites and their live variants,
-        added to ``batch``."""
+        added to ``batch``; kept for the proof cache under its function key (``row_memo``) when no finding
+        of it is one the cache does not keep.  ``here``: the sites overlapping it, when known."""
         fn = self.job.functions[fid]
         start = fn.start
         data = self._function_bytes(fn)
         keys = self._keys(fid) if keys is None else keys
         skip = self.job.skip.get(fid)
-        sweep = _SiteSweep(self.job.sites.sites_at(start, fn.size)) if self.job.sites is not None else None
+        if here is _UNSET:
+            here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
+        if fkey is _UNSET:
+            fkey = self.function_keys.pop(fid, None)
+        sweep = _SiteSweep(here) if here is not None else None
         next_site = sweep.next_start() if sweep else None
         learned = self.learned
         plain = array("I")  # this function's packed rows (store.PACKED_ROW)
         per: dict[int, int] = {}
         kmap: dict[int, int] = {}  # outcome id -> the function's own index of it
+        n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
+        made = unkept = False  # a finding made now (kept as the cache gives it); one the cache does not keep
         for off, n, key in keys:
             address = start + off
             if skip is not None and address in skip:
@@ -406,11 +546,13 @@ class Worker:
                 ids = hit.ids
                 if ids is None:
                     ids = hit.ids = self.ids.outcome(finding)
-                    if finding.answers is None and finding.reason == ids[1]:
+                    if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
                         hit.plain = (ids[0], finding.proof_us, 0)
             else:
                 finding = self.finding(data[off:off + n], address, key)
                 ids = self.ids.outcome(finding)
+                made = made or finding.fresh
+            unkept = unkept or finding.method in NOT_KEPT
             live = ()
             mask = None
             if site:
@@ -436,7 +578,10 @@ class Worker:
             for name, vf in live:
                 vid, vreason = self.ids.outcome(vf)
                 batch.variants.append((fid, off, name, vid, None if vf.reason == vreason else vf.reason))
+                unkept = unkept or vf.method in NOT_KEPT
         batch.end_function(fid, per, self.ids, kmap, plain)
+        if fkey is not None and not unkept:
+            self._keep_rows(fkey, batch, fid, batch.n - n0, f0, v0, per, kmap, plain, made)
 
     def crashed(self, fid: int, why: str) -> int:
         """Every instruction of a function whose verification killed its worker: unknown, with why,
@@ -526,6 +671,7 @@ class Worker:
 
     def close(self) -> None:
         self.close_shard()
+        self._close_rows_cache()
 
 
 def replace_reason(f: Finding, reason: str) -> Finding:
@@ -546,17 +692,28 @@ class OutcomeIds:
         self.known = dict(known)  # outcome tuple -> (id, reason of the outcome)
         self.weak_of: dict[int, int] = {oid: int(t[0] != "proved") for t, (oid, _) in known.items()}
         self.provisional: dict[int, tuple[tuple, str]] = {}  # provisional id -> (outcome tuple, reason)
+        self.by_id: dict[int, tuple[tuple, str]] = {oid: (t, reason) for t, (oid, reason) in known.items()}
         self.counter = 0
 
     def outcome(self, f: Finding) -> tuple[int, str]:
         hit = self.known.get(f.outcome)
+        return self.define(f.outcome, f.reason) if hit is None else hit
+
+    def define(self, outcome: tuple, reason: str) -> tuple[int, str]:
+        """The id of an outcome (its fields, ``Finding.outcome``), numbered provisionally with ``reason``
+        when new."""
+        hit = self.known.get(outcome)
         if hit is None:
             self.counter += 1
             pid = -((os.getpid() << 24) | self.counter)
-            hit = self.known[f.outcome] = (pid, f.reason)
-            self.weak_of[pid] = int(f.verdict is not Verdict.PROVED)
-            self.provisional[pid] = (f.outcome, f.reason)
+            hit = self.known[outcome] = (pid, reason)
+            self.weak_of[pid] = int(outcome[0] != Verdict.PROVED.value)
+            self.provisional[pid] = self.by_id[pid] = (outcome, reason)
         return hit
+
+    def described(self, oid: int) -> tuple[tuple, str]:
+        """(outcome tuple, reason) of an id."""
+        return self.by_id[oid]
 
     def weak(self, oid: int) -> int:
         return self.weak_of[oid]
@@ -570,6 +727,7 @@ class OutcomeIds:
             if oid in final:
                 self.known[outcome] = (final[oid], reason)
                 self.weak_of[final[oid]] = self.weak_of[oid]
+                self.by_id[final[oid]] = (outcome, reason)
                 self.provisional.pop(oid, None)
 
 

@@ -19,6 +19,11 @@ same tools and the same policy:
                branch token stood for; segments as above, merged by
                ``merge_jump_entries``, under the jump tag (``engine.jumps.jump_tag``:
                the proof tag and the digest of relocverify's own source)
+  function_rows  a function's rows under the digest of everything they depend on
+               (``engine.row_memo``), as a run on a warm cache writes them: a later
+               run into any store copies them instead of walking the function
+  row_outcomes  what the outcome digests those rows name stand for (an outcome's
+               fields and reason)
 
 Why an instance key may stand for its finding: it determines the full key
 (tested), and a full key determines a reusable verdict (the argument is in
@@ -53,13 +58,17 @@ CREATE TABLE IF NOT EXISTS segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, 
     data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS jump_segments (id INTEGER PRIMARY KEY, tag BLOB NOT NULL, entries INTEGER NOT NULL,
     data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS function_rows (key BLOB PRIMARY KEY, context BLOB NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS row_outcomes (digest BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 """
 CACHE_SCHEMA = "2"
 FILE_NAME = "proofs.sqlite"
 #: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
 APPLICATION_ID = 0x52565043
-_TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"})
-_OLDER_TABLES = frozenset({"meta", "proofs", "derivations", "segments"})  # before jump answers were kept
+_TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments", "function_rows", "row_outcomes"})
+_OLDER_TABLES = (frozenset({"meta", "proofs", "derivations", "segments"}),  # before jump answers were kept
+                 frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"}))  # before rows were
+ROWS_BATCH = 500  # function keys asked for in one query (SQLite allows 32,766 parameters)
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
 __all__ = ["CachedFinding", "CachedProof", "ProofCache", "default_cache_dir", "merge_jump_entries"]
@@ -122,7 +131,7 @@ def _refuse_foreign(path: str) -> None:
             con.close()
     except sqlite3.DatabaseError:
         tables, meta = set(), {}
-    if app != 0 or tables not in (_TABLES, _OLDER_TABLES) or "schema" not in meta or "application" in meta:
+    if app != 0 or (tables != _TABLES and tables not in _OLDER_TABLES) or "schema" not in meta or "application" in meta:
         raise StoreError(f"{path}: another program's SQLite file (or a result store), not a relocverify proof "
                          f"cache; left untouched: pass --cache-dir elsewhere or --no-cache")
 
@@ -249,6 +258,47 @@ class ProofCache:
     def _append_jump(self, tag: bytes, entries: dict[tuple, object]) -> None:
         self.db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
                         (tag, len(entries), marshal.dumps(list(entries.items()))))
+
+    # -- functions' rows -----------------------------------------------------------------
+    def function_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The kept rows (``engine.row_memo``) of those function keys the cache holds."""
+        if self.db is None or not keys:
+            return {}
+        out = {}
+        for i in range(0, len(keys), ROWS_BATCH):
+            part = keys[i:i + ROWS_BATCH]
+            out.update(self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({','.join('?' * len(part))})",
+                                       part))
+        return out
+
+    def row_outcomes(self) -> dict[bytes, tuple[tuple, str]]:
+        """What every outcome digest the kept rows name stands for: (outcome tuple, reason); a damaged
+        one is left out (the rows naming it are not reused)."""
+        if self.db is None:
+            return {}
+        out = {}
+        for digest, data in self.db.execute("SELECT digest, data FROM row_outcomes"):
+            try:
+                outcome, reason = marshal.loads(data)
+                out[digest] = (tuple(outcome), reason)
+            except (ValueError, TypeError, EOFError):
+                continue
+        return out
+
+    def add_function_rows(self, rows: dict[bytes, tuple[bytes, bytes]], outcomes: dict[bytes, bytes]) -> None:
+        """Functions' rows, key -> (the run's context digest, the kept rows), and what the outcome digests
+        they name stand for, in one transaction."""
+        if self.db is None or not (rows or outcomes):
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.executemany("INSERT OR IGNORE INTO row_outcomes VALUES (?,?)", outcomes.items())
+            self.db.executemany("INSERT OR REPLACE INTO function_rows VALUES (?,?,?)",
+                                [(k, c, d) for k, (c, d) in rows.items()])
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:

@@ -1,0 +1,144 @@
+"""A function's rows, kept in the proof cache and reused by a later run into any store.
+
+A new store for an image whose proofs are all cached still walked every
+instruction: an instance key each, the finding looked up, sites and
+variants applied, the row encoded; about 5 µs an instruction in Python, a
+whole kernel 2.5× ``objdump -d``.  Those rows are a function of inputs a
+function's digest can name, so a run keeps each function's rows under that
+digest (``RowMemo.key``), and a later run with the same digest copies them.
+
+What a function's rows depend on, and so what its key holds:
+
+* the run: the proof tag (tool versions, policy table, CPU-validated forms),
+  relocverify's own source (``versions.source_digest``: the keys, the planner,
+  the sites' policy and variants are code), the trampoline, the solver
+  timeout, whether sites are applied, and the image's thunk symbols (a
+  retpoline's variant is the thunk's register);
+* the function: its start, size and bytes, the addresses of it another
+  function owns (``Job.skip``), every field of every site overlapping it,
+  and an alternative's replacement bytes;
+* the findings of its instance keys: those are the proof cache's under the
+  same tag, which a finding never leaves once made (a key's finding is the
+  same wherever and whenever it is made; ``tests/test_cache.py``).
+
+What the rows are kept as is what a run on a warm cache writes: a finding
+made by this run (``fresh``, with a representative's counterexample) is
+kept as the cache gives it to every later run (not fresh, no
+counterexample), and a function with a finding the cache does not keep (a
+timeout, a crash, an error: ``worker.NOT_KEPT``) is not kept at all, since
+a later run proves that instruction again.  So a reused function's rows are
+the rows the later run would have made itself; ``tests/test_row_memo.py``
+checks that on real kernel functions and on every input of the key.
+
+Outcomes are store ids, so the rows name each outcome by the digest of its
+fields and reason (``outcome_digest``; the cache keeps what a digest stands
+for once), and the store that reuses them numbers it (``OutcomeIds``).  A row
+names its outcome's reason or its own, so a store whose outcome holds
+another reason than the one kept (a store written earlier, by another
+order of functions) does not reuse the function: it is walked as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import struct
+import sys
+import zlib
+from array import array
+from dataclasses import fields
+from operator import attrgetter
+
+from ..errors import ImageError
+from ..kernel.sites import Site
+
+_SITE_FIELDS = tuple(f.name for f in fields(Site))  # every field: a new one enters the key by itself
+_SITE_VALUES = attrgetter(*_SITE_FIELDS)
+_FRESH = 16  # the fresh bit of a packed row's second word (store.PACKED_ROW)
+_LEVEL = 1  # zlib: a kernel's rows in about 10 MB, compressed at about 200 MB/s
+
+
+def context_digest(tag: bytes, source: bytes, tramp: int, timeout_s: float, with_sites: bool,
+                   thunks: dict[int, str]) -> bytes:
+    """What every function's key of one run shares (the module doc's first list)."""
+    run = marshal.dumps((tramp, repr(timeout_s), with_sites, sorted(thunks.items())))
+    return hashlib.sha256(b"rows|" + tag + source + run).digest()[:16]
+
+
+def function_key(context: bytes, start: int, size: int, data: bytes, skip, sites, image) -> bytes:
+    """The digest of everything a function's rows depend on (the module doc): ``skip`` the addresses of
+    it another function owns, ``sites`` the sites overlapping it (``SiteIndex.sites_at``), or None."""
+    h = hashlib.blake2b(context, digest_size=16)
+    h.update(struct.pack("<QQQ", start & (1 << 64) - 1, size, len(data)))
+    h.update(data)
+    h.update(marshal.dumps(sorted(skip) if skip else ()))
+    if sites is not None:
+        described = []
+        for s in sites:
+            described.append(_SITE_VALUES(s))
+            if s.kind == "alternative" and s.target is not None and s.target_length:
+                try:
+                    described.append(image.read(s.target, s.target_length))
+                except ImageError:
+                    described.append(None)
+        h.update(marshal.dumps(described))
+    else:
+        h.update(b"no sites")
+    return h.digest()
+
+
+def outcome_digest(described: bytes) -> bytes:
+    """The name kept rows give an outcome: 8 bytes of the digest of ``described``, the marshalled
+    (outcome tuple, its reason in the store)."""
+    return hashlib.blake2b(described, digest_size=8).digest()
+
+
+def kept_rows(n: int, outcomes: bytes, counts: list[tuple[int, int]], blob: bytes,
+              fresh: bool, full: list[tuple], variants: list[tuple]) -> bytes:
+    """A function's rows as a later run on a warm cache would write them, compressed.
+
+    ``outcomes`` the ``outcome_digest`` of each outcome, by the function's index ``k``; ``counts``
+    (k, instructions); ``blob`` the packed rows (``fresh``: some have the fresh bit); ``full`` the
+    other rows as (offset, length, k, reason or None, proof µs, fresh, sites mask, answers, has a
+    counterexample); ``variants`` (offset, name, k, reason or None)."""
+    if fresh:
+        words = array("I", blob)
+        if sys.byteorder != "little":
+            words.byteswap()
+        for i in range(1, len(words), 3):
+            words[i] &= ~_FRESH
+        extra = []
+        kept_full = []
+        for off, length, k, reason, us, _fresh, mask, answers, cex in full:
+            if cex and mask is None and answers is None and reason is None:
+                extra.append((off, length | k << 5, us))  # only its counterexample kept it out of the blob
+            else:
+                kept_full.append((off, length, k, reason, us, mask, answers))
+        if extra:
+            rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + extra)
+            words = array("I", [w for row in rows for w in row])
+        if sys.byteorder != "little":
+            words.byteswap()
+        blob = words.tobytes()
+    else:
+        kept_full = [(off, length, k, reason, us, mask, answers)
+                     for off, length, k, reason, us, _fresh, mask, answers, _cex in full]
+    pairs = array("I", [x for kc in counts for x in kc])
+    if sys.byteorder != "little":
+        pairs.byteswap()
+    return zlib.compress(marshal.dumps((n, outcomes, pairs.tobytes(), blob, kept_full, variants)), _LEVEL)
+
+
+def unpack_rows(value: bytes) -> tuple | None:
+    """What ``kept_rows`` made, its outcome digests as a list and its counts as (k, n) pairs, or None for
+    a damaged value (the function is walked as before)."""
+    try:
+        got = marshal.loads(zlib.decompress(value))
+        n, outcomes, pairs, blob, full, variants = got
+        counts = array("I", pairs)
+    except (ValueError, TypeError, EOFError, zlib.error):
+        return None
+    if sys.byteorder != "little":
+        counts.byteswap()
+    digests = [outcomes[i:i + 8] for i in range(0, len(outcomes), 8)]
+    return n, digests, list(zip(counts[::2], counts[1::2])), blob, full, variants

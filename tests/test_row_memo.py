@@ -1,0 +1,214 @@
+"""Functions' rows kept in the proof cache (``engine.row_memo``).
+
+A run into a new store that copies the rows a run kept must store what a run that walks every
+function would: every field of every instruction, every variant, every function's counts.  The
+key must change with every input the rows depend on, and a kept value that does not fit (another
+store's reason for an outcome, a damaged value, an outcome the cache cannot name) must make the
+function be walked, never be copied wrongly."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relocverify.engine.row_memo import context_digest, function_key, kept_rows, unpack_rows
+from relocverify.engine.run import RunOptions, run
+from relocverify.errors import ImageError
+from relocverify.image.fetch import fetch
+from relocverify.image.loader import load_image
+from relocverify.kernel.sites import Site
+from relocverify.store.store import Store
+
+TRAMP = 0xFFFFFFFFC0001000
+LIMIT = 1500  # the kernel's first functions: fentry, alternatives, jump labels, static calls, retpolines
+
+
+@pytest.fixture(scope="module")
+def cloud_image():
+    return load_image(fetch("debian-6.1-cloud").vmlinux)
+
+
+def _run(image, db, cache, reuse=True, jobs=2):
+    return run(image, str(db), RunOptions(TRAMP, jobs, 10.0, LIMIT, True, str(cache), reuse_rows=reuse))
+
+
+def _stored(db, proof_times=True) -> tuple[dict, dict, dict]:
+    """Every row (all fields, by address), every live variant and every function's counts of a store."""
+    store = Store(str(db), readonly=True)
+    try:
+        image = store.find_image()
+        starts = {f.id: f.start for f in store.iter_functions(image)}
+        rows = {}
+        for r in store.iter_rows(image):
+            rows[r.address] = r if proof_times else dataclasses.replace(r, proof_us=0)
+        variants = {(starts[fid], off): v for (fid, off), v in store.image_variants(image).items()}
+        counts = {f.start: c for f, c in store.function_counts(image)}
+        return rows, variants, counts
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_copied_rows_are_the_rows_a_walk_writes(cloud_image, tmp_path):
+    """The kernel's first functions, cold, then into new stores from the warm cache: walked (no reuse)
+    and copied.  Everything stored is the same; the proof times too when one worker made each proof
+    (with two, a key both proved is cached with the later time, while a kept row has its own)."""
+    cache = tmp_path / "cache"
+    for jobs in (1, 2):
+        cold = _run(cloud_image, tmp_path / f"cold{jobs}.sqlite", cache / str(jobs), jobs=jobs)
+        walked = _run(cloud_image, tmp_path / f"walked{jobs}.sqlite", cache / str(jobs), reuse=False, jobs=jobs)
+        copied = _run(cloud_image, tmp_path / f"copied{jobs}.sqlite", cache / str(jobs), jobs=jobs)
+        assert cold["run"]["proof_cache"]["proved"] > 0 and walked["run"]["proof_cache"]["proved"] == 0
+        assert walked["run"]["proof_cache"]["functions_reused"] == 0
+        assert copied["run"]["proof_cache"]["functions_reused"] == copied["functions"] == LIMIT
+        assert copied["by_verdict"] == walked["by_verdict"] == cold["by_verdict"]
+        a = _stored(tmp_path / f"walked{jobs}.sqlite", proof_times=jobs == 1)
+        b = _stored(tmp_path / f"copied{jobs}.sqlite", proof_times=jobs == 1)
+        assert a[0] == b[0] and a[1] == b[1] and a[2] == b[2]
+        assert len(a[0]) == copied["instructions"] and a[1]
+        assert {s for r in a[0].values() for s in r.sites} >= {"fentry", "alternative", "jump_label"}
+
+
+@pytest.mark.slow
+def test_rows_that_do_not_fit_are_walked(cloud_image, tmp_path):
+    """A store that already holds every outcome under other words, a damaged kept value, an outcome
+    digest the cache lost: those functions are walked, and the store holds what a walk writes."""
+    cache = tmp_path / "cache"
+    _run(cloud_image, tmp_path / "cold.sqlite", cache)
+    _run(cloud_image, tmp_path / "walked.sqlite", cache, reuse=False)
+    expected = _stored(tmp_path / "walked.sqlite")
+
+    other = tmp_path / "other.sqlite"
+    Store(str(other)).close()
+    db = sqlite3.connect(other, isolation_level=None)
+    db.execute("ATTACH ? AS w", (str(tmp_path / "walked.sqlite"),))
+    db.execute("INSERT INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
+               "SELECT verdict, method, plan_kind, rule, klass, reason_key, reason || ' (said otherwise)' "
+               "FROM w.outcomes")
+    db.close()
+    summary = _run(cloud_image, other, cache)
+    assert summary["run"]["proof_cache"]["functions_reused"] == 0
+    assert _stored(other) == expected
+
+    proofs = cache / "proofs.sqlite"
+    db = sqlite3.connect(proofs, isolation_level=None)
+    keys = [k for (k,) in db.execute("SELECT key FROM function_rows ORDER BY key")]
+    db.execute("UPDATE function_rows SET data = x'00ff' WHERE key = ?", (keys[0],))
+    db.execute("UPDATE function_rows SET data = substr(data, 1, length(data) / 2) WHERE key = ?", (keys[1],))
+    db.close()
+    summary = _run(cloud_image, tmp_path / "damaged.sqlite", cache)
+    assert summary["run"]["proof_cache"]["functions_reused"] == LIMIT - 2
+    assert _stored(tmp_path / "damaged.sqlite") == expected
+
+    db = sqlite3.connect(proofs, isolation_level=None)
+    db.execute("DELETE FROM row_outcomes")
+    db.close()
+    summary = _run(cloud_image, tmp_path / "unnamed.sqlite", cache)
+    assert summary["run"]["proof_cache"]["functions_reused"] == 0
+    assert _stored(tmp_path / "unnamed.sqlite") == expected
+    # walking them kept them again, with their outcomes named
+    assert _run(cloud_image, tmp_path / "again.sqlite", cache)["run"]["proof_cache"]["functions_reused"] == LIMIT
+
+
+# --- the key follows every input ---------------------------------------------------------------------
+
+
+class _Image:
+    """What ``function_key`` reads of an image: an alternative's replacement bytes."""
+
+    def __init__(self, memory: dict[int, bytes]):
+        self.memory = memory
+
+    def read(self, address: int, size: int) -> bytes:
+        if address not in self.memory:
+            raise ImageError(f"no section maps {size} bytes at {address:#x}")
+        return self.memory[address][:size]
+
+
+_START = 0xFFFFFFFF81000000
+_DATA = bytes.fromhex("e800000000" "55" "4889e5" "f0ff4710" "0f1f440000" "5d" "c3")
+_SITES = [Site("fentry", _START, 5), Site("alternative", _START + 9, 5, "", 0xFFFFFFFF82000000, 4, 0x1D),
+          Site("jump_label", _START + 13, 5, "key", _START + 19, None, 1), Site("smp_lock", _START + 9, 1)]
+_MEMORY = {0xFFFFFFFF82000000: bytes.fromhex("0f0b9090")}
+
+
+def _key(context=b"c" * 16, start=_START, size=len(_DATA), data=_DATA, skip=(), sites=_SITES, memory=_MEMORY):
+    return function_key(context, start, size, data, set(skip), sites, _Image(memory))
+
+
+_FIELD_CHANGES = {"kind": lambda v: "static_call", "address": lambda v: v + 1, "length": lambda v: v + 1,
+                  "detail": lambda v: v + "!", "target": lambda v: (v or 0) + 1,
+                  "target_length": lambda v: (v or 0) + 1, "tag": lambda v: (v or 0) ^ 2}
+
+
+def test_every_site_field_has_a_change_here():
+    assert set(_FIELD_CHANGES) == {f.name for f in dataclasses.fields(Site)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_key_changes_with_every_input(data):
+    """One input changed, anywhere: another key.  The same inputs: the same key."""
+    base = _key()
+    assert _key() == base
+    change = data.draw(st.sampled_from(["context", "start", "size", "byte", "skip", "site", "replacement",
+                                        "no sites", "one site fewer"]))
+    if change == "context":
+        other = _key(context=data.draw(st.binary(min_size=16, max_size=16).filter(lambda c: c != b"c" * 16)))
+    elif change == "start":
+        other = _key(start=_START + data.draw(st.integers(1, 1 << 20)))
+    elif change == "size":
+        other = _key(size=len(_DATA) + data.draw(st.integers(1, 64)))
+    elif change == "byte":
+        i = data.draw(st.integers(0, len(_DATA) - 1))
+        flipped = bytearray(_DATA)
+        flipped[i] ^= data.draw(st.integers(1, 255))
+        other = _key(data=bytes(flipped))
+    elif change == "skip":
+        other = _key(skip=[_START + data.draw(st.integers(0, len(_DATA) - 1))])
+    elif change == "site":
+        i = data.draw(st.integers(0, len(_SITES) - 1))
+        name = data.draw(st.sampled_from(sorted(_FIELD_CHANGES)))
+        changed = dataclasses.replace(_SITES[i], **{name: _FIELD_CHANGES[name](getattr(_SITES[i], name))})
+        other = _key(sites=_SITES[:i] + [changed] + _SITES[i + 1:])
+    elif change == "replacement":
+        repl = bytearray(_MEMORY[0xFFFFFFFF82000000])
+        repl[data.draw(st.integers(0, 3))] ^= data.draw(st.integers(1, 255))
+        other = _key(memory={0xFFFFFFFF82000000: bytes(repl)})
+    elif change == "no sites":
+        other = _key(sites=None)
+    else:
+        gone = data.draw(st.integers(0, len(_SITES) - 1))
+        other = _key(sites=[s for j, s in enumerate(_SITES) if j != gone])
+    assert other != base
+
+
+def test_the_context_follows_every_run_input():
+    args = dict(tag=b"t" * 24, source=b"s" * 32, tramp=TRAMP, timeout_s=10.0, with_sites=True,
+                thunks={0xFFFFFFFF81E00000: "rax"})
+    base = context_digest(**args)
+    changes = dict(tag=b"u" * 24, source=b"z" * 32, tramp=TRAMP + 64, timeout_s=10.5, with_sites=False,
+                   thunks={0xFFFFFFFF81E00000: "rbx"})
+    assert context_digest(**args) == base
+    for name, value in changes.items():
+        assert context_digest(**(args | {name: value})) != base, name
+
+
+def test_kept_rows_are_as_a_warm_run_writes_them():
+    """A fresh row's bit is cleared; a row kept out of the blob only by its counterexample joins it, in
+    offset order; others stay full; counts and variants round-trip."""
+    import struct
+
+    blob = struct.pack("<9I", 0, 5 | 16 | 0 << 5, 7, 5, 1, 3, 9, 3 | 16 | 1 << 5, 11)
+    full = [(6, 3, 1, None, 40, 1, None, None, True),  # only its counterexample kept it full
+            (12, 1, 0, "its own reason", 2, 0, None, None, False)]
+    value = kept_rows(4, b"A" * 8 + b"B" * 8, [(0, 3), (1, 1)], blob, True, full, [(0, "fentry: nop5", 0, None)])
+    n, digests, counts, kept_blob, kept_full, variants = unpack_rows(value)
+    assert (n, digests, counts, variants) == (4, [b"A" * 8, b"B" * 8], [(0, 3), (1, 1)], [(0, "fentry: nop5", 0, None)])
+    assert list(struct.iter_unpack("<III", kept_blob)) == [(0, 5, 7), (5, 1, 3), (6, 3 | 1 << 5, 40), (9, 3 | 1 << 5, 11)]
+    assert kept_full == [(12, 1, 0, "its own reason", 2, None, None)]
+    assert unpack_rows(value[:-3]) is None and unpack_rows(b"junk") is None
