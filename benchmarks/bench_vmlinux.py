@@ -103,6 +103,10 @@ def main() -> int:
     pc = runs["cold"][3]["run"]["proof_cache"]
     print(f"proof cache: {pc['keys']:,} instance keys for {n:,} instructions "
           f"({n / max(pc['keys'], 1):.0f} per key)")
+    reused = runs["warm"][3]["run"]["proof_cache"].get("functions_reused", 0)
+    cache_file = os.path.join(work, "cache", "proofs.sqlite")
+    print(f"warm: {reused:,} of {summary['functions']:,} functions' rows copied from the proof cache "
+          f"(engine.row_memo); the cache file {os.path.getsize(cache_file) / 2**20:.1f} MiB")
     size = os.path.getsize(cold_db)
     print(f"store: {size / 2**20:.1f} MiB = {size / n:.1f} bytes per instruction (goal 40)")
     print("verdicts: " + ", ".join(f"{k} {v:,}" for k, v in summary["by_verdict"].items()))

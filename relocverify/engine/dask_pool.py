@@ -221,7 +221,7 @@ class DaskPool:
                     continue
                 raise WorkerError(f"a Dask worker failed in {task.method}: {type(exc).__name__}: {exc}")
 
-    def _keep(self, shard: bytes | None, harvest: tuple[dict, ...]) -> None:
+    def _keep(self, shard: bytes | None, harvest: tuple[dict, dict, dict, dict]) -> None:
         if shard:
             path = shard_path(self.job.store_path, os.getpid(), next(self._counter))
             with open(path, "wb") as f:
@@ -233,7 +233,7 @@ class DaskPool:
         paths, self._shards = self._shards, []
         return [p for p in paths if os.path.exists(p)]  # a crash handler may have merged some already
 
-    def harvest(self) -> tuple[dict, ...]:
+    def harvest(self) -> tuple[dict, dict, dict, dict]:
         out, self._harvested = self._harvested, empty_harvest()
         return out
 

@@ -130,9 +130,9 @@ class LocalPool:
         self.run([[Task("close_shard", ())] for _ in range(self.n)], lambda task, path: paths.append(path))
         return [p for p in paths if p]
 
-    def harvest(self) -> tuple[dict, ...]:
+    def harvest(self) -> tuple[dict, dict, dict, dict]:
         """What the workers proved since the last harvest: (findings, proofs, derivations, jump answers
-        by tag, functions' kept rows and their outcomes), merged by ``worker.merge_harvest``."""
+        by tag), merged by ``worker.merge_harvest``."""
         out = empty_harvest()
 
         def got(task, value):

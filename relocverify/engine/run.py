@@ -592,11 +592,10 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
 def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> None:
     """Collect what the workers proved since the last harvest into the persistent cache (and into
     ``cached``, the session's copy, which a worker started later is given)."""
-    findings, proofs, derivations, jumps, rows, outcomes = pool.harvest()
+    findings, proofs, derivations, jumps = pool.harvest()
     cache.add(tag, findings, proofs, derivations)
     for jtag, entries in jumps.items():
         cache.add_jump_entries(jtag, entries)
-    cache.add_function_rows(rows, outcomes)
     cached.update(findings)
 
 

@@ -50,6 +50,7 @@ from .row_memo import (
 KEEP = "keep"  # Job.rules in a job sent to a live worker: keep the policy table it has
 NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
 _UNSET = object()  # an argument not given
+KEEP_BYTES = 4 << 20  # kept rows (``row_memo``) a worker holds before writing them to the proof cache
 
 
 @dataclass
@@ -75,22 +76,19 @@ class Job:
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
 
 
-def empty_harvest() -> tuple[dict, dict, dict, dict, dict, dict]:
-    """What ``merge_harvest`` adds workers' harvests into: findings, proofs, derivations, jump answers,
-    functions' kept rows and the outcomes they name."""
-    return {}, {}, {}, {}, {}, {}
+def empty_harvest() -> tuple[dict, dict, dict, dict]:
+    """What ``merge_harvest`` adds workers' harvests into: findings, proofs, derivations, jump answers."""
+    return {}, {}, {}, {}
 
 
-def merge_harvest(into: tuple[dict, ...], harvest: tuple[dict, ...]) -> None:
-    """One worker's ``Worker.harvest`` added to ``into``: later findings, proofs, derivations and kept
-    rows win (a key's are the same wherever made); jump answers merge by ``store.cache.merge_jump_entries``,
-    so a branch token two workers saw standing for two piece keys is caught."""
+def merge_harvest(into: tuple[dict, dict, dict, dict], harvest: tuple[dict, dict, dict, dict]) -> None:
+    """One worker's ``Worker.harvest`` added to ``into``: later findings, proofs and derivations win
+    (a key's are the same wherever made); jump answers merge by ``store.cache.merge_jump_entries``, so a
+    branch token two workers saw standing for two piece keys is caught."""
     for mine, theirs in zip(into[:3], harvest[:3]):
         mine.update(theirs)
     for tag, entries in harvest[3].items():
         merge_jump_entries(into[3].setdefault(tag, {}), entries)
-    into[4].update(harvest[4])
-    into[5].update(harvest[5])
 
 
 class Learned:
@@ -137,6 +135,7 @@ class Worker:
         self._row_outcomes: dict[bytes, tuple[tuple, str]] | None = None  # the cache's digests, once read
         self.reused = 0  # functions whose rows were copied from the cache (``row_memo``)
         self._rows_cache: ProofCache | None = None
+        self._new_bytes = 0  # the size of ``new_rows``
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
@@ -156,7 +155,6 @@ class Worker:
         if job.rules == KEEP:
             job = replace(job, rules=self.job.rules)
         self.close_shard()
-        self._close_rows_cache()
         old, self.job = self.job, job
         if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
             self.keys = KeyMaker(job.tramp)
@@ -251,13 +249,20 @@ class Worker:
                                                job.sites is not None, thunks)
         return self._context
 
-    def _kept_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        """The rows the proof cache keeps under these function keys (one reader per worker)."""
-        if not keys:
-            return {}
+    def _cache(self) -> ProofCache:
+        """This worker's own connection to the proof cache, for kept rows: opened once, kept from image to
+        image (a package's thousand modules)."""
+        if self._rows_cache is not None and self._rows_cache.directory != self.job.cache_dir:
+            self._close_rows_cache()
         if self._rows_cache is None:
             self._rows_cache = ProofCache(self.job.cache_dir)
-        found = self._rows_cache.function_rows(keys)
+        return self._rows_cache
+
+    def _kept_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The rows the proof cache keeps under these function keys."""
+        if not keys:
+            return {}
+        found = self._cache().function_rows(keys)
         if found and self._row_outcomes is None:
             self._row_outcomes = self._rows_cache.row_outcomes()
         return found
@@ -310,10 +315,11 @@ class Worker:
                 order.append(row[3])
         full = [(r[1], r[2], index[r[3]], r[4], r[5], r[6], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
         blob = batch.packed[-1][1] if plain else b""
-        self.new_rows[fkey] = (self._context, kept_rows(
-            n, b"".join(map(self._digest, order)), [(index[o], c) for o, c in per.items()], blob,
-            fresh or any(r[8] for r in full), full,
-            [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]]))
+        value = kept_rows(n, b"".join(map(self._digest, order)), [(index[o], c) for o, c in per.items()], blob,
+                          fresh or any(r[8] for r in full), full,
+                          [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]])
+        self.new_rows[fkey] = (self._context, value)
+        self._new_bytes += len(value)
 
     def _digest(self, oid: int) -> bytes:
         """An outcome's ``row_memo.outcome_digest``, what it stands for noted for the cache."""
@@ -432,18 +438,16 @@ class Worker:
         self.learned.update(learned)
 
     def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
-                               dict[bytes, dict[tuple, object]], dict[bytes, tuple[bytes, bytes]], dict[bytes, bytes]]:
+                               dict[bytes, dict[tuple, object]]]:
         """The findings, proofs and derivations made here since the last harvest, for the persistent
-        cache, the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag, and the functions'
-        rows kept (``row_memo``)."""
+        cache, and the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag.  (Kept rows
+        are written by the worker itself, ``write``.)"""
         findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
         self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
-        rows, self.new_rows = self.new_rows, {}
-        outcomes, self.new_row_outcomes = self.new_row_outcomes, {}
         kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
         memory = self.__dict__.get("_jump_answers")
         jumps = {memory[0]: memory[1].take_new()} if memory is not None and memory[1].new else {}
-        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps, rows, outcomes
+        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps
 
     def count(self, fids: list[int]) -> int:
         """How many instructions the functions hold, as the survey walks them (no key kept)."""
@@ -493,11 +497,22 @@ class Worker:
         return written
 
     def write(self, batch: RowBatch) -> None:
-        """Whole functions, one transaction, into this worker's shard."""
+        """Whole functions, one transaction, into this worker's shard; the rows kept of them
+        (``row_memo``) into the proof cache once they fill ``KEEP_BYTES``."""
         if self.shard is None:
             self._shards += 1
             self.shard = ShardWriter(shard_path(self.job.store_path, os.getpid(), self._shards))
         self.shard.write(self.job.config, batch)
+        if self._new_bytes >= KEEP_BYTES:
+            self.flush_kept_rows()
+
+    def flush_kept_rows(self) -> None:
+        """The rows kept since the last flush, one transaction, into the proof cache.  The worker writes them
+        itself, a few megabytes at a time: held for the parent's harvest they took 20 MB per worker and the
+        parent's time, and written per task a package's modules waited on each other's locks (17 ms a module)."""
+        if self.new_rows:
+            self._cache().add_function_rows(self.new_rows, self.new_row_outcomes)
+        self.new_rows, self.new_row_outcomes, self._new_bytes = {}, {}, 0
 
     def close_shard(self) -> str | None:
         """Close the shard (the run merges it); the next write opens a new one."""
@@ -671,6 +686,7 @@ class Worker:
 
     def close(self) -> None:
         self.close_shard()
+        self.flush_kept_rows()
         self._close_rows_cache()
 
 

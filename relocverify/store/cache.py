@@ -30,7 +30,9 @@ Why an instance key may stand for its finding: it determines the full key
 ``proof.cache_key``).  A key marked ``per_instance`` has no shareable
 finding: its instructions are proved one by one.
 
-The file is written by one process at a time (a run's parent).  A segment
+The file is written by a run's parent, except ``function_rows`` and
+``row_outcomes``, which each worker writes in transactions of its own (SQLite
+lets one writer in at a time; the others wait, up to a minute).  A segment
 that does not load is ignored with the others kept: deleting the file, or
 any part of it, loses nothing but time.  The blobs are only ever read from
 the user's own cache directory; ``marshal`` is not meant for data from
@@ -151,6 +153,7 @@ class ProofCache:
     """The cache file, or nothing (``directory=None``: ``--no-cache``)."""
 
     def __init__(self, directory: str | None):
+        self.directory = directory
         self.path = None if directory is None else os.path.join(directory, FILE_NAME)
         self.db = None
         if self.path is None:
