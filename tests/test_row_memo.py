@@ -15,7 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relocverify.engine.row_memo import context_digest, function_key, kept_rows, unpack_rows
+from relocverify.engine.row_memo import (
+    context_digest,
+    function_key,
+    kept_rows,
+    unpack_rows,
+)
 from relocverify.engine.run import RunOptions, run
 from relocverify.errors import ImageError
 from relocverify.image.fetch import fetch
@@ -134,9 +139,10 @@ _DATA = bytes.fromhex("e800000000" "55" "4889e5" "f0ff4710" "0f1f440000" "5d" "c
 _SITES = [Site("fentry", _START, 5), Site("alternative", _START + 9, 5, "", 0xFFFFFFFF82000000, 4, 0x1D),
           Site("jump_label", _START + 13, 5, "key", _START + 19, None, 1), Site("smp_lock", _START + 9, 1)]
 _MEMORY = {0xFFFFFFFF82000000: bytes.fromhex("0f0b9090")}
+_SIZE = len(_DATA)
 
 
-def _key(context=b"c" * 16, start=_START, size=len(_DATA), data=_DATA, skip=(), sites=_SITES, memory=_MEMORY):
+def _key(context=b"c" * 16, start=_START, size=_SIZE, data=_DATA, skip=(), sites=_SITES, memory=_MEMORY):
     return function_key(context, start, size, data, set(skip), sites, _Image(memory))
 
 
@@ -188,11 +194,11 @@ def test_the_key_changes_with_every_input(data):
 
 
 def test_the_context_follows_every_run_input():
-    args = dict(tag=b"t" * 24, source=b"s" * 32, tramp=TRAMP, timeout_s=10.0, with_sites=True,
-                thunks={0xFFFFFFFF81E00000: "rax"})
+    args = {"tag": b"t" * 24, "source": b"s" * 32, "tramp": TRAMP, "timeout_s": 10.0, "with_sites": True,
+            "thunks": {0xFFFFFFFF81E00000: "rax"}}
     base = context_digest(**args)
-    changes = dict(tag=b"u" * 24, source=b"z" * 32, tramp=TRAMP + 64, timeout_s=10.5, with_sites=False,
-                   thunks={0xFFFFFFFF81E00000: "rbx"})
+    changes = {"tag": b"u" * 24, "source": b"z" * 32, "tramp": TRAMP + 64, "timeout_s": 10.5, "with_sites": False,
+               "thunks": {0xFFFFFFFF81E00000: "rbx"}}
     assert context_digest(**args) == base
     for name, value in changes.items():
         assert context_digest(**(args | {name: value})) != base, name
@@ -209,6 +215,7 @@ def test_kept_rows_are_as_a_warm_run_writes_them():
     value = kept_rows(4, b"A" * 8 + b"B" * 8, [(0, 3), (1, 1)], blob, True, full, [(0, "fentry: nop5", 0, None)])
     n, digests, counts, kept_blob, kept_full, variants = unpack_rows(value)
     assert (n, digests, counts, variants) == (4, [b"A" * 8, b"B" * 8], [(0, 3), (1, 1)], [(0, "fentry: nop5", 0, None)])
-    assert list(struct.iter_unpack("<III", kept_blob)) == [(0, 5, 7), (5, 1, 3), (6, 3 | 1 << 5, 40), (9, 3 | 1 << 5, 11)]
+    assert list(struct.iter_unpack("<III", kept_blob)) == [(0, 5, 7), (5, 1, 3), (6, 3 | 1 << 5, 40),
+                                                           (9, 3 | 1 << 5, 11)]
     assert kept_full == [(12, 1, 0, "its own reason", 2, None, None)]
     assert unpack_rows(value[:-3]) is None and unpack_rows(b"junk") is None

@@ -5,7 +5,7 @@ instruction: an instance key each, the finding looked up, sites and
 variants applied, the row encoded; about 5 µs an instruction in Python, a
 whole kernel 2.5× ``objdump -d``.  Those rows are a function of inputs a
 function's digest can name, so a run keeps each function's rows under that
-digest (``RowMemo.key``), and a later run with the same digest copies them.
+digest (``function_key``), and a later run with the same digest copies them.
 
 What a function's rows depend on, and so what its key holds:
 
@@ -19,7 +19,9 @@ What a function's rows depend on, and so what its key holds:
   and an alternative's replacement bytes;
 * the findings of its instance keys: those are the proof cache's under the
   same tag, which a finding never leaves once made (a key's finding is the
-  same wherever and whenever it is made; ``tests/test_cache.py``).
+  same wherever and whenever it is made, ``tests/test_cache.py``, but for its
+  proof time: a key two workers both proved is cached with the later time,
+  while a row kept by the other worker has its own).
 
 What the rows are kept as is what a run on a warm cache writes: a finding
 made by this run (``fresh``, with a representative's counterexample) is
@@ -55,7 +57,7 @@ from ..kernel.sites import Site
 _SITE_FIELDS = tuple(f.name for f in fields(Site))  # every field: a new one enters the key by itself
 _SITE_VALUES = attrgetter(*_SITE_FIELDS)
 _FRESH = 16  # the fresh bit of a packed row's second word (store.PACKED_ROW)
-_LEVEL = 1  # zlib: a kernel's rows in about 10 MB, compressed at about 200 MB/s
+_LEVEL = 1  # zlib: a kernel's 120 MB of marshalled rows in 37 MB, unpacked in about 0.35 s per worker
 
 
 def context_digest(tag: bytes, source: bytes, tramp: int, timeout_s: float, with_sites: bool,
@@ -100,29 +102,26 @@ def kept_rows(n: int, outcomes: bytes, counts: list[tuple[int, int]], blob: byte
     ``outcomes`` the ``outcome_digest`` of each outcome, by the function's index ``k``; ``counts``
     (k, instructions); ``blob`` the packed rows (``fresh``: some have the fresh bit); ``full`` the
     other rows as (offset, length, k, reason or None, proof µs, fresh, sites mask, answers, has a
-    counterexample); ``variants`` (offset, name, k, reason or None)."""
-    if fresh:
+    counterexample); ``variants`` (offset, name, k, reason or None).  The full rows' fresh flags
+    are dropped (a copy writes 0), and so are their counterexamples."""
+    extra, kept_full = [], []
+    for off, length, k, reason, us, _fresh, mask, answers, cex in full:
+        if cex and mask is None and answers is None and reason is None:
+            extra.append((off, length | k << 5, us))  # only its counterexample kept it out of the blob
+        else:
+            kept_full.append((off, length, k, reason, us, mask, answers))
+    if fresh or extra:
         words = array("I", blob)
         if sys.byteorder != "little":
             words.byteswap()
         for i in range(1, len(words), 3):
             words[i] &= ~_FRESH
-        extra = []
-        kept_full = []
-        for off, length, k, reason, us, _fresh, mask, answers, cex in full:
-            if cex and mask is None and answers is None and reason is None:
-                extra.append((off, length | k << 5, us))  # only its counterexample kept it out of the blob
-            else:
-                kept_full.append((off, length, k, reason, us, mask, answers))
         if extra:
             rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + extra)
             words = array("I", [w for row in rows for w in row])
         if sys.byteorder != "little":
             words.byteswap()
         blob = words.tobytes()
-    else:
-        kept_full = [(off, length, k, reason, us, mask, answers)
-                     for off, length, k, reason, us, _fresh, mask, answers, _cex in full]
     pairs = array("I", [x for kc in counts for x in kc])
     if sys.byteorder != "little":
         pairs.byteswap()

@@ -316,8 +316,7 @@ class Worker:
         full = [(r[1], r[2], index[r[3]], r[4], r[5], r[6], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
         blob = batch.packed[-1][1] if plain else b""
         value = kept_rows(n, b"".join(map(self._digest, order)), [(index[o], c) for o, c in per.items()], blob,
-                          fresh or any(r[8] for r in full), full,
-                          [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]])
+                          fresh, full, [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]])
         self.new_rows[fkey] = (self._context, value)
         self._new_bytes += len(value)
 
@@ -364,9 +363,10 @@ class Worker:
         for fid in fids:
             fn = self.job.functions[fid]
             data = self._function_bytes(fn)
-            here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
-            fkey = None if context is None else function_key(context, fn.start, fn.size, data, self.job.skip.get(fid),
-                                                             here, self.job.image)
+            here, fkey = _UNSET, None  # the sites over it are found here only for its key
+            if context is not None:
+                here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
+                fkey = function_key(context, fn.start, fn.size, data, self.job.skip.get(fid), here, self.job.image)
             prepared.append((fid, fn, data, here, fkey))
         kept = self._kept_rows([p[4] for p in prepared]) if context is not None else {}
         for i, (fid, fn, data, here, fkey) in enumerate(prepared):

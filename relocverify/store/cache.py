@@ -133,7 +133,8 @@ def _refuse_foreign(path: str) -> None:
             con.close()
     except sqlite3.DatabaseError:
         tables, meta = set(), {}
-    if app != 0 or (tables != _TABLES and tables not in _OLDER_TABLES) or "schema" not in meta or "application" in meta:
+    ours = tables == _TABLES or tables in _OLDER_TABLES
+    if app != 0 or not ours or "schema" not in meta or "application" in meta:
         raise StoreError(f"{path}: another program's SQLite file (or a result store), not a relocverify proof "
                          f"cache; left untouched: pass --cache-dir elsewhere or --no-cache")
 
@@ -270,8 +271,8 @@ class ProofCache:
         out = {}
         for i in range(0, len(keys), ROWS_BATCH):
             part = keys[i:i + ROWS_BATCH]
-            out.update(self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({','.join('?' * len(part))})",
-                                       part))
+            marks = ",".join("?" * len(part))
+            out.update(self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({marks})", part))
         return out
 
     def row_outcomes(self) -> dict[bytes, tuple[tuple, str]]:
