@@ -30,7 +30,8 @@ from relocverify.proof.prove import prove_relocation
 from relocverify.report.build import packed
 from relocverify.report.sources import DWARF, SourceNames, name_prefix, source_directory
 from relocverify.proof.verdict import Verdict, reason_key
-from relocverify.store.store import PACKED_ROW, Store
+from relocverify.store.packed_rows import PACKED_ROW, pack_ids, pack_u32, unpack_ids, unpack_u32
+from relocverify.store.store import Store
 from relocverify.x86.decode import decode
 
 from test_engine import SMALL_ASM, SMALL_LDS
@@ -96,19 +97,19 @@ def _add_refutation(db: Path) -> int:
     oid = con.execute("INSERT INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
                       "VALUES (?,?,?,?,?,?,?)", outcome + (result.reason,)).lastrowid
     offset = row.address - row.function_start
-    # the row is a packed one (store.PACKED_ROW): out of its function's blob, into a full row
-    data, = con.execute("SELECT data FROM packed WHERE function=?", (fid,)).fetchone()
+    # the row is a packed one (store.packed_rows): out of its function's blob, into a full row, and its
+    # function's counts moved from its old outcome to the refuted one (a new index k)
+    data, outcomes, counts = con.execute("SELECT data, outcomes, counts FROM packed WHERE function=?",
+                                         (fid,)).fetchone()
     records = list(struct.iter_unpack(PACKED_ROW, data))
     mine = next(r for r in records if r[0] == offset)
-    kmap = dict(con.execute("SELECT k, outcome FROM function_outcomes WHERE function=?", (fid,)))
-    old = kmap[mine[1] >> 5]
-    con.execute("UPDATE packed SET data=? WHERE function=?",
-                (b"".join(struct.pack(PACKED_ROW, *r) for r in records if r is not mine), fid))
+    kmap, ns = unpack_ids(outcomes), unpack_u32(counts)
+    ns[mine[1] >> 5] -= 1
+    con.execute("UPDATE packed SET data=?, outcomes=?, counts=? WHERE function=?",
+                (b"".join(struct.pack(PACKED_ROW, *r) for r in records if r is not mine),
+                 pack_ids(list(kmap) + [oid]), pack_u32(list(ns) + [1]), fid))
     con.execute("INSERT INTO instructions VALUES (?,?,?,?,NULL,?,?,NULL,NULL,?)",
                 (fid, offset, row.length, oid, mine[2], (mine[1] >> 4) & 1, cex))
-    con.execute("UPDATE function_outcomes SET n=n-1 WHERE function=? AND outcome=?", (fid, old))
-    con.execute("DELETE FROM function_outcomes WHERE n=0")
-    con.execute("INSERT INTO function_outcomes VALUES (?,?,1,1,?)", (fid, oid, max(kmap) + 1))
     con.execute("COMMIT")
     con.close()
     return row.address

@@ -26,6 +26,7 @@ from relocverify.errors import ImageError
 from relocverify.image.fetch import fetch
 from relocverify.image.loader import load_image
 from relocverify.kernel.sites import Site
+from relocverify.store.packed_rows import pack_u32, unpack_u32
 from relocverify.store.store import Store
 
 TRAMP = 0xFFFFFFFFC0001000
@@ -205,17 +206,24 @@ def test_the_context_follows_every_run_input():
 
 
 def test_kept_rows_are_as_a_warm_run_writes_them():
-    """A fresh row's bit is cleared; a row kept out of the blob only by its counterexample joins it, in
-    offset order; others stay full; counts and variants round-trip."""
+    """A fresh row's bit is cleared; a row kept out of the packed rows only by its counterexample joins them,
+    in offset order, its site mask with the others; other rows stay full; the packed columns round-trip."""
     import struct
 
-    blob = struct.pack("<9I", 0, 5 | 16 | 0 << 5, 7, 5, 1, 3, 9, 3 | 16 | 1 << 5, 11)
-    full = [(6, 3, 1, None, 40, 1, None, None, True),  # only its counterexample kept it full
-            (12, 1, 0, "its own reason", 2, 0, None, None, False)]
-    value = kept_rows(4, b"A" * 8 + b"B" * 8, [(0, 3), (1, 1)], blob, True, full, [(0, "fentry: nop5", 0, None)])
-    n, digests, counts, kept_blob, kept_full, variants = unpack_rows(value)
-    assert (n, digests, counts, variants) == (4, [b"A" * 8, b"B" * 8], [(0, 3), (1, 1)], [(0, "fentry: nop5", 0, None)])
-    assert list(struct.iter_unpack("<III", kept_blob)) == [(0, 5, 7), (5, 1, 3), (6, 3 | 1 << 5, 40),
+    data = struct.pack("<9I", 0, 5 | 16 | 0 << 5, 7, 5, 1, 3, 9, 3 | 16 | 1 << 5, 11)
+    sites = pack_u32([0, 4, 9, 8])
+    counts, variants = pack_u32([3, 2, 0]), pack_u32([9, 0, 2])
+    full = [(6, 3, 1, None, 40, 2, None, True),  # only its counterexample kept it full: it joins, mask 2
+            (12, 1, 0, "its own reason", 2, None, None, False),
+            (14, 2, 0, None, 3, 8, '{"iced": "x"}', True)]  # answers keep it full
+    value = kept_rows(5, b"A" * 8 + b"B" * 8 + b"C" * 8, counts, ["fentry: nop5"], variants, sites, data, True,
+                      full, [(9, "retpoline: call *%rax", 1, "its own")])
+    n, digests, kept_counts, names, kept_variants, kept_sites, kept_data, kept_full, reasoned = unpack_rows(value)
+    assert (n, digests, kept_counts, names, kept_variants) == (5, [b"A" * 8, b"B" * 8, b"C" * 8], counts,
+                                                              ("fentry: nop5",), variants)
+    assert list(struct.iter_unpack("<III", kept_data)) == [(0, 5, 7), (5, 1, 3), (6, 3 | 1 << 5, 40),
                                                            (9, 3 | 1 << 5, 11)]
-    assert kept_full == [(12, 1, 0, "its own reason", 2, None, None)]
+    assert list(unpack_u32(kept_sites)) == [0, 4, 6, 2, 9, 8]
+    assert kept_full == [(12, 1, 0, "its own reason", 2, None, None), (14, 2, 0, None, 3, 8, '{"iced": "x"}')]
+    assert reasoned == [(9, "retpoline: call *%rax", 1, "its own")]
     assert unpack_rows(value[:-3]) is None and unpack_rows(b"junk") is None

@@ -45,18 +45,16 @@ from __future__ import annotations
 import hashlib
 import marshal
 import struct
-import sys
 import zlib
-from array import array
 from dataclasses import fields
 from operator import attrgetter
 
 from ..errors import ImageError
 from ..kernel.sites import Site
+from ..store.packed_rows import FRESH_BIT, K_SHIFT, pack_u32, site_masks, unpack_u32
 
 _SITE_FIELDS = tuple(f.name for f in fields(Site))  # every field: a new one enters the key by itself
 _SITE_VALUES = attrgetter(*_SITE_FIELDS)
-_FRESH = 16  # the fresh bit of a packed row's second word (store.PACKED_ROW)
 _LEVEL = 1  # zlib: a kernel's 120 MB of marshalled rows in 37 MB, unpacked in about 0.35 s per worker
 
 
@@ -95,49 +93,43 @@ def outcome_digest(described: bytes) -> bytes:
     return hashlib.blake2b(described, digest_size=8).digest()
 
 
-def kept_rows(n: int, outcomes: bytes, counts: list[tuple[int, int]], blob: bytes,
-              fresh: bool, full: list[tuple], variants: list[tuple]) -> bytes:
+def kept_rows(n: int, outcomes: bytes, counts: bytes, names: list[str], variants: bytes | None,
+              sites: bytes | None, data: bytes, fresh: bool, full: list[tuple], reasoned: list[tuple]) -> bytes:
     """A function's rows as a later run on a warm cache would write them, compressed.
 
-    ``outcomes`` the ``outcome_digest`` of each outcome, by the function's index ``k``; ``counts``
-    (k, instructions); ``blob`` the packed rows (``fresh``: some have the fresh bit); ``full`` the
-    other rows as (offset, length, k, reason or None, proof µs, fresh, sites mask, answers, has a
-    counterexample); ``variants`` (offset, name, k, reason or None).  The full rows' fresh flags
-    are dropped (a copy writes 0), and so are their counterexamples."""
+    ``outcomes`` the ``outcome_digest`` of each outcome, by the function's index ``k``; ``counts``,
+    ``variants``, ``sites`` and ``data`` its packed row's columns (``store.packed_rows``: ``data``
+    with the fresh bit in some rows when ``fresh``); ``names`` its variant names by its index ``j``;
+    ``full`` the other rows as (offset, length, k, reason or None, proof µs, sites mask, answers, has a
+    counterexample); ``reasoned`` the variants with a reason of their own as (offset, name, k, reason).
+    Fresh bits are dropped (a copy writes 0), and so are counterexamples: a row held out of the packed
+    rows only by its counterexample joins them."""
     extra, kept_full = [], []
-    for off, length, k, reason, us, _fresh, mask, answers, cex in full:
-        if cex and mask is None and answers is None and reason is None:
-            extra.append((off, length | k << 5, us))  # only its counterexample kept it out of the blob
+    for off, length, k, reason, us, mask, answers, cex in full:
+        if cex and answers is None and reason is None:
+            extra.append(((off, length | k << K_SHIFT, us), mask))
         else:
             kept_full.append((off, length, k, reason, us, mask, answers))
     if fresh or extra:
-        words = array("I", blob)
-        if sys.byteorder != "little":
-            words.byteswap()
+        words = unpack_u32(data)
         for i in range(1, len(words), 3):
-            words[i] &= ~_FRESH
+            words[i] &= ~FRESH_BIT
         if extra:
-            rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + extra)
-            words = array("I", [w for row in rows for w in row])
-        if sys.byteorder != "little":
-            words.byteswap()
-        blob = words.tobytes()
-    pairs = array("I", [x for kc in counts for x in kc])
-    if sys.byteorder != "little":
-        pairs.byteswap()
-    return zlib.compress(marshal.dumps((n, outcomes, pairs.tobytes(), blob, kept_full, variants)), _LEVEL)
+            rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + [row for row, _ in extra])
+            words = [w for row in rows for w in row]
+            marks = sorted(list(site_masks(sites).items()) + [(row[0], m) for row, m in extra if m is not None])
+            sites = pack_u32([x for pair in marks for x in pair]) if marks else None
+        data = pack_u32(words)
+    return zlib.compress(marshal.dumps((n, outcomes, counts, tuple(names), variants, sites, data, kept_full,
+                                        reasoned)), _LEVEL)
 
 
 def unpack_rows(value: bytes) -> tuple | None:
-    """What ``kept_rows`` made, its outcome digests as a list and its counts as (k, n) pairs, or None for
-    a damaged value (the function is walked as before)."""
+    """What ``kept_rows`` made, its outcome digests as a list, or None for a damaged value (the function is
+    walked as before)."""
     try:
-        got = marshal.loads(zlib.decompress(value))
-        n, outcomes, pairs, blob, full, variants = got
-        counts = array("I", pairs)
+        n, outcomes, counts, names, variants, sites, data, full, reasoned = marshal.loads(zlib.decompress(value))
     except (ValueError, TypeError, EOFError, zlib.error):
         return None
-    if sys.byteorder != "little":
-        counts.byteswap()
     digests = [outcomes[i:i + 8] for i in range(0, len(outcomes), 8)]
-    return n, digests, list(zip(counts[::2], counts[1::2])), blob, full, variants
+    return n, digests, counts, names, variants, sites, data, full, reasoned

@@ -290,7 +290,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
             ranges = patch_ranges(image, functions, sites, options.policy)
         job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
                   store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
-                  options.reuse_rows)
+                  options.reuse_rows, store.variant_names_now())
         pool = session.pool_for(job)
         counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
         expected = counts.instructions + _count_done(pool, job, sorted(scope.done))

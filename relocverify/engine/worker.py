@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import sys
 from array import array
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
@@ -35,6 +34,7 @@ from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
 from ..store.jump_rows import JumpRow, pack_jump_row
 from ..store.shard import ShardWriter, shard_path
+from ..store.packed_rows import pack_u32, pack_wide_ids
 from ..store.store import RowBatch, site_mask
 from ..versions import source_digest
 from .keys import KeyMaker, per_instance
@@ -74,6 +74,7 @@ class Job:
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
+    names: dict[str, int] = field(default_factory=dict)  # the store's variant names at the start -> ids
 
 
 def empty_harvest() -> tuple[dict, dict, dict, dict]:
@@ -138,7 +139,7 @@ class Worker:
         self._new_bytes = 0  # the size of ``new_rows``
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes)
+        self.ids = OutcomeIds(job.outcomes, job.names)
         self.shard: ShardWriter | None = None
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
@@ -173,7 +174,7 @@ class Worker:
                     learned.ids = learned.plain = None
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes)
+        self.ids = OutcomeIds(job.outcomes, job.names)
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
         self.__dict__.pop("_context", None)
@@ -274,12 +275,12 @@ class Worker:
 
     def _reuse(self, fid: int, value: bytes, batch: _Batch) -> int | None:
         """A function's kept rows (``row_memo.kept_rows``) added to ``batch`` with this store's outcome
-        ids; how many instructions.  None, with nothing added, when they do not fit this store: an outcome
-        it holds under another reason, or a damaged value."""
+        and variant name ids; how many instructions.  None, with nothing added, when they do not fit this
+        store: an outcome it holds under another reason, or a damaged value."""
         got = unpack_rows(value)
         if got is None:
             return None
-        n, digests, counts, blob, full, variants = got
+        n, digests, counts, names, variants, sites, data, full, reasoned = got
         known, table = self.ids.known, self._row_outcomes or {}
         described = []
         for digest in digests:
@@ -290,33 +291,30 @@ class Worker:
             if hit is not None and hit[1] != d[1]:
                 return None
             described.append(d)
-        oids = [self.ids.define(outcome, reason)[0] for outcome, reason in described]
-        weak = self.ids.weak
+        define = self.ids.define
+        oids = [define(outcome, reason)[0] for outcome, reason in described]
+        name = self.ids.name
         batch.functions.append(fid)
-        batch.counts.extend((fid, oids[k], c, weak(oids[k]), k) for k, c in counts)
-        if blob:
-            batch.packed.append((fid, blob))
-            batch.n_packed += len(blob) // 12
+        batch.packed.append((fid, pack_wide_ids(oids), counts, pack_wide_ids(map(name, names)) if names else None,
+                             variants, sites, data))
+        batch.n_packed += len(data) // 12
         batch.full.extend((fid, off, length, oids[k], reason, us, 0, mask, answers, None)
                           for off, length, k, reason, us, mask, answers in full)
-        batch.variants.extend((fid, off, name, oids[k], reason) for off, name, k, reason in variants)
+        batch.variants.extend((fid, off, vname, oids[k], reason) for off, vname, k, reason in reasoned)
         self.reused += 1
         return n
 
-    def _keep_rows(self, fkey: bytes, batch: _Batch, fid: int, n: int, f0: int, v0: int, per: dict[int, int],
-                   kmap: dict[int, int], plain: array, fresh: bool) -> None:
-        """The function just added to ``batch`` (its full rows from ``f0``, variants from ``v0``), kept for the
-        cache under ``fkey`` as a run on a warm cache would write it (``row_memo.kept_rows``)."""
+    def _keep_rows(self, fkey: bytes, batch: _Batch, n: int, f0: int, v0: int, kmap: dict[int, int],
+                   names: dict[int, int], fresh: bool) -> None:
+        """The function just added to ``batch`` (its packed row last, its full rows from ``f0``, variants
+        with reasons from ``v0``), kept for the cache under ``fkey`` as a run on a warm cache would write
+        it (``row_memo.kept_rows``)."""
+        _, _, counts, _, variants, sites, data = batch.packed[-1]
         order = sorted(kmap, key=kmap.__getitem__)
-        index = dict(kmap)
-        for row in batch.variants[v0:]:
-            if row[3] not in index:
-                index[row[3]] = len(order)
-                order.append(row[3])
-        full = [(r[1], r[2], index[r[3]], r[4], r[5], r[6], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
-        blob = batch.packed[-1][1] if plain else b""
-        value = kept_rows(n, b"".join(map(self._digest, order)), [(index[o], c) for o, c in per.items()], blob,
-                          fresh, full, [(r[1], r[2], index[r[3]], r[4]) for r in batch.variants[v0:]])
+        full = [(r[1], r[2], kmap[r[3]], r[4], r[5], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
+        text = self.ids.name_text
+        value = kept_rows(n, b"".join(map(self._digest, order)), counts, [text(i) for i in names], variants,
+                          sites, data, fresh, full, [(r[1], r[2], kmap[r[3]], r[4]) for r in batch.variants[v0:]])
         self.new_rows[fkey] = (self._context, value)
         self._new_bytes += len(value)
 
@@ -537,11 +535,14 @@ class Worker:
         sweep = _SiteSweep(here) if here is not None else None
         next_site = sweep.next_start() if sweep else None
         learned = self.learned
-        plain = array("I")  # this function's packed rows (store.PACKED_ROW)
+        plain = array("I")  # this function's packed rows (store.packed_rows)
+        at_sites = array("I")  # (offset, site kinds mask) of those at kernel sites
+        variants = array("I")  # (offset, j, k) of its live variants without a reason of their own
         per: dict[int, int] = {}
-        kmap: dict[int, int] = {}  # outcome id -> the function's own index of it
+        kmap: dict[int, int] = {}  # outcome id -> the function's own index k of it
+        names: dict[int, int] = {}  # variant name id -> the function's own index j of it
         n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
-        made = unkept = False  # a finding made now (kept as the cache gives it); one the cache does not keep
+        made = unkept = False  # a packed row marked fresh (kept unmarked); a finding the cache does not keep
         for off, n, key in keys:
             address = start + off
             if skip is not None and address in skip:
@@ -566,7 +567,6 @@ class Worker:
             else:
                 finding = self.finding(data[off:off + n], address, key)
                 ids = self.ids.outcome(finding)
-                made = made or finding.fresh
             unkept = unkept or finding.method in NOT_KEPT
             live = ()
             mask = None
@@ -582,21 +582,34 @@ class Worker:
                     ids = self.ids.outcome(finding)
             oid = ids[0]
             per[oid] = per.get(oid, 0) + 1
-            if mask is None and finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
-                k = kmap.get(oid)
-                if k is None:
-                    k = kmap[oid] = len(kmap)
+            k = kmap.get(oid)
+            if k is None:
+                k = kmap[oid] = len(kmap)
+            if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
                 us = finding.proof_us
                 plain.extend((off, n | (16 if finding.fresh else 0) | k << 5, us if us < _U32 else _U32 - 1))
+                made = made or finding.fresh  # a site's finding may be fresh though the instruction's was not
+                if mask is not None:
+                    at_sites.extend((off, mask))
             else:
-                batch.add_full(self.ids, fid, off, n, oid, ids[1], finding, mask)
+                batch.add_full(fid, off, n, oid, ids[1], finding, mask)
             for name, vf in live:
                 vid, vreason = self.ids.outcome(vf)
-                batch.variants.append((fid, off, name, vid, None if vf.reason == vreason else vf.reason))
+                vk = kmap.get(vid)
+                if vk is None:
+                    vk = kmap[vid] = len(kmap)
+                if vf.reason == vreason:
+                    nid = self.ids.name(name)
+                    j = names.get(nid)
+                    if j is None:
+                        j = names[nid] = len(names)
+                    variants.extend((off, j, vk))
+                else:
+                    batch.variants.append((fid, off, name, vid, vf.reason))
                 unkept = unkept or vf.method in NOT_KEPT
-        batch.end_function(fid, per, self.ids, kmap, plain)
+        batch.end_function(fid, per, kmap, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
-            self._keep_rows(fkey, batch, fid, batch.n - n0, f0, v0, per, kmap, plain, made)
+            self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
 
     def crashed(self, fid: int, why: str) -> int:
         """Every instruction of a function whose verification killed its worker: unknown, with why,
@@ -610,9 +623,9 @@ class Worker:
         for off, n, key in self.keys.keys(self._function_bytes(fn), fn.start):
             if fn.start + off in skip:
                 continue
-            batch.add_full(self.ids, fid, off, n, oid, reason, f, None)
+            batch.add_full(fid, off, n, oid, reason, f, None)
             per[oid] += 1
-        batch.end_function(fid, per, self.ids)
+        batch.end_function(fid, per, {oid: 0})
         written = batch.n
         self.write(batch.done(self.ids))
         return written
@@ -695,56 +708,75 @@ def replace_reason(f: Finding, reason: str) -> Finding:
 
 
 class OutcomeIds:
-    """Outcome ids as a worker knows them, without ever writing to the store.
+    """Outcome and variant name ids as a worker knows them, without ever writing to the store.
 
-    An outcome the store already had when the run began (``Job.outcomes``), or one
-    the run's parent has since numbered (``learn``), has its store id.  A new one gets
-    a provisional negative id, unique across processes; every shard the worker writes
-    defines all its provisional ids still in use, the merge numbers them in the store
-    and maps the rows (``store.shard``), and the worker learns the store ids between
-    phases.  So workers take no lock on the store, and never wait for one another."""
+    An outcome (or a variant name) the store already had when the run began (``Job.outcomes``,
+    ``Job.names``), or one the run's parent has since numbered (``learn``), has its store id.  A new
+    one gets a provisional negative id, unique across processes; every shard the worker writes
+    defines all its provisional ids still in use, the merge numbers them in the store and maps the
+    rows (``store.shard``), and the worker learns the store ids between phases.  So workers take no
+    lock on the store, and never wait for one another."""
 
-    def __init__(self, known: dict[tuple, tuple[int, str]]):
+    def __init__(self, known: dict[tuple, tuple[int, str]], names: dict[str, int] | None = None):
         self.known = dict(known)  # outcome tuple -> (id, reason of the outcome)
-        self.weak_of: dict[int, int] = {oid: int(t[0] != "proved") for t, (oid, _) in known.items()}
         self.provisional: dict[int, tuple[tuple, str]] = {}  # provisional id -> (outcome tuple, reason)
         self.by_id: dict[int, tuple[tuple, str]] = {oid: (t, reason) for t, (oid, reason) in known.items()}
+        self.names = dict(names or {})  # variant name -> id
+        self.name_of = {i: name for name, i in self.names.items()}
+        self.new_names: dict[int, str] = {}  # provisional id -> variant name
         self.counter = 0
 
     def outcome(self, f: Finding) -> tuple[int, str]:
         hit = self.known.get(f.outcome)
         return self.define(f.outcome, f.reason) if hit is None else hit
 
+    def _pid(self) -> int:
+        self.counter += 1
+        return -((os.getpid() << 24) | self.counter)
+
     def define(self, outcome: tuple, reason: str) -> tuple[int, str]:
         """The id of an outcome (its fields, ``Finding.outcome``), numbered provisionally with ``reason``
         when new."""
         hit = self.known.get(outcome)
         if hit is None:
-            self.counter += 1
-            pid = -((os.getpid() << 24) | self.counter)
+            pid = self._pid()
             hit = self.known[outcome] = (pid, reason)
-            self.weak_of[pid] = int(outcome[0] != Verdict.PROVED.value)
             self.provisional[pid] = self.by_id[pid] = (outcome, reason)
         return hit
+
+    def name(self, text: str) -> int:
+        """The id of a variant name, numbered provisionally when new."""
+        i = self.names.get(text)
+        if i is None:
+            i = self.names[text] = self._pid()
+            self.name_of[i] = self.new_names[i] = text
+        return i
+
+    def name_text(self, i: int) -> str:
+        return self.name_of[i]
 
     def described(self, oid: int) -> tuple[tuple, str]:
         """(outcome tuple, reason) of an id."""
         return self.by_id[oid]
 
-    def weak(self, oid: int) -> int:
-        return self.weak_of[oid]
-
     def definitions(self) -> list[tuple[int, tuple, str]]:
-        """(provisional id, outcome tuple, reason) of every provisional id not yet learned."""
+        """(provisional id, outcome tuple, reason) of every provisional outcome id not yet learned."""
         return [(pid, outcome, reason) for pid, (outcome, reason) in self.provisional.items()]
+
+    def name_definitions(self) -> list[tuple[int, str]]:
+        """(provisional id, variant name) of every provisional name id not yet learned."""
+        return list(self.new_names.items())
 
     def learn(self, final: dict[int, int]) -> None:
         for outcome, (oid, reason) in list(self.known.items()):
             if oid in final:
                 self.known[outcome] = (final[oid], reason)
-                self.weak_of[final[oid]] = self.weak_of[oid]
                 self.by_id[final[oid]] = (outcome, reason)
                 self.provisional.pop(oid, None)
+        for pid in [p for p in self.new_names if p in final]:
+            text = self.new_names.pop(pid)
+            self.names[text] = final[pid]
+            self.name_of[final[pid]] = text
 
 
 _U32 = 1 << 32  # a packed row's proof time saturates below it (71 minutes)
@@ -755,40 +787,42 @@ class _Batch:
 
     def __init__(self):
         self.functions: list[int] = []
-        self.packed: list[tuple[int, bytes]] = []
+        self.packed: list[tuple] = []
         self.n_packed = 0
         self.full: list[tuple] = []
-        self.counts: list[tuple] = []
         self.variants: list[tuple] = []
 
     @property
     def n(self) -> int:
         return self.n_packed + len(self.full)
 
-    def add_full(self, ids, fid: int, off: int, n: int, oid: int, outcome_reason: str, f: Finding,
+    def add_full(self, fid: int, off: int, n: int, oid: int, outcome_reason: str, f: Finding,
                  mask: int | None) -> None:
         self.full.append((fid, off, n, oid, None if f.reason == outcome_reason else f.reason, f.proof_us,
                           1 if f.fresh else 0, mask, f.answers, f.counterexample))
 
-    def end_function(self, fid: int, per: dict[int, int], ids: OutcomeIds, kmap: dict[int, int] | None = None,
-                     plain: array | None = None) -> None:
-        """The function is done: its counts per outcome, each with the function's own index ``k`` of the
-        outcome (the packed rows name outcomes by it), and its packed rows as one blob."""
-        kmap = {} if kmap is None else kmap
+    def end_function(self, fid: int, per: dict[int, int], kmap: dict[int, int], plain: array | None = None,
+                     at_sites: array | None = None, names: dict[int, int] | None = None,
+                     variants: array | None = None) -> None:
+        """The function is done: its packed row (``store.packed_rows``) from its counts per outcome, the
+        outcomes by its own index ``k`` (``kmap``, completed here), its plain rows, their site masks, and
+        its variants with the names by its own index ``j``."""
         self.functions.append(fid)
         for o in per:
             if o not in kmap:
                 kmap[o] = len(kmap)
-        self.counts.extend((fid, o, c, ids.weak(o), kmap[o]) for o, c in per.items())
+        if not kmap:
+            return
+        order = sorted(kmap, key=kmap.__getitem__)
+        self.packed.append((fid, pack_wide_ids(order), pack_u32([per.get(o, 0) for o in order]),
+                            pack_wide_ids(names) if names else None, pack_u32(variants) if variants else None,
+                            pack_u32(at_sites) if at_sites else None, pack_u32(plain) if plain else b""))
         if plain:
-            if sys.byteorder != "little":
-                plain.byteswap()
-            self.packed.append((fid, plain.tobytes()))
             self.n_packed += len(plain) // 3
 
     def done(self, ids: OutcomeIds) -> RowBatch:
-        return RowBatch(self.functions, self.packed, self.full, self.counts, self.variants, self.n,
-                        ids.definitions())
+        return RowBatch(self.functions, self.packed, self.full, self.variants, self.n, ids.definitions(),
+                        ids.name_definitions())
 
 
 class _Numbering(dict):

@@ -21,11 +21,9 @@ CREATE TABLE instructions (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL, outcome INTEGER NOT NULL,
     reason TEXT, proof_us INTEGER NOT NULL, fresh INTEGER NOT NULL, sites INTEGER, answers TEXT, cex INTEGER,
     PRIMARY KEY (function, offset)) WITHOUT ROWID;
-CREATE TABLE packed (function INTEGER PRIMARY KEY, data BLOB NOT NULL);
-CREATE TABLE function_outcomes (
-    function INTEGER NOT NULL, outcome INTEGER NOT NULL, n INTEGER NOT NULL, weak INTEGER NOT NULL,
-    k INTEGER NOT NULL, PRIMARY KEY (function, outcome)) WITHOUT ROWID;
-CREATE INDEX function_outcomes_weak ON function_outcomes (outcome, function) WHERE weak;
+CREATE TABLE packed (
+    function INTEGER PRIMARY KEY, outcomes BLOB NOT NULL, counts BLOB NOT NULL, names BLOB, variants BLOB,
+    sites BLOB, data BLOB NOT NULL);
 CREATE TABLE variant_names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 CREATE TABLE variants (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, name INTEGER NOT NULL, outcome INTEGER NOT NULL, reason TEXT,

@@ -9,13 +9,15 @@ in parallel, and the parent moves a shard into the store with a handful of
 is done with it.
 
 A shard holds the store's row tables (``instructions``, ``packed``,
-``function_outcomes``, ``variants``) with three differences, all resolved by the merge:
+``variants``) with three differences, all resolved by the merge:
 
-* an outcome the worker found new has a provisional negative id, defined in
-  ``new_outcomes``; the merge numbers it in the store and maps it (a packed
-  row names its outcome by the function's own index ``k``, which
-  ``function_outcomes`` maps: the blobs are copied as they are);
-* a variant is named by its text (the store numbers names);
+* an outcome or a variant name the worker found new has a provisional
+  negative id, defined in ``new_outcomes`` or ``new_names``; the merge numbers
+  it in the store and maps it (a packed function names its outcomes and
+  variant names by its own indexes, so the merge rewrites its two small id
+  arrays, ``packed_rows.remap_ids``, and copies its other blobs as they are);
+* a row of ``variants`` (a variant with a reason of its own) names its
+  variant by its text;
 * a counterexample has the shard's own id (the merge offsets it).
 
 ``done`` lists the functions whose rows the shard holds, with the
@@ -33,16 +35,17 @@ import os
 import sqlite3
 
 from ..errors import StoreError
+from .packed_rows import remap_ids
 
 SCHEMA = """
 CREATE TABLE instructions (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL, outcome INTEGER NOT NULL,
     reason TEXT, proof_us INTEGER NOT NULL, fresh INTEGER NOT NULL, sites INTEGER, answers TEXT, cex INTEGER,
     PRIMARY KEY (function, offset)) WITHOUT ROWID;
-CREATE TABLE packed (function INTEGER PRIMARY KEY, data BLOB NOT NULL);
-CREATE TABLE function_outcomes (
-    function INTEGER NOT NULL, outcome INTEGER NOT NULL, n INTEGER NOT NULL, weak INTEGER NOT NULL,
-    k INTEGER NOT NULL, PRIMARY KEY (function, outcome)) WITHOUT ROWID;
+CREATE TABLE packed (
+    function INTEGER PRIMARY KEY, outcomes BLOB NOT NULL, counts BLOB NOT NULL, names BLOB, variants BLOB,
+    sites BLOB, data BLOB NOT NULL);
+CREATE TABLE new_names (pid INTEGER PRIMARY KEY, name TEXT NOT NULL);
 CREATE TABLE variants (
     function INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL, outcome INTEGER NOT NULL, reason TEXT,
     PRIMARY KEY (function, offset, name)) WITHOUT ROWID;
@@ -86,12 +89,13 @@ class ShardWriter:
             new = [(pid,) + tuple(outcome) + (reason,) for pid, outcome, reason in batch.outcomes
                    if pid not in self._defined]
             db.executemany("INSERT OR IGNORE INTO new_outcomes VALUES (?,?,?,?,?,?,?,?)", new)
-            # Most rows have no instance reason, sites, answers or counterexample: they come packed,
-            # one blob per function (``store.PACKED_ROW``), one SQLite row per function.
-            db.executemany("INSERT INTO packed VALUES (?,?)", batch.packed)
+            names = [(pid, name) for pid, name in batch.names if pid not in self._defined]
+            db.executemany("INSERT OR IGNORE INTO new_names VALUES (?,?)", names)
+            # Nearly every row is plain: packed with the function's counts, sites and variants,
+            # one SQLite row per function (``store.packed_rows``).
+            db.executemany("INSERT INTO packed VALUES (?,?,?,?,?,?,?)", batch.packed)
             db.executemany("INSERT INTO instructions VALUES (?,?,?,?,?,?,?,?,?,?)",
                            [r[:9] + (None if r[9] is None else self._counterexample(db, r[9]),) for r in batch.full])
-            db.executemany("INSERT INTO function_outcomes VALUES (?,?,?,?,?)", batch.counts)
             db.executemany("INSERT INTO variants VALUES (?,?,?,?,?)", batch.variants)
             db.executemany("INSERT OR REPLACE INTO done VALUES (?,?)", [(f, config) for f in batch.functions])
             db.execute("COMMIT")
@@ -99,6 +103,7 @@ class ShardWriter:
             db.execute("ROLLBACK")
             raise
         self._defined.update(r[0] for r in new)
+        self._defined.update(r[0] for r in names)
 
     @staticmethod
     def _counterexample(db: sqlite3.Connection, c) -> int:
@@ -138,7 +143,7 @@ def merge(db: sqlite3.Connection, paths: list[str]) -> tuple[int, dict[int, int]
     """Move shards into the store behind ``db``, up to ``MAX_ATTACHED`` per transaction, then
     delete their files.  The rows of a group go in in primary-key order, so that the store's
     B-trees are appended to and stay dense.  Returns (how many functions, provisional outcome
-    id -> store id)."""
+    or variant name id -> store id)."""
     paths = sorted({os.path.abspath(p) for p in paths if os.path.exists(p)})
     total, final = 0, {}
     for i in range(0, len(paths), MAX_ATTACHED):
@@ -185,7 +190,13 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute(f"INSERT OR IGNORE INTO temp.idmap SELECT u.pid, o.id FROM "
                    f"({_union(names, 'new_outcomes', 'pid, ' + outcome_columns)}) u "
                    f"JOIN main.outcomes o USING ({outcome_columns})")
+        db.execute(f"INSERT OR IGNORE INTO main.variant_names (name) SELECT name FROM "
+                   f"({_union(names, 'new_names', 'name')} UNION ALL {_union(names, 'variants', 'name')}) "
+                   "ORDER BY 1")
+        db.execute(f"INSERT OR IGNORE INTO temp.idmap SELECT u.pid, n.id FROM "
+                   f"({_union(names, 'new_names', 'pid, name')}) u JOIN main.variant_names n USING (name)")
         final = dict(db.execute("SELECT pid, final FROM temp.idmap"))
+        db.create_function("rv_remap", 1, lambda blob: remap_ids(blob, final), deterministic=True)
         # each shard's counterexample ids, offset past the store's and the shards' before it
         offsets = []
         for name in names:
@@ -193,8 +204,6 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
             db.execute(f"INSERT INTO main.counterexamples SELECT id + ?, state, differences, replay "
                        f"FROM {name}.counterexamples", (base,))
             offsets.append(base)
-        db.execute(f"INSERT OR IGNORE INTO main.variant_names (name) SELECT DISTINCT name FROM "
-                   f"({_union(names, 'variants', 'name')})")
         done = _union(names, "done", "function")
         # Functions stored before (under another configuration, or by an earlier merge of these very
         # shards) lose their old rows first.  CROSS JOIN makes SQLite walk the shard's functions and look
@@ -204,7 +213,7 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute("DELETE FROM temp.redo")
         db.execute(f"INSERT OR IGNORE INTO temp.redo SELECT d.function FROM ({done}) d "
                    f"CROSS JOIN main.functions f ON f.id = d.function WHERE f.config IS NOT NULL")
-        for table in ("instructions", "packed", "function_outcomes", "variants"):
+        for table in ("instructions", "packed", "variants"):
             db.execute(f"DELETE FROM main.{table} WHERE function IN temp.redo")
         rows = " UNION ALL ".join(
             f"SELECT function, offset, length, outcome, reason, proof_us, fresh, sites, answers, cex + {base} AS cex "
@@ -212,11 +221,8 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute("INSERT INTO main.instructions SELECT i.function, i.offset, i.length, coalesce(m.final, i.outcome), "
                    f"i.reason, i.proof_us, i.fresh, i.sites, i.answers, i.cex FROM ({rows}) i "
                    "LEFT JOIN temp.idmap m ON m.pid = i.outcome ORDER BY i.function, i.offset")
-        db.execute(f"INSERT INTO main.packed SELECT function, data FROM ({_union(names, 'packed', '*')}) "
-                   "ORDER BY 1")
-        db.execute("INSERT INTO main.function_outcomes SELECT c.function, coalesce(m.final, c.outcome), c.n, c.weak, c.k "
-                   f"FROM ({_union(names, 'function_outcomes', '*')}) c LEFT JOIN temp.idmap m ON m.pid = c.outcome "
-                   "ORDER BY 1, 2")
+        db.execute("INSERT INTO main.packed SELECT function, rv_remap(outcomes), counts, rv_remap(names), variants, "
+                   f"sites, data FROM ({_union(names, 'packed', '*')}) ORDER BY 1")
         db.execute("INSERT INTO main.variants SELECT v.function, v.offset, n.id, coalesce(m.final, v.outcome), "
                    f"v.reason FROM ({_union(names, 'variants', '*')}) v JOIN main.variant_names n ON n.name = v.name "
                    "LEFT JOIN temp.idmap m ON m.pid = v.outcome ORDER BY 1, 2, 3")

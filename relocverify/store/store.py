@@ -1,29 +1,27 @@
-"""The result store: one SQLite file, schema 3.
+"""The result store: one SQLite file, schema 4.
 
 Tables (integer keys throughout; ``schema.sql`` is the exact text):
 
-  meta             ``application = relocverify`` and ``schema = 3``: what makes a file a store
+  meta             ``application = relocverify`` and ``schema = 4``: what makes a file a store
   images           one row per image: sha256, path, format, symbol source
   runs             one row per run: configuration, versions, status, summary, pid and host
   functions        one row per function: start, size, name, section, its bytes, and the
                    configuration its rows were verified under (NULL: not yet verified)
   outcomes         (verdict, method, plan kind, rule, class, reason key) shared by all rows,
                    with the reason text of the first instruction that had it
-  packed           one row per function: its plain instructions (no site, no instance reason,
-                   no answers, no counterexample: nearly all of them) as one blob of
-                   ``PACKED_ROW`` records (offset, length, fresh, outcome index, proof µs);
-                   2.6 million instructions are 46 thousand rows to write and merge
+  packed           one row per function (``store.packed_rows``): its outcomes by its own index
+                   ``k`` with their instruction counts, its plain instructions (no instance
+                   reason, no answers, no counterexample: nearly all of them) as one blob of
+                   ``PACKED_ROW`` records (offset, length, fresh, k, proof µs), the kernel site
+                   kinds of those at sites, and its instructions' live variants; 3.6 million
+                   rows, instructions and variants, are 46 thousand to write, merge and read
   instructions     the other instructions, one row each, keyed by (function, offset): length,
                    outcome, the instance reason only where it differs from its outcome's, the
                    proof time in µs, fresh (proved for it in its run) or cached, the kernel site
                    kinds (a bitmask over ``SITE_KINDS``), the decoders' answers where they
                    disagree (JSON), and a counterexample id
-  function_outcomes per function and outcome, how many instructions and the function's own
-                   index ``k`` of the outcome (what its packed rows name): the function table's
-                   counts, and (indexed for the outcomes that are not proofs) the way from a
-                   verdict and reason to the functions, then the instructions, that have it
-  variants         for an instruction at a boot-patched site, each live variant's finding
-                   (names in ``variant_names``)
+  variants         a live variant whose finding has a reason of its own (the others are packed);
+                   names of variants in ``variant_names``
   replacements     every instruction of every alternative's replacement, at its live address
   counterexamples  concrete inputs, the differences, and the replay command line
   jump_packed      (written by ``--jump-probes``) per function, whether a jump-optimized
@@ -37,7 +35,7 @@ Tables (integer keys throughout; ``schema.sql`` is the exact text):
 An instruction's address is its function's start plus its offset; its
 bytes are the function's bytes at that offset.
 
-Nothing is half-written: a function's instruction rows, its counts and its
+Nothing is half-written: a function's instruction rows, its packed row and its
 verified marker are written in one transaction, so after any interruption
 (Ctrl-C, kill -9, power loss) a function is either wholly stored or not at
 all, and a rerun verifies exactly the functions missing.  SQLite's WAL
@@ -56,6 +54,8 @@ import socket
 import sqlite3
 import struct
 import time
+from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable, Iterator
@@ -64,9 +64,10 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from ..proof.verdict import Verdict
 from . import shard
-from .jump_rows import JumpRow, pack_ids, unpack_u32
+from .jump_rows import JumpRow, pack_ids
+from .packed_rows import FRESH_BIT, K_SHIFT, LENGTH_MASK, PACKED_ROW, site_masks, unpack_ids, unpack_u32, variant_triples
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Tables added to schema 2 without changing it (``CREATE ... IF NOT EXISTS``): a store written
 #: before them is still read, and gains them when first opened for writing.
@@ -405,15 +406,23 @@ class Store:
             yield FunctionRecord(i, unsigned(s), z, n, sec)
 
     def function_counts(self, image: int) -> Iterator[tuple[FunctionRecord, dict[str, int]]]:
-        """Every function with its instruction counts by verdict (an index-backed join)."""
+        """Every function with its instruction counts by verdict (its packed row's counts)."""
+        verdict_of = {oid: o[0].value for oid, o in self._outcome_fields().items()}
         counts: dict[int, dict[str, int]] = {}
-        for fid, verdict, n in self.db.execute(
-                "SELECT fo.function, o.verdict, sum(fo.n) FROM function_outcomes fo "
-                "JOIN functions f ON f.id = fo.function JOIN outcomes o ON o.id = fo.outcome "
-                "WHERE f.image=? GROUP BY 1, 2", (image,)):
-            counts.setdefault(fid, {})[verdict] = n
+        for fid, outcomes, ns in self._packed_counts("f.image=?", (image,)):
+            mine = counts[fid] = {}
+            for oid, n in zip(outcomes, ns):
+                if n:
+                    v = verdict_of[oid]
+                    mine[v] = mine.get(v, 0) + n
         for f in self.iter_functions(image):
             yield f, counts.get(f.id, {})
+
+    def _packed_counts(self, where: str, args: tuple) -> Iterator[tuple[int, array, array]]:
+        """(function id, outcome ids by k, instructions by k) of the functions ``where`` picks."""
+        for fid, outcomes, ns in self.db.execute("SELECT p.function, p.outcomes, p.counts FROM packed p "
+                                                 f"JOIN functions f ON f.id = p.function WHERE {where}", args):
+            yield fid, unpack_ids(outcomes), unpack_u32(ns)
 
     # -- outcomes --------------------------------------------------------------------
     def outcome_ids(self) -> dict[tuple, int]:
@@ -532,15 +541,19 @@ class Store:
         Returns the store ids of the provisional outcome ids the shards used."""
         return shard.merge(self.db, paths)[1]
 
+    def variant_names_now(self) -> dict[str, int]:
+        """Every variant name already stored: name -> id."""
+        return {name: i for i, name in self.db.execute("SELECT id, name FROM variant_names")}
+
     def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
         """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
         return {tuple(r[1:7]): (r[0], r[7]) for r in self.db.execute(
             "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
 
     # -- queries ---------------------------------------------------------------------------
-    # Full rows (a site, an instance reason, answers or a counterexample) are rows of ``instructions``;
-    # the others are packed, one blob per function (``PACKED_ROW``), their outcome named by the
-    # function's own index ``k`` in ``function_outcomes``.  Readers put the two together by offset.
+    # A function's plain rows, its outcomes and counts, its sites and variants are its row of ``packed``
+    # (``store.packed_rows``), its outcomes named by the function's own index ``k``; the other rows are rows
+    # of ``instructions``, named by store id.  Readers put the two together by offset.
     _FULL_SQL = ("SELECT i.function, i.offset, i.length, i.outcome, i.reason, i.proof_us, i.fresh, i.sites, "
                  "i.answers, i.cex FROM instructions i ")
 
@@ -552,21 +565,25 @@ class Store:
                 "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
         return self._outcomes
 
-    def _rows_of(self, fid: int, start: int, name: str, section: str, code: bytes, packed: bytes | None,
-                 kmap: dict[int, int], full: list[tuple], only: frozenset[int] | None = None) -> list[InstructionRow]:
-        """The rows of one function in offset order: its packed rows and its full rows; with ``only``,
-        the rows whose outcome id is in it."""
-        outcomes = self._outcome_fields(list(kmap.values()) + [r[3] for r in full])
+    def _rows_of(self, start: int, name: str, section: str, code: bytes, packed: tuple | None,
+                 full: list[tuple], only: frozenset[int] | None = None) -> list[InstructionRow]:
+        """The rows of one function in offset order: its packed rows (``packed`` its (outcomes, sites, data)
+        columns) and its full rows; with ``only``, the rows whose outcome id is in it."""
+        kmap = unpack_ids(packed[0]) if packed else ()
+        outcomes = self._outcome_fields(list(kmap) + [r[3] for r in full])
         rows: list[tuple[int, InstructionRow]] = []
-        if packed:
-            for off, word, us in struct.iter_unpack(PACKED_ROW, packed):
-                n = word & 15
-                oid = kmap[word >> 5]
+        if packed and packed[2]:
+            masks = site_masks(packed[1]) if packed[1] else None
+            for off, word, us in struct.iter_unpack(PACKED_ROW, packed[2]):
+                oid = kmap[word >> K_SHIFT]
                 if only is not None and oid not in only:
                     continue
+                n = word & LENGTH_MASK
                 o = outcomes[oid]
+                sites = site_kinds(masks.get(off)) if masks else ()
                 rows.append((off, InstructionRow(start + off, n, code[off:off + n], name, start, section, o[0], o[1],
-                                                 o[2], o[3], o[4], o[5], o[6], us, bool(word & 16), (), None, None)))
+                                                 o[2], o[3], o[4], o[5], o[6], us, bool(word & FRESH_BIT), sites,
+                                                 None, None)))
         for _, off, n, oid, reason, us, fresh, sites, answers, cex in full:
             if only is not None and oid not in only:
                 continue
@@ -580,45 +597,38 @@ class Store:
 
     def _functions_rows(self, where: str, args: tuple, only: frozenset[int] | None = None) -> Iterator[InstructionRow]:
         """The rows of the functions ``SELECT ... FROM functions f WHERE <where>`` picks, in (start, name)
-        order: three index-backed scans (functions with their blobs, the outcome indexes, the full rows)."""
-        kmaps: dict[int, dict[int, int]] = {}
-        for fid, k, oid in self.db.execute("SELECT fo.function, fo.k, fo.outcome FROM function_outcomes fo "
-                                           f"JOIN functions f ON f.id = fo.function WHERE {where}", args):
-            kmaps.setdefault(fid, {})[k] = oid
+        order: two index-backed scans (functions with their packed rows, the full rows)."""
         full: dict[int, list[tuple]] = {}
         for r in self.db.execute(self._FULL_SQL + f"JOIN functions f ON f.id = i.function WHERE {where} "
                                  "ORDER BY i.function, i.offset", args):
             full.setdefault(r[0], []).append(r)
-        for fid, start, name, section, code, packed in self.db.execute(
-                "SELECT f.id, f.start, f.name, f.section, f.bytes, p.data FROM functions f LEFT JOIN packed p "
-                f"ON p.function = f.id WHERE {where} ORDER BY f.start, f.name", args):
-            if packed is None and fid not in full:
+        for fid, start, name, section, code, outcomes, sites, data in self.db.execute(
+                "SELECT f.id, f.start, f.name, f.section, f.bytes, p.outcomes, p.sites, p.data FROM functions f "
+                f"LEFT JOIN packed p ON p.function = f.id WHERE {where} ORDER BY f.start, f.name", args):
+            if outcomes is None and fid not in full:
                 continue
-            yield from self._rows_of(fid, unsigned(start), name, section, bytes(code), packed, kmaps.get(fid, {}),
-                                     full.get(fid, []), only)
+            yield from self._rows_of(unsigned(start), name, section, bytes(code),
+                                     None if outcomes is None else (outcomes, sites, data), full.get(fid, []), only)
 
     def function_verdicts(self, image: int) -> Iterator[tuple[int, int, str, bytes, list[tuple]]]:
         """Per function of the image with stored rows, in (start, name) order: (id, start, name, bytes,
         [(offset, length, verdict, site mask or None)] by offset): what a pass over a whole image needs,
         without an ``InstructionRow`` per instruction."""
         verdict_of = {oid: o[0] for oid, o in self._outcome_fields().items()}
-        kmaps: dict[int, dict[int, int]] = {}
-        for fid, k, oid in self.db.execute("SELECT fo.function, fo.k, fo.outcome FROM function_outcomes fo "
-                                           "JOIN functions f ON f.id = fo.function WHERE f.image=?", (image,)):
-            kmaps.setdefault(fid, {})[k] = oid
         full: dict[int, list[tuple]] = {}
         for fid, off, n, oid, sites in self.db.execute(
                 "SELECT i.function, i.offset, i.length, i.outcome, i.sites FROM instructions i "
                 "JOIN functions f ON f.id = i.function WHERE f.image=?", (image,)):
             full.setdefault(fid, []).append((off, n, verdict_of[oid], sites))
-        for fid, start, name, code, packed in self.db.execute(
-                "SELECT f.id, f.start, f.name, f.bytes, p.data FROM functions f LEFT JOIN packed p "
+        for fid, start, name, code, outcomes, sites, data in self.db.execute(
+                "SELECT f.id, f.start, f.name, f.bytes, p.outcomes, p.sites, p.data FROM functions f LEFT JOIN packed p "
                 "ON p.function = f.id WHERE f.image=? ORDER BY f.start, f.name", (image,)):
-            if packed is None and fid not in full:
+            if outcomes is None and fid not in full:
                 continue
-            kmap = kmaps.get(fid, {})
-            rows = [(off, word & 15, verdict_of[kmap[word >> 5]], None)
-                    for off, word, _ in struct.iter_unpack(PACKED_ROW, packed or b"")] + full.get(fid, [])
+            verdicts = [verdict_of[oid] for oid in unpack_ids(outcomes)]
+            masks = site_masks(sites)
+            rows = [(off, word & LENGTH_MASK, verdicts[word >> K_SHIFT], masks.get(off))
+                    for off, word, _ in struct.iter_unpack(PACKED_ROW, data or b"")] + full.get(fid, [])
             rows.sort(key=lambda r: r[0])
             yield fid, unsigned(start), name, bytes(code), rows
 
@@ -645,36 +655,56 @@ class Store:
         return list(self._functions_rows("f.id=?", (function,)))
 
     def rows_with(self, image: int, verdict: str, reason_key: str | None = None) -> Iterator[InstructionRow]:
-        """The instructions with a verdict (and reason key): outcome ids, then the
-        functions that have them (function_outcomes' outcome index), then their rows."""
+        """The instructions with a verdict (and reason key): outcome ids, then the functions whose
+        packed row names one of them (its small ``outcomes`` column), then their rows."""
         sql = "SELECT id FROM outcomes WHERE verdict=?"
         args: tuple = (verdict,)
         if reason_key is not None:
             sql += " AND reason_key=?"
             args += (reason_key,)
-        ids = [r[0] for r in self.db.execute(sql, args)]
+        ids = frozenset(r[0] for r in self.db.execute(sql, args))
         if not ids:
             return
-        marks = ",".join("?" * len(ids))
-        weak = "AND fo.weak" if verdict != "proved" else ""  # the partial index holds only the weak outcomes
-        yield from self._functions_rows(
-            f"f.id IN (SELECT fo.function FROM function_outcomes fo WHERE fo.outcome IN ({marks}) {weak}) "
-            "AND f.image=?", (*ids, image), frozenset(ids))
+        fids = [fid for fid, outcomes in self.db.execute(
+            "SELECT p.function, p.outcomes FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=?",
+            (image,)) if not ids.isdisjoint(unpack_ids(outcomes))]
+        for i in range(0, len(fids), 500):
+            part = fids[i:i + 500]
+            yield from self._functions_rows(f"f.id IN ({','.join('?' * len(part))})", tuple(part), ids)
 
     def variants_at(self, function: int, offset: int) -> list[tuple[str, str, str]]:
         """(variant name, verdict, reason) of each live variant of an instruction at a boot-patched site."""
-        return list(self.db.execute("SELECT n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
-                                    "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
-                                    "WHERE v.function=? AND v.offset=?", (function, offset)))
+        return self._variants(self.db.execute("SELECT function, outcomes, names, variants FROM packed WHERE function=?",
+                                              (function,)),
+                              self.db.execute("SELECT function, offset, name, outcome, reason FROM variants "
+                                              "WHERE function=? AND offset=?", (function, offset))).get(
+            (function, offset), [])
 
     def image_variants(self, image: int) -> dict[tuple[int, int], list[tuple[str, str, str]]]:
         """(function id, offset) -> [(variant name, verdict, reason)] for every boot-patched site of the image."""
+        return self._variants(
+            self.db.execute("SELECT p.function, p.outcomes, p.names, p.variants FROM packed p "
+                            "JOIN functions f ON f.id = p.function WHERE f.image=? AND p.variants IS NOT NULL",
+                            (image,)),
+            self.db.execute("SELECT v.function, v.offset, v.name, v.outcome, v.reason FROM variants v "
+                            "JOIN functions f ON f.id = v.function WHERE f.image=?", (image,)))
+
+    def _variants(self, packed, rows) -> dict[tuple[int, int], list[tuple[str, str, str]]]:
+        """(function id, offset) -> [(name, verdict, reason)] by name, from packed rows' (function, outcomes,
+        names, variants) and rows of ``variants``."""
+        outcomes = self._outcome_fields()
+        names = dict(self.db.execute("SELECT id, name FROM variant_names"))
         out: dict[tuple[int, int], list[tuple[str, str, str]]] = {}
-        for fid, off, name, verdict, reason in self.db.execute(
-                "SELECT v.function, v.offset, n.name, o.verdict, coalesce(v.reason, o.reason) FROM variants v "
-                "JOIN variant_names n ON n.id = v.name JOIN outcomes o ON o.id = v.outcome "
-                "JOIN functions f ON f.id = v.function WHERE f.image=? ORDER BY 1, 2, 3", (image,)):
-            out.setdefault((fid, off), []).append((name, verdict, reason))
+        for fid, kmap, nmap, triples in packed:
+            kmap, nmap = unpack_ids(kmap), unpack_ids(nmap)
+            for off, j, k in variant_triples(triples):
+                o = outcomes[kmap[k]]
+                out.setdefault((fid, off), []).append((names[nmap[j]], o[0].value, o[6]))
+        for fid, off, name, oid, reason in rows:
+            o = self._outcome_fields([oid])[oid]
+            out.setdefault((fid, off), []).append((names[name], o[0].value, o[6] if reason is None else reason))
+        for found in out.values():
+            found.sort()
         return out
 
     def last_run(self, image: int) -> dict:
@@ -727,21 +757,31 @@ class Store:
         return {"state": json.loads(r[0]), "differences": json.loads(r[1]), "replay": r[2]}
 
     def counts(self, image: int) -> Iterator[tuple]:
-        """(section, verdict, method, plan kind, rule, class, reason key, n), from the per-function counts
-        (grouped by integer ids in SQL, named in Python: a tenth of the time of grouping by the names)."""
-        outcomes = {r[0]: r[1:] for r in self.db.execute(
-            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key FROM outcomes")}
-        sections = dict(self.db.execute("SELECT DISTINCT section, section FROM functions WHERE image=?", (image,)))
-        for section, oid, n in self.db.execute(
-                "SELECT f.section, fo.outcome, sum(fo.n) FROM function_outcomes fo JOIN functions f "
-                "ON f.id = fo.function WHERE f.image=? GROUP BY 1, 2", (image,)):
-            yield (sections.get(section, section),) + outcomes[oid] + (n,)
+        """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts
+        (added up by integer ids, named once per outcome)."""
+        outcomes = {oid: (o[0].value,) + o[1:6] for oid, o in self._outcome_fields().items()}
+        section_of = dict(self.db.execute("SELECT id, section FROM functions WHERE image=?", (image,)))
+        totals: dict[tuple[str, int], int] = {}
+        for fid, kmap, ns in self._packed_counts("f.image=?", (image,)):
+            section = section_of[fid]
+            for oid, n in zip(kmap, ns):
+                if n:
+                    key = (section, oid)
+                    totals[key] = totals.get(key, 0) + n
+        for (section, oid), n in sorted(totals.items()):
+            yield (section,) + outcomes[oid] + (n,)
 
     def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
-        """(site kinds mask, instructions) over the instructions at kernel sites (one scan)."""
-        yield from self.db.execute(
+        """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks and
+        the full rows'."""
+        totals: dict[int, int] = dict(self.db.execute(
             "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
-            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))
+            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,)))
+        for (blob,) in self.db.execute("SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function "
+                                       "WHERE f.image=? AND p.sites IS NOT NULL", (image,)):
+            for mask, n in Counter(unpack_u32(blob)[1::2]).items():
+                totals[mask] = totals.get(mask, 0) + n
+        yield from sorted(totals.items())
 
     def replacement_rows(self, image: int) -> list[tuple]:
         """(alternative index, site, address, bytes, verdict, reason), in table order."""
@@ -754,29 +794,22 @@ class Store:
 class RowBatch:
     """Whole functions' results as a worker writes them (``shard.ShardWriter.write``).
 
-    ``packed`` holds, per function, its rows without an instance reason, sites, answers or
-    counterexample as one blob of ``PACKED_ROW`` records; ``full`` holds the other rows with every
-    column; ``counts`` is (function, outcome, n, weak, k), ``k`` the function's own index of the
-    outcome that its packed rows use."""
+    ``packed`` holds one row of the ``packed`` table per function (``store.packed_rows``: function,
+    outcomes, counts, names, variants, sites, data); ``full`` holds the other rows with every column;
+    ``variants`` the variants with a reason of their own."""
 
     functions: list[int] = field(default_factory=list)
-    packed: list[tuple[int, bytes]] = field(default_factory=list)
+    packed: list[tuple] = field(default_factory=list)
     full: list[tuple] = field(default_factory=list)  # ... the last column a Counterexample (or None)
-    counts: list[tuple] = field(default_factory=list)
     variants: list[tuple] = field(default_factory=list)  # (function, offset, variant name, outcome, reason)
     instructions: int = 0
     outcomes: list[tuple] = field(default_factory=list)  # (provisional id, outcome tuple, reason) new here
+    names: list[tuple[int, str]] = field(default_factory=list)  # (provisional id, variant name) new here
 
 
-#: A packed row (``packed.data``, one after another per function), three little-endian u32: the offset in
-#: the function; length | fresh << 4 | k << 5 (``k`` the function's index of its outcome in
-#: ``function_outcomes``); the proof time in µs (saturating).  12 bytes an instruction.
-PACKED_ROW = "<III"
-
-#: The tables every schema-3 store has (``schema.sql``).
+#: The tables every schema-4 store has (``schema.sql``).
 REQUIRED_TABLES = frozenset({"meta", "images", "configs", "runs", "functions", "outcomes", "counterexamples",
-                             "instructions", "packed", "function_outcomes", "variant_names", "variants",
-                             "replacements"})
+                             "instructions", "packed", "variant_names", "variants", "replacements"})
 
 
 class _WriterLock:
