@@ -31,7 +31,6 @@ from ..collector import paused
 from ..errors import ImageError
 from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image
-from ..kernel.sites import find_sites
 from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
@@ -43,6 +42,7 @@ from ..versions import tool_versions
 from .executors import LocalPool, Task
 from .keys import KeyMaker
 from .progress import Progress
+from .site_memo import cached_sites
 from .summary import render_summary, replacement_summary, summarize
 from .worker import Job, Learned, Worker
 
@@ -214,7 +214,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
                              f"pass the build's System.map (--system-map) or an unstripped vmlinux")
         if options.limit is not None:
             functions = functions[:options.limit]
-        sites = find_sites(image) if options.with_sites else None
+        sites = cached_sites(image, options.cache_dir) if options.with_sites else None
         versions = tool_versions()
         store = Store(store_path)
         try:

@@ -19,7 +19,8 @@ def summarize(store: Store, image: int, image_info: dict, functions: int, expect
     by_section: dict[str, Counter] = {}
     by_class: dict[str, Counter] = {}
     reasons, methods, plans, site_rows = Counter(), Counter(), Counter(), Counter()
-    for sec, verdict, method, kind, _rule, klass, rkey, n in store.counts(image):
+    rows, weak_functions = store.tallies(image)
+    for sec, verdict, method, kind, _rule, klass, rkey, n in rows:
         by_verdict[verdict] += n
         by_section.setdefault(sec, Counter())[verdict] += n
         by_class.setdefault(klass, Counter())[verdict] += n
@@ -30,10 +31,11 @@ def summarize(store: Store, image: int, image_info: dict, functions: int, expect
         for k in site_kinds(mask):
             site_rows[k] += n
     by_function: dict[str, Counter] = {}
-    for f, counts in store.function_counts(image):
+    names = store.function_names(image) if weak_functions else {}
+    for fid, counts in weak_functions.items():
         for verdict, n in counts.items():
             if verdict != Verdict.PROVED.value:
-                by_function.setdefault(verdict, Counter())[f.name] += n
+                by_function.setdefault(verdict, Counter())[names[fid]] += n
     n = sum(by_verdict.values())
     verified = store.verified_function_count(image)
     relocatable = n - by_verdict[Verdict.REJECTED.value]

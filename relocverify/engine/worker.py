@@ -33,8 +33,8 @@ from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
 from ..store.jump_rows import JumpRow, pack_jump_row
-from ..store.shard import ShardWriter, shard_path
 from ..store.packed_rows import pack_u32, pack_wide_ids
+from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
 from ..versions import source_digest
 from .keys import KeyMaker, per_instance

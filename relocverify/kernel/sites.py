@@ -40,7 +40,8 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Callable, Iterator, NamedTuple
 
 from iced_x86 import Decoder
@@ -84,6 +85,9 @@ class Site:
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.address:#x}+{self.length}" + (f": {self.detail}" if self.detail else "")
+
+
+_SITE_VALUES = attrgetter(*(f.name for f in fields(Site)))  # a site as the tuple ``Site(*values)`` takes
 
 
 class PolicyRow(NamedTuple):
@@ -301,6 +305,18 @@ class SiteIndex:
 
     def count_by_kind(self) -> dict[str, int]:
         return {kind: len(found) for kind, found in self._sites.items()}
+
+    def as_data(self) -> tuple:
+        """What the index is made of, as tuples, dicts and strings (``from_data`` makes it again):
+        what a cache keeps (``engine.site_memo``)."""
+        return ({kind: [_SITE_VALUES(site) for site in found] for kind, found in self._sites.items()},
+                list(self.missing), list(self.notes), dict(self._stray))
+
+    @classmethod
+    def from_data(cls, data: tuple) -> SiteIndex:
+        sites, missing, notes, stray = data
+        return cls({kind: [Site(*values) for values in found] for kind, found in sites.items()},
+                   list(missing), list(notes), dict(stray))
 
     def stray_by_kind(self) -> dict[str, int]:
         return dict(self._stray)

@@ -24,6 +24,8 @@ same tools and the same policy:
                run into any store copies them instead of walking the function
   row_outcomes  what the outcome digests those rows name stand for (an outcome's
                fields and reason)
+  site_indexes  an image's kernel sites (``kernel.sites.SiteIndex``), under the digest
+               of the image and relocverify's source (``engine.site_memo``)
 
 Why an instance key may stand for its finding: it determines the full key
 (tested), and a full key determines a reusable verdict (the argument is in
@@ -62,14 +64,17 @@ CREATE TABLE IF NOT EXISTS jump_segments (id INTEGER PRIMARY KEY, tag BLOB NOT N
     data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS function_rows (key BLOB PRIMARY KEY, context BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS row_outcomes (digest BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS site_indexes (key BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 """
 CACHE_SCHEMA = "2"
 FILE_NAME = "proofs.sqlite"
 #: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
 APPLICATION_ID = 0x52565043
-_TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments", "function_rows", "row_outcomes"})
+_TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments", "function_rows", "row_outcomes",
+                     "site_indexes"})
 _OLDER_TABLES = (frozenset({"meta", "proofs", "derivations", "segments"}),  # before jump answers were kept
-                 frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"}))  # before rows were
+                 frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"}),  # before rows were
+                 _TABLES - {"site_indexes"})  # before sites were
 ROWS_BATCH = 500  # function keys asked for in one query (SQLite allows 32,766 parameters)
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
@@ -303,6 +308,18 @@ class ProofCache:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+
+    # -- sites -----------------------------------------------------------------------------
+    def site_index(self, key: bytes) -> bytes | None:
+        """An image's sites kept under ``key`` (``engine.site_memo``), or None."""
+        if self.db is None:
+            return None
+        row = self.db.execute("SELECT data FROM site_indexes WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def add_site_index(self, key: bytes, data: bytes) -> None:
+        if self.db is not None:
+            self.db.execute("INSERT OR REPLACE INTO site_indexes VALUES (?,?)", (key, data))
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:

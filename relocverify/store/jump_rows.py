@@ -10,12 +10,12 @@ every instruction's ``k`` as one byte.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from dataclasses import dataclass
 from typing import Iterable
 
 from ..errors import StoreError
+from .packed_rows import pack_u32, unpack_u32
 
 #: Distinct buckets one function may have (``k`` is one byte); a kernel has about 30 in all.
 MAX_BUCKETS = 255
@@ -52,29 +52,12 @@ def pack_jump_row(function: int, answers: Iterable[tuple[int, str]]) -> JumpRow:
             k = names[bucket] = len(names)
         offsets.append(off)
         indexes.append(k)
-    return JumpRow(function, tuple(names), _little(offsets), bytes(indexes))
+    return JumpRow(function, tuple(names), pack_u32(offsets), bytes(indexes))
 
 
 def pack_ids(ids: Iterable[int]) -> bytes:
     """Bucket ids (``jump_buckets.id``) as the store keeps a function's list of them."""
-    return _little(array("I", ids))
-
-
-def unpack_u32(blob: bytes) -> array:
-    """The uint32 values of a little-endian blob: a ``pack_ids`` list or ``JumpRow.offsets``."""
-    out = array("I")
-    out.frombytes(blob)
-    if sys.byteorder == "big":
-        out.byteswap()
-    return out
-
-
-def _little(values: array) -> bytes:
-    """The values as uint32 little-endian (``array('I')`` is 4 bytes wide wherever CPython runs)."""
-    if sys.byteorder == "big":
-        values = array("I", values)
-        values.byteswap()
-    return values.tobytes()
+    return pack_u32(ids)
 
 
 __all__ = ["JumpRow", "MAX_BUCKETS", "pack_jump_row", "pack_ids", "unpack_u32"]

@@ -81,9 +81,34 @@ def remap_ids(blob: bytes | None, final: dict[int, int]) -> bytes | None:
     if sys.byteorder == "big":
         ids.byteswap()
     try:
+        if ids and max(ids) < 0:  # a new store: every id provisional
+            return pack_ids(map(final.__getitem__, ids))
         return pack_ids(final[i] if i < 0 else i for i in ids)
     except (KeyError, OverflowError) as exc:
         raise StoreError(f"a shard names an id its store cannot hold ({exc!r}): verify into a new --db") from None
+
+
+class Remapper:
+    """``remap_ids`` as an SQL function of a merge: a function's id arrays repeat (a kernel's 46 thousand
+    functions have about 15 thousand distinct outcome lists, fewer name lists), so each is mapped once; an
+    error is kept for the merge to raise (SQLite would only say that the function failed)."""
+
+    def __init__(self, final: dict[int, int]):
+        self.final = final
+        self.memo: dict[bytes, bytes | None] = {}
+        self.error: Exception | None = None
+
+    def __call__(self, blob: bytes | None) -> bytes | None:
+        if blob is None:
+            return None
+        got = self.memo.get(blob)
+        if got is None:
+            try:
+                got = self.memo[blob] = remap_ids(blob, self.final)
+            except StoreError as exc:
+                self.error = exc
+                raise
+        return got
 
 
 def site_masks(blob: bytes | None) -> dict[int, int]:

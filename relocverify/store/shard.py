@@ -35,7 +35,7 @@ import os
 import sqlite3
 
 from ..errors import StoreError
-from .packed_rows import remap_ids
+from .packed_rows import Remapper
 
 SCHEMA = """
 CREATE TABLE instructions (
@@ -196,7 +196,8 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute(f"INSERT OR IGNORE INTO temp.idmap SELECT u.pid, n.id FROM "
                    f"({_union(names, 'new_names', 'pid, name')}) u JOIN main.variant_names n USING (name)")
         final = dict(db.execute("SELECT pid, final FROM temp.idmap"))
-        db.create_function("rv_remap", 1, lambda blob: remap_ids(blob, final), deterministic=True)
+        remap = Remapper(final)
+        db.create_function("rv_remap", 1, remap, deterministic=True)
         # each shard's counterexample ids, offset past the store's and the shards' before it
         offsets = []
         for name in names:
@@ -221,8 +222,13 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
         db.execute("INSERT INTO main.instructions SELECT i.function, i.offset, i.length, coalesce(m.final, i.outcome), "
                    f"i.reason, i.proof_us, i.fresh, i.sites, i.answers, i.cex FROM ({rows}) i "
                    "LEFT JOIN temp.idmap m ON m.pid = i.outcome ORDER BY i.function, i.offset")
-        db.execute("INSERT INTO main.packed SELECT function, rv_remap(outcomes), counts, rv_remap(names), variants, "
-                   f"sites, data FROM ({_union(names, 'packed', '*')}) ORDER BY 1")
+        try:
+            db.execute("INSERT INTO main.packed SELECT function, rv_remap(outcomes), counts, rv_remap(names), "
+                       f"variants, sites, data FROM ({_union(names, 'packed', '*')}) ORDER BY 1")
+        except sqlite3.OperationalError:
+            if remap.error is not None:
+                raise remap.error from None
+            raise
         db.execute("INSERT INTO main.variants SELECT v.function, v.offset, n.id, coalesce(m.final, v.outcome), "
                    f"v.reason FROM ({_union(names, 'variants', '*')}) v JOIN main.variant_names n ON n.name = v.name "
                    "LEFT JOIN temp.idmap m ON m.pid = v.outcome ORDER BY 1, 2, 3")

@@ -65,7 +65,16 @@ from ..inputs import input_file
 from ..proof.verdict import Verdict
 from . import shard
 from .jump_rows import JumpRow, pack_ids
-from .packed_rows import FRESH_BIT, K_SHIFT, LENGTH_MASK, PACKED_ROW, site_masks, unpack_ids, unpack_u32, variant_triples
+from .packed_rows import (
+    FRESH_BIT,
+    K_SHIFT,
+    LENGTH_MASK,
+    PACKED_ROW,
+    site_masks,
+    unpack_ids,
+    unpack_u32,
+    variant_triples,
+)
 
 SCHEMA_VERSION = 4
 
@@ -621,8 +630,8 @@ class Store:
                 "JOIN functions f ON f.id = i.function WHERE f.image=?", (image,)):
             full.setdefault(fid, []).append((off, n, verdict_of[oid], sites))
         for fid, start, name, code, outcomes, sites, data in self.db.execute(
-                "SELECT f.id, f.start, f.name, f.bytes, p.outcomes, p.sites, p.data FROM functions f LEFT JOIN packed p "
-                "ON p.function = f.id WHERE f.image=? ORDER BY f.start, f.name", (image,)):
+                "SELECT f.id, f.start, f.name, f.bytes, p.outcomes, p.sites, p.data FROM functions f "
+                "LEFT JOIN packed p ON p.function = f.id WHERE f.image=? ORDER BY f.start, f.name", (image,)):
             if outcomes is None and fid not in full:
                 continue
             verdicts = [verdict_of[oid] for oid in unpack_ids(outcomes)]
@@ -757,30 +766,49 @@ class Store:
         return {"state": json.loads(r[0]), "differences": json.loads(r[1]), "replay": r[2]}
 
     def counts(self, image: int) -> Iterator[tuple]:
-        """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts
-        (added up by integer ids, named once per outcome)."""
-        outcomes = {oid: (o[0].value,) + o[1:6] for oid, o in self._outcome_fields().items()}
-        section_of = dict(self.db.execute("SELECT id, section FROM functions WHERE image=?", (image,)))
-        totals: dict[tuple[str, int], int] = {}
-        for fid, kmap, ns in self._packed_counts("f.image=?", (image,)):
-            section = section_of[fid]
-            for oid, n in zip(kmap, ns):
-                if n:
-                    key = (section, oid)
-                    totals[key] = totals.get(key, 0) + n
-        for (section, oid), n in sorted(totals.items()):
-            yield (section,) + outcomes[oid] + (n,)
+        """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts."""
+        yield from self.tallies(image)[0]
+
+    def tallies(self, image: int) -> tuple[list[tuple], dict[int, dict[str, int]]]:
+        """One scan of the image's packed counts (added up by integer ids, named once per outcome): the rows
+        of ``counts``, and per function with an instruction that is not proved its counts by verdict."""
+        fields = self._outcome_fields()
+        verdict_of = {oid: o[0].value for oid, o in fields.items()}
+        weak = frozenset(oid for oid, v in verdict_of.items() if v != Verdict.PROVED.value)
+        by_section: dict[str, dict[int, int]] = {}
+        weak_functions: dict[int, dict[str, int]] = {}
+        for fid, section, outcomes, ns in self.db.execute(
+                "SELECT p.function, f.section, p.outcomes, p.counts FROM packed p JOIN functions f "
+                "ON f.id = p.function WHERE f.image=?", (image,)):
+            oids, cs = unpack_ids(outcomes), unpack_u32(ns)
+            mine = by_section.get(section)
+            if mine is None:
+                mine = by_section[section] = {}
+            for oid, n in zip(oids, cs):
+                mine[oid] = mine.get(oid, 0) + n
+            if not weak.isdisjoint(oids):
+                verdicts: dict[str, int] = {}
+                for oid, n in zip(oids, cs):
+                    if n:
+                        verdicts[verdict_of[oid]] = verdicts.get(verdict_of[oid], 0) + n
+                weak_functions[fid] = verdicts
+        rows = [(section, fields[oid][0].value) + fields[oid][1:6] + (n,)
+                for section, per in sorted(by_section.items()) for oid, n in sorted(per.items()) if n]
+        return rows, weak_functions
+
+    def function_names(self, image: int) -> dict[int, str]:
+        return dict(self.db.execute("SELECT id, name FROM functions WHERE image=?", (image,)))
 
     def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
         """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks and
         the full rows'."""
-        totals: dict[int, int] = dict(self.db.execute(
+        totals = Counter(dict(self.db.execute(
             "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
-            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,)))
-        for (blob,) in self.db.execute("SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function "
-                                       "WHERE f.image=? AND p.sites IS NOT NULL", (image,)):
-            for mask, n in Counter(unpack_u32(blob)[1::2]).items():
-                totals[mask] = totals.get(mask, 0) + n
+            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))))
+        pairs = unpack_u32(b"".join(blob for (blob,) in self.db.execute(
+            "SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=? "
+            "AND p.sites IS NOT NULL", (image,))))
+        totals.update(pairs[1::2])
         yield from sorted(totals.items())
 
     def replacement_rows(self, image: int) -> list[tuple]:
