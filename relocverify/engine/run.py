@@ -214,7 +214,9 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
                              f"pass the build's System.map (--system-map) or an unstripped vmlinux")
         if options.limit is not None:
             functions = functions[:options.limit]
-        sites = cached_sites(image, options.cache_dir) if options.with_sites else None
+        sites = None
+        if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
+            sites = cached_sites(image, options.cache_dir if session is None else session.findings(tag)[0])
         versions = tool_versions()
         store = Store(store_path)
         try:
@@ -290,7 +292,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
             ranges = patch_ranges(image, functions, sites, options.policy)
         job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
                   store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
-                  options.reuse_rows, store.variant_names_now())
+                  options.reuse_rows)
         pool = session.pool_for(job)
         counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
         expected = counts.instructions + _count_done(pool, job, sorted(scope.done))

@@ -37,22 +37,24 @@ def sites_key(image: Image, source: bytes) -> bytes:
     return h.digest()
 
 
-def cached_sites(image: Image, cache_dir: str | None) -> SiteIndex:
-    """``find_sites(image)``, read from the proof cache in ``cache_dir`` when it keeps them, and kept
-    there when it does not (no cache directory: found every time)."""
-    if cache_dir is None:
+def cached_sites(image: Image, cache: ProofCache | str | None) -> SiteIndex:
+    """``find_sites(image)``, read from the proof cache (open, or its directory) when it keeps them, and
+    kept there when it does not (None: found every time)."""
+    if cache is None:
         return find_sites(image)
-    cache = ProofCache(cache_dir)
-    try:
-        key = sites_key(image, source_digest())
-        value = cache.site_index(key)
-        if value is not None:
-            try:
-                return SiteIndex.from_data(marshal.loads(zlib.decompress(value)))
-            except (ValueError, TypeError, EOFError, zlib.error):
-                pass  # damaged: found again, and replaced
-        sites = find_sites(image)
-        cache.add_site_index(key, zlib.compress(marshal.dumps(sites.as_data()), _LEVEL))
-        return sites
-    finally:
-        cache.close()
+    if isinstance(cache, str):
+        opened = ProofCache(cache)
+        try:
+            return cached_sites(image, opened)
+        finally:
+            opened.close()
+    key = sites_key(image, source_digest())
+    value = cache.site_index(key)
+    if value is not None:
+        try:
+            return SiteIndex.from_data(marshal.loads(zlib.decompress(value)))
+        except (ValueError, TypeError, EOFError, zlib.error):
+            pass  # damaged: found again, and replaced
+    sites = find_sites(image)
+    cache.add_site_index(key, zlib.compress(marshal.dumps(sites.as_data()), _LEVEL))
+    return sites

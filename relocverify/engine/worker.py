@@ -74,7 +74,6 @@ class Job:
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
-    names: dict[str, int] = field(default_factory=dict)  # the store's variant names at the start -> ids
 
 
 def empty_harvest() -> tuple[dict, dict, dict, dict]:
@@ -139,7 +138,7 @@ class Worker:
         self._new_bytes = 0  # the size of ``new_rows``
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes, job.names)
+        self.ids = OutcomeIds(job.outcomes)
         self.shard: ShardWriter | None = None
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
@@ -174,7 +173,7 @@ class Worker:
                     learned.ids = learned.plain = None
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes, job.names)
+        self.ids = OutcomeIds(job.outcomes)
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
         self.__dict__.pop("_context", None)
@@ -710,19 +709,21 @@ def replace_reason(f: Finding, reason: str) -> Finding:
 class OutcomeIds:
     """Outcome and variant name ids as a worker knows them, without ever writing to the store.
 
-    An outcome (or a variant name) the store already had when the run began (``Job.outcomes``,
-    ``Job.names``), or one the run's parent has since numbered (``learn``), has its store id.  A new
-    one gets a provisional negative id, unique across processes; every shard the worker writes
-    defines all its provisional ids still in use, the merge numbers them in the store and maps the
-    rows (``store.shard``), and the worker learns the store ids between phases.  So workers take no
-    lock on the store, and never wait for one another."""
+    An outcome the store already had when the run began (``Job.outcomes``), or an outcome or a
+    variant name the run's parent has since numbered (``learn``), has its store id.  A new one gets
+    a provisional negative id, unique across processes; every shard the worker writes defines all
+    its provisional ids still in use, the merge numbers them in the store and maps the rows
+    (``store.shard``), and the worker learns the store ids between phases.  So workers take no lock
+    on the store, and never wait for one another.  (Variant names start provisional: the store's
+    are not sent with the job, since a package's store holds tens of thousands, which every image's
+    job would carry, and the merge finds a name's id by its text as cheaply.)"""
 
-    def __init__(self, known: dict[tuple, tuple[int, str]], names: dict[str, int] | None = None):
+    def __init__(self, known: dict[tuple, tuple[int, str]]):
         self.known = dict(known)  # outcome tuple -> (id, reason of the outcome)
         self.provisional: dict[int, tuple[tuple, str]] = {}  # provisional id -> (outcome tuple, reason)
         self.by_id: dict[int, tuple[tuple, str]] = {oid: (t, reason) for t, (oid, reason) in known.items()}
-        self.names = dict(names or {})  # variant name -> id
-        self.name_of = {i: name for name, i in self.names.items()}
+        self.names: dict[str, int] = {}  # variant name -> id
+        self.name_of: dict[int, str] = {}
         self.new_names: dict[int, str] = {}  # provisional id -> variant name
         self.counter = 0
 

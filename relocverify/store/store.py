@@ -550,10 +550,6 @@ class Store:
         Returns the store ids of the provisional outcome ids the shards used."""
         return shard.merge(self.db, paths)[1]
 
-    def variant_names_now(self) -> dict[str, int]:
-        """Every variant name already stored: name -> id."""
-        return {name: i for i, name in self.db.execute("SELECT id, name FROM variant_names")}
-
     def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
         """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
         return {tuple(r[1:7]): (r[0], r[7]) for r in self.db.execute(
