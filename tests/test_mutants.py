@@ -214,6 +214,20 @@ UNDECIDED = {
                                       "override on a string instruction: unknown, never proved",
 }
 
+# Behaviour-changing, refuted when z3's model replays: the relocation's form is not CPU-validated, so
+# VEX's semantics of it are unchecked, and for some of z3's models of the difference unicorn sees none.
+# Which model z3 picks depends on the terms the process made before (the suite's order), so the verdict
+# is refuted or, with the unconfirmed counterexample kept, unknown: never proved.
+MODEL_DEPENDENT = {
+    ("push rip-rel", "added prefix 67"): "push m8[eip] (67: a 32-bit address) reads another address than push "
+                                         "[rip+d]; its form is not CPU-validated",
+}
+
+
+def _unconfirmed(r) -> bool:
+    """Unknown because unicorn did not confirm z3's counterexample of a form this CPU never validated."""
+    return _unvalidated(r) and "unicorn did not confirm" in r.reason and r.counterexample is not None
+
 
 def _unvalidated(r) -> bool:
     """Unknown only because a form of the mutant is not CPU-validated: equivalent on hardware, but default deny
@@ -255,14 +269,16 @@ def test_mutation_score(capsys):
             survived.append((m, r))
     unexplained = [(m.base, m.name, r.verdict.value, r.reason) for m, r in survived
                    if not ((m.base, m.name) in EQUIVALENT and (r.verdict is Verdict.PROVED or _unvalidated(r))
-                           or (m.base, m.name) in UNDECIDED and r.verdict is Verdict.UNKNOWN)]
+                           or (m.base, m.name) in UNDECIDED and r.verdict is Verdict.UNKNOWN
+                           or (m.base, m.name) in MODEL_DEPENDENT and _unconfirmed(r))]
     score = len(killed) / max(len(ALL), 1)
     with capsys.disabled():
         print(f"\nmutation score: {len(killed)}/{len(ALL)} killed ({score:.1%}); survivors: "
               f"{sum(r.verdict is Verdict.PROVED for _, r in survived)} proved equivalent, "
               f"{sum(r.verdict is Verdict.UNKNOWN for _, r in survived)} undecided, {len(unexplained)} unexplained")
         for m, r in survived:
-            why = EQUIVALENT.get((m.base, m.name)) or UNDECIDED.get((m.base, m.name), "UNEXPLAINED")
+            why = (EQUIVALENT.get((m.base, m.name)) or UNDECIDED.get((m.base, m.name))
+                   or MODEL_DEPENDENT.get((m.base, m.name), "UNEXPLAINED"))
             print(f"  survivor: {m.base}: {m.name}: {r.verdict.value}: {why}")
     assert not unexplained
     assert len(ALL) >= 100
