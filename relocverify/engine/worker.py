@@ -294,9 +294,10 @@ class Worker:
         oids = [define(outcome, reason)[0] for outcome, reason in described]
         name = self.ids.name
         batch.functions.append(fid)
-        batch.packed.append((fid, pack_wide_ids(oids), counts, pack_wide_ids(map(name, names)) if names else None,
-                             variants, sites, data))
-        batch.n_packed += len(data) // 12
+        if oids:  # a function with no instruction of its own has no packed row (``_Batch.end_function``)
+            batch.packed.append((fid, pack_wide_ids(oids), counts, pack_wide_ids(map(name, names)) if names else None,
+                                 variants, sites, data))
+            batch.n_packed += len(data) // 12
         batch.full.extend((fid, off, length, oids[k], reason, us, 0, mask, answers, None)
                           for off, length, k, reason, us, mask, answers in full)
         batch.variants.extend((fid, off, vname, oids[k], reason) for off, vname, k, reason in reasoned)
@@ -308,7 +309,11 @@ class Worker:
         """The function just added to ``batch`` (its packed row last, its full rows from ``f0``, variants
         with reasons from ``v0``), kept for the cache under ``fkey`` as a run on a warm cache would write
         it (``row_memo.kept_rows``)."""
-        _, _, counts, _, variants, sites, data = batch.packed[-1]
+        if not kmap:  # no instruction of its own (another function owns them all): no packed row
+            counts = variants = sites = None
+            data = b""
+        else:
+            _, _, counts, _, variants, sites, data = batch.packed[-1]
         order = sorted(kmap, key=kmap.__getitem__)
         full = [(r[1], r[2], kmap[r[3]], r[4], r[5], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
         text = self.ids.name_text
