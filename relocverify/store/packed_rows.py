@@ -54,16 +54,17 @@ def pack_u32(values) -> bytes:
 
 
 def unpack_ids(blob: bytes | None) -> array:
-    out = array("i")
-    if blob:
-        out.frombytes(blob)
-        if sys.byteorder == "big":
-            out.byteswap()
-    return out
+    """The store ids of a ``pack_ids`` blob."""
+    return _unpack("i", blob)
 
 
 def unpack_u32(blob: bytes | None) -> array:
-    out = array("I")
+    return _unpack("I", blob)
+
+
+def _unpack(typecode: str, blob: bytes | None) -> array:
+    """The little-endian values of ``blob`` (None or empty: none) as an array of ``typecode``."""
+    out = array(typecode)
     if blob:
         out.frombytes(blob)
         if sys.byteorder == "big":
@@ -76,10 +77,7 @@ def remap_ids(blob: bytes | None, final: dict[int, int]) -> bytes | None:
     replaced by its store id in ``final``."""
     if blob is None:
         return None
-    ids = array("q")
-    ids.frombytes(blob)
-    if sys.byteorder == "big":
-        ids.byteswap()
+    ids = _unpack("q", blob)
     try:
         if ids and max(ids) < 0:  # a new store: every id provisional
             return pack_ids(map(final.__getitem__, ids))

@@ -417,21 +417,16 @@ class Store:
     def function_counts(self, image: int) -> Iterator[tuple[FunctionRecord, dict[str, int]]]:
         """Every function with its instruction counts by verdict (its packed row's counts)."""
         verdict_of = {oid: o[0].value for oid, o in self._outcome_fields().items()}
-        counts: dict[int, dict[str, int]] = {}
-        for fid, outcomes, ns in self._packed_counts("f.image=?", (image,)):
-            mine = counts[fid] = {}
-            for oid, n in zip(outcomes, ns):
-                if n:
-                    v = verdict_of[oid]
-                    mine[v] = mine.get(v, 0) + n
+        counts = {fid: _by_verdict(oids, ns, verdict_of) for fid, _, oids, ns in self._packed_counts(image)}
         for f in self.iter_functions(image):
             yield f, counts.get(f.id, {})
 
-    def _packed_counts(self, where: str, args: tuple) -> Iterator[tuple[int, array, array]]:
-        """(function id, outcome ids by k, instructions by k) of the functions ``where`` picks."""
-        for fid, outcomes, ns in self.db.execute("SELECT p.function, p.outcomes, p.counts FROM packed p "
-                                                 f"JOIN functions f ON f.id = p.function WHERE {where}", args):
-            yield fid, unpack_ids(outcomes), unpack_u32(ns)
+    def _packed_counts(self, image: int) -> Iterator[tuple[int, str, array, array]]:
+        """(function id, section, outcome ids by k, instructions by k) of the image's packed functions."""
+        for fid, section, outcomes, ns in self.db.execute(
+                "SELECT p.function, f.section, p.outcomes, p.counts FROM packed p JOIN functions f "
+                "ON f.id = p.function WHERE f.image=?", (image,)):
+            yield fid, section, unpack_ids(outcomes), unpack_u32(ns)
 
     # -- outcomes --------------------------------------------------------------------
     def outcome_ids(self) -> dict[tuple, int]:
@@ -773,21 +768,14 @@ class Store:
         weak = frozenset(oid for oid, v in verdict_of.items() if v != Verdict.PROVED.value)
         by_section: dict[str, dict[int, int]] = {}
         weak_functions: dict[int, dict[str, int]] = {}
-        for fid, section, outcomes, ns in self.db.execute(
-                "SELECT p.function, f.section, p.outcomes, p.counts FROM packed p JOIN functions f "
-                "ON f.id = p.function WHERE f.image=?", (image,)):
-            oids, cs = unpack_ids(outcomes), unpack_u32(ns)
+        for fid, section, oids, cs in self._packed_counts(image):
             mine = by_section.get(section)
             if mine is None:
                 mine = by_section[section] = {}
             for oid, n in zip(oids, cs):
                 mine[oid] = mine.get(oid, 0) + n
             if not weak.isdisjoint(oids):
-                verdicts: dict[str, int] = {}
-                for oid, n in zip(oids, cs):
-                    if n:
-                        verdicts[verdict_of[oid]] = verdicts.get(verdict_of[oid], 0) + n
-                weak_functions[fid] = verdicts
+                weak_functions[fid] = _by_verdict(oids, cs, verdict_of)
         rows = [(section, fields[oid][0].value) + fields[oid][1:6] + (n,)
                 for section, per in sorted(by_section.items()) for oid, n in sorted(per.items()) if n]
         return rows, weak_functions
@@ -812,6 +800,15 @@ class Store:
         return [(k, unsigned(s), unsigned(a), bytes(b), v, reason) for k, s, a, b, v, reason in self.db.execute(
             "SELECT r.alt, r.site, r.address, r.bytes, o.verdict, r.reason FROM replacements r JOIN outcomes o "
             "ON o.id = r.outcome WHERE r.image=? ORDER BY r.alt, r.address", (image,))]
+
+
+def _by_verdict(oids, counts, verdict_of: dict[int, str]) -> dict[str, int]:
+    """A function's instruction counts by verdict, from its packed outcome ids and counts."""
+    out: dict[str, int] = {}
+    for oid, n in zip(oids, counts):
+        if n:
+            out[verdict_of[oid]] = out.get(verdict_of[oid], 0) + n
+    return out
 
 
 @dataclass
