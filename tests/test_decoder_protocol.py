@@ -168,3 +168,33 @@ def test_decode_is_the_adapters_answers_cross_checked(entry):
 @given(raw=st.binary(min_size=1, max_size=15), address=st.integers(0, 2**64 - 1))
 def test_decode_is_the_adapters_answers_on_any_bytes(raw, address):
     _through_the_adapters(raw, address)
+
+
+def _capstone_through_the_binding(raw: bytes, address: int) -> Detail | None:
+    """What ``CapstoneAdapter.detail`` answered through capstone's Python binding (``Cs.disasm``, ``CsInsn``)
+    before it read cs_disasm's buffer itself."""
+    import capstone
+
+    from relocverify.x86.decoders.capstone import _CS
+    from relocverify.x86.instruction import DecoderAnswer
+
+    try:
+        ins = next(_CS.disasm(raw, address, 1), None)
+    except capstone.CsError:
+        return None
+    if ins is None:
+        return None
+    answer = DecoderAnswer("capstone", ins.size, ins.disp_offset, ins.disp_size, ins.imm_offset, ins.imm_size,
+                           f"{ins.mnemonic} {ins.op_str}".strip())
+    return Detail(answer, ins.mnemonic, ins.op_str)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(raw=st.binary(min_size=1, max_size=15), address=st.integers(0, 2**64 - 1))
+def test_capstones_detail_read_from_its_buffer_is_the_bindings(raw, address):
+    assert CapstoneAdapter().detail(raw, address) == _capstone_through_the_binding(raw, address)
+
+
+@pytest.mark.parametrize("entry", FACTS, ids=lambda e: e.id)
+def test_capstones_detail_read_from_its_buffer_is_the_bindings_on_the_corpus(entry):
+    assert CapstoneAdapter().detail(entry.raw, entry.at) == _capstone_through_the_binding(entry.raw, entry.at)

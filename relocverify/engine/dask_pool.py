@@ -178,8 +178,9 @@ class DaskPool:
 
     def run(self, queues: list[list[Task]], on_result: Callable[[Task, object], None],
             on_crash: Callable[[Task, int, int | None], list[Task]] | None = None,
-            tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
-        """Every task of every queue, in any order and on any worker; ``on_result(task, value)`` for each."""
+            tick: Callable[[], None] | None = None, tick_s: float = 0.5, shared: bool = False) -> None:
+        """Every task of every queue, in any order and on any worker; ``on_result(task, value)`` for each
+        (``shared`` changes nothing here: a task's tag is its own, as no worker has an index)."""
         import distributed
 
         pending: dict = {}

@@ -7,7 +7,10 @@ for the whole run (``worker``):
 1. survey: every instruction gets an instance key (``keys``); the keys the
    persistent proof cache does not know are collected, one representative each;
 2. proofs: each unknown key's representative is decoded, planned and
-   proved once, on whichever worker the key is dealt to;
+   proved once, on whichever worker is free; each worker is then sent the
+   findings of its functions' keys that the other workers made, and the
+   proof cache is written by a thread of the parent's (``Behind``) while
+   the rows are made;
 3. rows: every function is walked again on the worker that surveyed it; each
    instruction takes its key's finding (instances whose key cannot stand for
    them are proved one by one), kernel sites and their variants are applied,
@@ -23,7 +26,9 @@ concerned ``unknown`` with the reason, and the run goes on.
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -465,7 +470,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     learned: dict[bytes, Learned] = {}
     items = [(k, raw, a) for k, (raw, a) in sorted(misses.items(), key=lambda kv: kv[1][1])]
     prove_chunks = _chunks(items, PROVE_CHUNK)
-    queues = [[Task("prove", (c,)) for c in prove_chunks[w::pool.n]] for w in range(pool.n)]
+    by: dict[bytes, int] = {}  # the worker that proved each key (a shared task's tag is its worker)
 
     def crashed_key(task, at, pid):
         key, raw, address = task.args[0][at]
@@ -477,15 +482,20 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
 
     base = pool.items_done()
     progress.phase("proofs", len(items), "distinct instance keys")
-    pool.run(queues, lambda task, value: learned.update(value), crashed_key,
-             tick=lambda: progress.update(pool.items_done() - base))
+    def proved(task, value):
+        learned.update(value)
+        if task.tag is not None:
+            by.update(dict.fromkeys(value, task.tag))
+
+    pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
+             tick=lambda: progress.update(pool.items_done() - base), shared=True)
     progress.end()
     phases["proofs_s"] = time.monotonic() - t1
 
     t1 = time.monotonic()
-    pool.broadcast("accept", lambda w: ({k: learned[k] for k in owned[w] if k in learned},))
+    pool.broadcast("accept", lambda w: (_wanted(learned, owned[w], by, w),))
     pool.remember("accept", (learned,))
-    _harvest(pool, cache, tag, job.cached)
+    keeping = _harvest(pool, cache, tag, job.cached, behind=True)
 
     queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
 
@@ -494,7 +504,11 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
 
     base = pool.items_done()
     progress.phase("rows", total[0] - counts["rows"], "instructions")
-    pool.run(queues, rows_done, crashed_function, tick=lambda: progress.update(pool.items_done() - base))
+    try:
+        pool.run(queues, rows_done, crashed_function, tick=lambda: progress.update(pool.items_done() - base))
+    finally:
+        if keeping is not None:
+            keeping.join()
     progress.end()
     merge()
     for w in fallback:
@@ -591,14 +605,63 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
     return out
 
 
-def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict) -> None:
+def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]], by: dict[bytes, int],
+            w: int) -> dict[bytes, Learned]:
+    """What worker ``w`` is sent of the proofs' findings: those of the keys its functions hold that another
+    worker proved; the representative's own finding (its counterexample, its fresh mark) only when the
+    representative is in ``w``'s functions (``owned``: its first instance of each key), as no other instance
+    is that one.  (Sending every finding to every worker cost a cold kernel run 0.65 s between its phases.)"""
+    out = {}
+    for k, (_, address) in owned.items():
+        hit = learned.get(k)
+        if hit is not None and by.get(k) != w:
+            out[k] = hit if hit.address == address else Learned(hit.cached)
+    return out
+
+
+def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False) -> Behind | None:
     """Collect what the workers proved since the last harvest into the persistent cache (and into
-    ``cached``, the session's copy, which a worker started later is given)."""
+    ``cached``, the session's copy, which a worker started later is given).  ``behind``: the cache is
+    written by a thread of its own (``Behind``: join it), while the workers go on."""
     findings, proofs, derivations, jumps = pool.harvest()
-    cache.add(tag, findings, proofs, derivations)
-    for jtag, entries in jumps.items():
-        cache.add_jump_entries(jtag, entries)
     cached.update(findings)
+
+    def keep(into: ProofCache) -> None:
+        into.add(tag, findings, proofs, derivations)
+        for jtag, entries in jumps.items():
+            into.add_jump_entries(jtag, entries)
+
+    if not behind or not cache.enabled:
+        keep(cache)
+        return None
+    return Behind(cache.directory, keep)
+
+
+class Behind(threading.Thread):
+    """Writes the proof cache on a connection of its own while the main thread waits on the workers
+    (between the proofs and the rows, the harvest's 0.4 s of inserts kept both workers waiting); ``join``
+    raises what the writing raised."""
+
+    def __init__(self, directory: str, keep: Callable[[ProofCache], None]):
+        super().__init__(name="relocverify-harvest", daemon=True)
+        self._directory, self._keep, self._error = directory, keep, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            cache = ProofCache(self._directory)
+            try:
+                self._keep(cache)
+            finally:
+                cache.close()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread by join
+            self._error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 __all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "again",

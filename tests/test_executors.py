@@ -1,0 +1,112 @@
+"""The local pool's scheduling: two tasks in each worker's pipe, tasks shared by whichever worker is free,
+and no task lost or run twice when a worker dies with a task in hand and another behind it.
+
+The workers are real forked processes; the task is ``Worker.count``, replaced (before the fork) by one that
+returns its argument after a short sleep, or kills its process on the items it is told to."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from relocverify.engine import executors
+from relocverify.engine.executors import LocalPool, Task
+from relocverify.engine.worker import Job, Worker
+
+
+def _job() -> Job:
+    return Job(image=None, functions={}, tramp=0xFFFFFFFFC0000000, timeout_s=1.0, sites=None, cached={},
+               cache_dir=None, tag=b"test")
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    """``Worker.count(items)``: ``items`` back after 5 ms each, or the process killed at an item in ``DEATHS``
+    the first time it meets it (a file marks it met, so the fresh worker that takes the task over lives)."""
+    marks = []
+
+    def count(self, items):
+        for i, item in enumerate(items):
+            self.current(i)
+            mark = f"/tmp/relocverify-test-executors-{os.getppid()}-{item}"
+            if item in DEATHS and not os.path.exists(mark):
+                open(mark, "w").close()
+                marks.append(mark)
+                os._exit(1)
+            time.sleep(0.005)
+        return list(items)
+
+    monkeypatch.setattr(Worker, "count", count)
+    yield marks
+    for item in DEATHS:
+        path = f"/tmp/relocverify-test-executors-{os.getpid()}-{item}"
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+DEATHS = frozenset({7, 30})
+
+
+def _rest_after(results: list[int], crashed: list[int]):
+    """An ``on_crash`` as the run's: the items before the one in hand done (their rows are in the dead
+    worker's shard), that one noted as crashed, the later ones run again."""
+    def on_crash(task, at, pid):
+        results.extend(task.args[0][:at])
+        crashed.append(task.args[0][at])
+        rest = task.args[0][at + 1:]
+        return [Task("count", (rest,), task.tag)] if rest else []
+    return on_crash
+
+
+def _tasks(items: list[int], size: int, tag=None) -> list[Task]:
+    return [Task("count", (items[i:i + size],), tag) for i in range(0, len(items), size)]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_every_item_is_answered_or_crashed_exactly_once_when_workers_die(counting, shared):
+    results: list[int] = []
+    crashed: list[int] = []
+    tags: set = set()
+
+    def on_result(task, value):
+        results.extend(value)
+        tags.add(task.tag)
+
+    pool = LocalPool(_job(), 2)
+    try:
+        queues = [_tasks(list(range(40)), 3, "a"), _tasks(list(range(40, 60)), 3, "b")]
+        pool.run(queues, on_result, _rest_after(results, crashed), shared=shared)
+    finally:
+        pool.close()
+    assert sorted(crashed) == sorted(DEATHS)
+    assert sorted(results + crashed) == list(range(60))  # none lost, none twice
+    assert tags == ({0, 1} if shared else {"a", "b"})  # shared: the worker that ran it
+
+
+def test_a_big_message_waits_until_its_worker_is_free(counting, monkeypatch):
+    """A message over ``PIPE_SAFE`` is not put behind a task in hand, so neither side blocks on a full
+    socket; the answers are the same."""
+    monkeypatch.setattr(executors, "PIPE_SAFE", 64)  # every message of more than one item is big
+    results: list[int] = []
+    crashed: list[int] = []
+    pool = LocalPool(_job(), 2)
+    try:
+        pool.run([_tasks(list(range(30)), 5), _tasks(list(range(30, 40)), 1)],
+                 lambda task, value: results.extend(value), _rest_after(results, crashed))
+    finally:
+        pool.close()
+    assert sorted(crashed) == sorted(DEATHS) and sorted(results + crashed) == list(range(40))
+
+
+def test_the_inline_pool_tags_shared_tasks_with_its_one_worker(counting):
+    pool = LocalPool(_job(), 1)
+    pool.worker.current = lambda i: None
+    seen = []
+    try:
+        pool.run([_tasks([1, 2], 1, "x"), _tasks([3], 1, "y")], lambda task, value: seen.append((task.tag, value)),
+                 shared=True)
+    finally:
+        pool.close()
+    assert seen == [(0, [1]), (0, [2]), (0, [3])]
