@@ -477,6 +477,8 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         why = "worker crashed while proving this instruction"
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
         learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
+        by.clear()  # the fresh worker lacks what the dead one proved: every worker is sent every finding
+        by[_ANY] = -1
         rest = task.args[0][at + 1:]
         return [Task("prove", (rest,))] if rest else []
 
@@ -484,7 +486,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     progress.phase("proofs", len(items), "distinct instance keys")
     def proved(task, value):
         learned.update(value)
-        if task.tag is not None:
+        if task.tag is not None and _ANY not in by:
             by.update(dict.fromkeys(value, task.tag))
 
     pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
@@ -603,6 +605,9 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
     if unchecked:
         out["unchecked"] = list(unchecked)
     return out
+
+
+_ANY = b""  # in ``by``: a worker died while proving, so no key counts as held by the worker that proved it
 
 
 def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]], by: dict[bytes, int],
