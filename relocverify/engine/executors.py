@@ -190,12 +190,12 @@ class LocalPool:
         def feed(i: int) -> None:
             """Keep ``IN_FLIGHT`` tasks in worker i's pipe.  A task goes behind another only when its message is
             small (``PIPE_SAFE``: the worker reads it only once it ends the task in hand, and meanwhile the
-            parent must be free to read that task's result), and when it has no ``late`` arguments (those are
-            made when the worker has nothing else, as late as can be)."""
+            parent must be free to read that task's result).  A task's ``late`` arguments are made when it is
+            sent, one task ahead of the worker."""
             q = queue_of(i)
             while len(flight[i]) < IN_FLIGHT:
                 if held[i] is None:
-                    if not q or (q[0].late is not None and flight[i]):
+                    if not q:
                         return
                     task = q.popleft()
                     held[i] = (task, bytes(ForkingPickler.dumps((task.method, task.call_args()))))

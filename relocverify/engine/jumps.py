@@ -166,15 +166,18 @@ class JumpProver:
             tokens = [lane_token(key, data[o:o + m]) or _aimed(key, data[o:o + m], fn.start + o)
                       for key, (o, m) in zip(keys, spans)]
         runs = []  # (j, length): the run from instruction i is i..j-1, ``length`` bytes
+        start = fn.start
+        asked = []  # the range a jump at each instruction would cover
+        count = len(spans)
         for i, (off, n) in enumerate(spans):
             length, j = 0, i
-            while length < JUMP_SIZE and j < len(spans) and spans[j][0] == off + length:
+            while length < JUMP_SIZE and j < count and spans[j][0] == off + length:
                 length += spans[j][1]
                 j += 1
             runs.append((j, length))
-        start = fn.start
-        refusals = self.ranges.refusals(fn, [(start + off, max(length, JUMP_SIZE))
-                                             for (off, _), (_, length) in zip(spans, runs)])
+            asked.append((start + off, length if length > JUMP_SIZE else JUMP_SIZE))
+        refusals = self.ranges.refusals(fn, asked)
+        known = [False] * len(spans)  # copies whose piece is known to pass: pieces are only ever added
         for i, (off, n) in enumerate(spans):
             address = start + off
             j, length = runs[i]
@@ -183,7 +186,7 @@ class JumpProver:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
                 continue
             if pieces is not None and length >= JUMP_SIZE:
-                if self._known(tokens, spans, i, j, fn.start):
+                if self._known(tokens, spans, i, j, fn.start, known):
                     self.composed += 1
                     out.append((off, ELIGIBLE, FAST_PATH_REASON))
                     continue
@@ -209,12 +212,16 @@ class JumpProver:
             out.append((off,) + self._prove(block))
         return out
 
-    def _known(self, tokens: list, spans: list[tuple[int, int]], i: int, j: int, start: int) -> bool:
+    def _known(self, tokens: list, spans: list[tuple[int, int]], i: int, j: int, start: int,
+               known: list[bool]) -> bool:
         """Whether the run of instructions i..j-1 is made of pieces known to pass (``tokens`` from
-        ``lane_token``, or (key, target) for a branch, whose token depends on the run)."""
+        ``lane_token``, or (key, target) for a branch, whose token depends on the run); ``known[k]``, a copy
+        found to pass by an earlier run of the function (each instruction is in up to five)."""
         pieces = self.pieces
         bounds = None
         for k in range(i, j):
+            if known[k]:
+                continue
             token = tokens[k]
             if token is None:
                 return False
@@ -225,7 +232,9 @@ class JumpProver:
                                      (start + spans[j - 1][0] + spans[j - 1][1]) & MASK64, self.tramp)
                 if token is None or not pieces.get((token, k == j - 1)):
                     return False
-            elif not pieces.get((token, COPY_LANE)):
+            elif pieces.get((token, COPY_LANE)):
+                known[k] = True
+            else:
                 return False
         return True
 
