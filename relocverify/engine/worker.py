@@ -542,32 +542,38 @@ class Worker:
         plain = array("I")  # this function's packed rows (store.packed_rows)
         at_sites = array("I")  # (offset, site kinds mask) of those at kernel sites
         variants = array("I")  # (offset, j, k) of its live variants without a reason of their own
-        per: dict[int, int] = {}
         kmap: dict[int, int] = {}  # outcome id -> the function's own index k of it
+        count: list[int] = []  # by k: the instructions with that outcome (0 for a variant's only)
         names: dict[int, int] = {}  # variant name id -> the function's own index j of it
         n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
         made = unkept = False  # a packed row marked fresh (kept unmarked); a finding the cache does not keep
+        extend = plain.extend
         for off, n, key in keys:
             address = start + off
             if skip is not None and address in skip:
                 continue  # an overlapping function owns this instruction
             site = next_site is not None and next_site < address + n
             hit = learned.get(key) or self.lookup(key)
-            if not site and hit is not None and hit.plain is not None and hit.address != address:
-                oid, us, fresh = hit.plain  # the common case: a shared finding, no site, a plain row
-                per[oid] = per.get(oid, 0) + 1
-                k = kmap.get(oid)
-                if k is None:
-                    k = kmap[oid] = len(kmap)
-                plain.extend((off, n | fresh << 4 | k << 5, us if us < _U32 else _U32 - 1))
-                continue
+            if not site and hit is not None:
+                p = hit.plain
+                if p is not None and hit.address != address:
+                    # the common case: a shared finding (never fresh), no site, a plain row
+                    k = kmap.get(p[0])
+                    if k is None:
+                        k = kmap[p[0]] = len(count)
+                        count.append(1)
+                    else:
+                        count[k] += 1
+                    extend((off, n | k << 5, p[1]))
+                    continue
             finding = None if hit is None else hit.shared
             if finding is not None and hit.address != address:
                 ids = hit.ids
                 if ids is None:
                     ids = hit.ids = self.ids.outcome(finding)
                     if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
-                        hit.plain = (ids[0], finding.proof_us, 0)
+                        us = finding.proof_us
+                        hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
             else:
                 finding = self.finding(data[off:off + n], address, key)
                 ids = self.ids.outcome(finding)
@@ -585,10 +591,12 @@ class Worker:
                     mask = site_mask(s.kind for s in here)
                     ids = self.ids.outcome(finding)
             oid = ids[0]
-            per[oid] = per.get(oid, 0) + 1
             k = kmap.get(oid)
             if k is None:
-                k = kmap[oid] = len(kmap)
+                k = kmap[oid] = len(count)
+                count.append(1)
+            else:
+                count[k] += 1
             if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
                 us = finding.proof_us
                 plain.extend((off, n | (16 if finding.fresh else 0) | k << 5, us if us < _U32 else _U32 - 1))
@@ -601,7 +609,8 @@ class Worker:
                 vid, vreason = self.ids.outcome(vf)
                 vk = kmap.get(vid)
                 if vk is None:
-                    vk = kmap[vid] = len(kmap)
+                    vk = kmap[vid] = len(count)
+                    count.append(0)
                 if vf.reason == vreason:
                     nid = self.ids.name(name)
                     j = names.get(nid)
@@ -611,7 +620,7 @@ class Worker:
                 else:
                     batch.variants.append((fid, off, name, vid, vf.reason))
                 unkept = unkept or vf.method in NOT_KEPT
-        batch.end_function(fid, per, kmap, plain, at_sites, names, variants)
+        batch.end_function(fid, count, kmap, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
 
@@ -623,13 +632,13 @@ class Worker:
         skip = self.job.skip.get(fid, ())
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
         oid, reason = self.ids.outcome(f)
-        per = {oid: 0}
+        count = [0]
         for off, n, key in self.keys.keys(self._function_bytes(fn), fn.start):
             if fn.start + off in skip:
                 continue
             batch.add_full(fid, off, n, oid, reason, f, None)
-            per[oid] += 1
-        batch.end_function(fid, per, {oid: 0})
+            count[0] += 1
+        batch.end_function(fid, count, {oid: 0})
         written = batch.n
         self.write(batch.done(self.ids))
         return written
@@ -807,22 +816,19 @@ class _Batch:
         self.full.append((fid, off, n, oid, None if f.reason == outcome_reason else f.reason, f.proof_us,
                           1 if f.fresh else 0, mask, f.answers, f.counterexample))
 
-    def end_function(self, fid: int, per: dict[int, int], kmap: dict[int, int], plain: array | None = None,
+    def end_function(self, fid: int, count: list[int], kmap: dict[int, int], plain: array | None = None,
                      at_sites: array | None = None, names: dict[int, int] | None = None,
                      variants: array | None = None) -> None:
-        """The function is done: its packed row (``store.packed_rows``) from its counts per outcome, the
-        outcomes by its own index ``k`` (``kmap``, completed here), its plain rows, their site masks, and
-        its variants with the names by its own index ``j``."""
+        """The function is done: its packed row (``store.packed_rows``) from its outcomes by its own index
+        ``k`` (``kmap``) and how many instructions have each (``count``, by ``k``), its plain rows, their site
+        masks, and its variants with the names by its own index ``j``."""
         self.functions.append(fid)
-        for o in per:
-            if o not in kmap:
-                kmap[o] = len(kmap)
         if not kmap:
             return
         order = sorted(kmap, key=kmap.__getitem__)
-        self.packed.append((fid, pack_wide_ids(order), pack_u32([per.get(o, 0) for o in order]),
-                            pack_wide_ids(names) if names else None, pack_u32(variants) if variants else None,
-                            pack_u32(at_sites) if at_sites else None, pack_u32(plain) if plain else b""))
+        self.packed.append((fid, pack_wide_ids(order), pack_u32(count), pack_wide_ids(names) if names else None,
+                            pack_u32(variants) if variants else None, pack_u32(at_sites) if at_sites else None,
+                            pack_u32(plain) if plain else b""))
         if plain:
             self.n_packed += len(plain) // 3
 
