@@ -175,7 +175,7 @@ class JumpProver:
                 length += spans[j][1]
                 j += 1
             runs.append((j, length))
-            asked.append((start + off, length if length > JUMP_SIZE else JUMP_SIZE))
+            asked.append((start + off, max(JUMP_SIZE, length)))
         refusals = self.ranges.refusals(fn, asked)
         known = [False] * len(spans)  # copies whose piece is known to pass: pieces are only ever added
         for i, (off, n) in enumerate(spans):
