@@ -22,28 +22,21 @@ def _job() -> Job:
 
 
 @pytest.fixture
-def counting(monkeypatch):
+def counting(monkeypatch, tmp_path):
     """``Worker.count(items)``: ``items`` back after 5 ms each, or the process killed at an item in ``DEATHS``
     the first time it meets it (a file marks it met, so the fresh worker that takes the task over lives)."""
-    marks = []
 
     def count(self, items):
         for i, item in enumerate(items):
             self.current(i)
-            mark = f"/tmp/relocverify-test-executors-{os.getppid()}-{item}"
-            if item in DEATHS and not os.path.exists(mark):
-                open(mark, "w").close()
-                marks.append(mark)
+            mark = tmp_path / f"died-at-{item}"
+            if item in DEATHS and not mark.exists():
+                mark.touch()
                 os._exit(1)
             time.sleep(0.005)
         return list(items)
 
     monkeypatch.setattr(Worker, "count", count)
-    yield marks
-    for item in DEATHS:
-        path = f"/tmp/relocverify-test-executors-{os.getpid()}-{item}"
-        if os.path.exists(path):
-            os.unlink(path)
 
 
 DEATHS = frozenset({7, 30})

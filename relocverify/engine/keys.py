@@ -120,23 +120,17 @@ class KeyMaker:
             dec.decode_out(ins)
             n = ins.len
             raw = data[pos:pos + n]
-            if back_all is not None:
-                # kinds b and d: the key is the bytes' and the jump back's alone, so it is looked up first
-                key = memo.get(raw)
-                if key is None:
-                    if (ins.memory_displ_size == 0 and ins.flow_control == _NEXT and not ins.is_invalid
-                            and ins.code not in _IMM_CODES):
-                        key = b"b" + back_all + raw
-                    else:
-                        key = self._key(dec, ins, raw, start + pos, back_all)
-                    if key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
-                        memo[raw] = key
-                out.append((pos, n, key))
-            elif (ins.memory_displ_size == 0 and ins.flow_control == _NEXT and not ins.is_invalid
-                    and ins.code not in _IMM_CODES):
-                out.append((pos, n, b"b" + _where(start + pos + n - t) + raw))
-            else:
-                out.append((pos, n, self._key(dec, ins, raw, start + pos, back_all)))
+            # with one place for every jump back, a key of kind b or d is the bytes' alone: looked up first
+            key = None if back_all is None else memo.get(raw)
+            if key is None:
+                if (ins.memory_displ_size == 0 and ins.flow_control == _NEXT and not ins.is_invalid
+                        and ins.code not in _IMM_CODES):
+                    key = b"b" + (back_all or _where(start + pos + n - t)) + raw
+                else:
+                    key = self._key(dec, ins, raw, start + pos, back_all)
+                if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+                    memo[raw] = key
+            out.append((pos, n, key))
             pos += n
         return out
 

@@ -477,23 +477,26 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     learned: dict[bytes, Learned] = {}
     items = [(k, raw, a) for k, (raw, a) in sorted(misses.items(), key=lambda kv: kv[1][1])]
     prove_chunks = _chunks(items, PROVE_CHUNK)
-    by: dict[bytes, int] = {}  # the worker that proved each key (a shared task's tag is its worker)
+    # The worker that proved each key (a shared task's tag is its worker); None once a worker died while proving:
+    # the fresh one lacks what the dead one proved, so every worker is sent every finding.
+    by: dict[bytes, int] | None = {}
 
     def crashed_key(task, at, pid):
+        nonlocal by
         key, raw, address = task.args[0][at]
         why = "worker crashed while proving this instruction"
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
         learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
-        by.clear()  # the fresh worker lacks what the dead one proved: every worker is sent every finding
-        by[_ANY] = -1
+        by = None
         rest = task.args[0][at + 1:]
         return [Task("prove", (rest,))] if rest else []
 
     base = pool.items_done()
     progress.phase("proofs", len(items), "distinct instance keys")
+
     def proved(task, value):
         learned.update(value)
-        if task.tag is not None and _ANY not in by:
+        if task.tag is not None and by is not None:
             by.update(dict.fromkeys(value, task.tag))
 
     pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
@@ -614,19 +617,16 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
     return out
 
 
-_ANY = b""  # in ``by``: a worker died while proving, so no key counts as held by the worker that proved it
-
-
-def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]], by: dict[bytes, int],
+def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]], by: dict[bytes, int] | None,
             w: int) -> dict[bytes, Learned]:
     """What worker ``w`` is sent of the proofs' findings: those of the keys its functions hold that another
-    worker proved; the representative's own finding (its counterexample, its fresh mark) only when the
+    worker proved (``by``; None: every one); the representative's own finding (its counterexample, its fresh mark) only when the
     representative is in ``w``'s functions (``owned``: its first instance of each key), as no other instance
     is that one.  (Sending every finding to every worker cost a cold kernel run 0.65 s between its phases.)"""
     out = {}
     for k, (_, address) in owned.items():
         hit = learned.get(k)
-        if hit is not None and by.get(k) != w:
+        if hit is not None and (by is None or by.get(k) != w):
             out[k] = hit if hit.address == address else Learned(hit.cached)
     return out
 

@@ -105,7 +105,7 @@ class Learned:
         self.finding = finding  # the representative's own finding (its counterexample included)
         self.shared = None if cached.per_instance else from_cached(cached)
         self.ids = None  # (outcome id, outcome reason) of ``shared`` in the store, once asked
-        self.plain = None  # (outcome id, proof µs, fresh) when ``shared`` fits a plain store row, once asked
+        self.plain = None  # (outcome id, proof µs clipped to u32) when ``shared`` fits a plain store row, once asked
 
     def __reduce__(self):
         return Learned, (self.cached, self.address, self.finding)
