@@ -18,7 +18,7 @@ from relocverify.proof import semantics as S
 from relocverify.x86.decode import decode
 from relocverify.plan.plan import make_plan
 from relocverify.proof.cache_key import cache_key, pc_fields
-from relocverify.proof.fast_path import canon_block
+from relocverify.proof.canonical import canon_block
 from relocverify.proof.prove import prove_plan, prove_relocation
 from relocverify.proof.verdict import Verdict
 

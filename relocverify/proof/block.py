@@ -68,7 +68,9 @@ from . import semantics as S
 from . import smt
 from .atomicity import atomic, check_atomicity
 from .cache_key import role_of, shape_of, cache_tag, pc_fields
-from .fast_path import NotApplicable, canon_block, pure_jump_target
+from .canonical import NotApplicable
+from .fast_path import pure_jump_target
+from .lifted import lifted, lifted_one
 from .lift_gaps import opaque_lift_reason
 from .admission import admit, reexecutes
 from .lifter_checks import flag_names, unaffected_flags
@@ -243,7 +245,7 @@ def block_fast_path(block: BlockPlan) -> bool:
     trampoline lifted at T_i up to T_{i+1} (piece i: a relocation that falls
     through into the next one, as optprobes' copies do, exits to T_{i+1})
     must have the same canonical IR
-    (``fast_path.canon_block``: temps renamed, rip never read, writes of
+    (``canonical.canon_block``: temps renamed, rip never read, writes of
     rip dropped), with the relocation's exit targets mapped: T_j to A_j, a
     target inside the trampoline through the blocks there that only jump,
     one hop at a time (``pure_jump_target`` over the bytes up to the next
@@ -300,12 +302,12 @@ def _same_ir(block: BlockPlan, i: int, resolve) -> bool:
     canonical IR, exits mapped by ``resolve``."""
     insn = block.instructions[i]
     try:
-        orig = L.lift_one(insn.raw, insn.address)
+        orig = lifted_one(insn.raw, insn.address)
         if orig.size != insn.length:
             return False
-        reloc = canon_block(L.lift(block.piece(i), block.starts[i]), resolve)
+        reloc = lifted(block.piece(i), block.starts[i]).canonical(resolve)
         # a computed exit may land inside (A, A+L): left to the SMT obligation
-        return reloc[-1][0] != "next" and canon_block(orig, lambda v: v) == reloc
+        return reloc[-1][0] != "next" and orig.canonical() == reloc
     except NotApplicable:
         return False
 

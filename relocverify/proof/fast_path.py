@@ -11,137 +11,8 @@ from ..plan.effects import Address, AddRsp, Const, Jump, Let, Load, Push, Reg, T
 from ..x86.encoding import ABS_JUMP
 from ..x86.registers import MASK64
 from . import lift as L
-
-
-class NotApplicable(Exception):
-    pass
-
-
-def _canon_expr(e, temps: dict):
-    t = type(e)
-    if t is pyvex.expr.RdTmp:
-        return ("t", temps[e.tmp])
-    if t is pyvex.expr.Const:
-        return ("c", e.con.type, e.con.value)
-    if t is pyvex.expr.Get:
-        if e.offset == L.REG_BY_NAME["rip"][0]:
-            raise NotApplicable("reads rip")
-        return ("get", e.offset, e.ty)
-    if t in (pyvex.expr.Unop, pyvex.expr.Binop, pyvex.expr.Triop, pyvex.expr.Qop):
-        return (e.op,) + tuple(_canon_expr(a, temps) for a in e.args)
-    if t is pyvex.expr.Load:
-        return ("ld", e.end, e.ty, _canon_expr(e.addr, temps))
-    if t is pyvex.expr.ITE:
-        return ("ite", _canon_expr(e.cond, temps), _canon_expr(e.iftrue, temps), _canon_expr(e.iffalse, temps))
-    if t is pyvex.expr.CCall:
-        return ("ccall", e.cee.name, e.retty) + tuple(_canon_expr(a, temps) for a in e.args)
-    raise NotApplicable(f"expression {t.__name__}")
-
-
-def _define(temps: dict, tmp: int) -> int:
-    temps[tmp] = len(temps)
-    return temps[tmp]
-
-
-def canon_block(irsb, resolve, constant=None) -> tuple:
-    """A canonical form of an IRSB: temps renamed by definition order, IMarks
-    and writes of rip dropped (every exit and the block's end overwrite rip,
-    and no statement reads it: checked), exit targets passed through ``resolve``.
-    ``constant(address)`` may give the value of an 8-byte load from a constant
-    address (the qword of the trampoline's own ``jmp *0(%rip)``): the load is
-    then the constant, and a block ending in a jump through it ends at that
-    constant, resolved like any other exit."""
-    temps: dict = {}
-    out = []
-    folded: dict = {}
-    rip = L.REG_BY_NAME["rip"][0]
-    for st in irsb.statements:
-        t = type(st)
-        if t in (pyvex.stmt.IMark, pyvex.stmt.NoOp, pyvex.stmt.AbiHint):
-            continue
-        if t is pyvex.stmt.WrTmp and constant is not None and type(st.data) is pyvex.expr.Load \
-                and st.data.ty == "Ity_I64" and type(st.data.addr) is pyvex.expr.Const:
-            value = constant(st.data.addr.con.value)
-            if value is not None:
-                folded[st.tmp] = value
-                continue
-        if t is pyvex.stmt.WrTmp:
-            if any(type(e) is pyvex.expr.RdTmp and e.tmp in folded for e in st.data.child_expressions) \
-                    or (type(st.data) is pyvex.expr.RdTmp and st.data.tmp in folded):
-                raise NotApplicable("a folded jump qword used as data")
-            data = _canon_expr(st.data, temps)
-            out.append(("wr", _define(temps, st.tmp), data))
-        elif t is pyvex.stmt.Put:
-            if st.offset == rip:
-                _canon_expr(st.data, temps)  # still must not read rip
-                continue
-            out.append(("put", st.offset, _canon_expr(st.data, temps)))
-        elif t is pyvex.stmt.Store:
-            out.append(("st", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps)))
-        elif t is pyvex.stmt.StoreG:
-            out.append(("stg", st.end, _canon_expr(st.addr, temps), _canon_expr(st.data, temps),
-                        _canon_expr(st.guard, temps)))
-        elif t is pyvex.stmt.LoadG:
-            args = (_canon_expr(st.addr, temps), _canon_expr(st.alt, temps), _canon_expr(st.guard, temps))
-            out.append(("ldg", st.end, st.cvt, _define(temps, st.dst)) + args)
-        elif t is pyvex.stmt.CAS:
-            args = (_canon_expr(st.addr, temps), _canon_expr(st.expdLo, temps), _canon_expr(st.dataLo, temps))
-            if st.dataHi is not None:
-                args += (_canon_expr(st.expdHi, temps), _canon_expr(st.dataHi, temps))
-                out.append(("cas2", st.end, _define(temps, st.oldLo), _define(temps, st.oldHi)) + args)
-            else:
-                out.append(("cas", st.end, _define(temps, st.oldLo)) + args)
-        elif t is pyvex.stmt.MBE:
-            out.append(("mbe", st.event))
-        elif t is pyvex.stmt.Exit:
-            out.append(("exit", _canon_expr(st.guard, temps), resolve(st.dst.value), _jk(st.jumpkind)))
-        elif t is pyvex.stmt.Dirty:
-            raise L.Gap(f"VEX models this instruction as the dirty helper {st.cee.name}, outside the IR")
-        else:
-            raise NotApplicable(f"statement {t.__name__}")
-    nxt = irsb.next
-    if type(nxt) is pyvex.expr.Const:
-        end = ("exit", resolve(nxt.con.value), _jk(irsb.jumpkind))
-    elif type(nxt) is pyvex.expr.RdTmp and nxt.tmp in folded:
-        end = ("exit", resolve(folded[nxt.tmp]), _jk(irsb.jumpkind))
-    else:
-        end = ("next", _canon_expr(nxt, temps), _jk(irsb.jumpkind))
-    return _drop_dead(tuple(out) + (end,))
-
-
-def _jk(jumpkind: str) -> str:
-    """Call and Ret are hints to VEX's clients; as state transitions they are Boring."""
-    return "Ijk_Boring" if jumpkind in L.NORMAL_JUMPKINDS else jumpkind
-
-
-def _uses(node, acc: set) -> set:
-    if isinstance(node, tuple):
-        if len(node) == 2 and node[0] == "t" and isinstance(node[1], int):
-            acc.add(node[1])
-        else:
-            for n in node:
-                _uses(n, acc)
-    return acc
-
-
-def _pure(node) -> bool:
-    """No load inside: evaluating it has no effect (VEX operations and clean helpers are pure)."""
-    if isinstance(node, tuple):
-        if node and node[0] == "ld":
-            return False
-        return all(_pure(n) for n in node)
-    return True
-
-
-def _drop_dead(stmts: tuple) -> tuple:
-    """Drop writes of temps nobody reads whose expression is pure (AbiHint's red-zone arithmetic)."""
-    used = set()
-    for st in stmts:
-        if st[0] == "wr":
-            _uses(st[2], used)
-        else:
-            _uses(st[1:], used)
-    return tuple(st for st in stmts if not (st[0] == "wr" and st[1] not in used and _pure(st[2])))
+from .canonical import NotApplicable, drop_dead
+from .lifted import lifted, lifted_one
 
 
 def pure_jump_target(code: bytes, tramp: int, pc: int, depth: int = 0) -> int:
@@ -180,7 +51,7 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
     """Prove equivalence by IR identity, or return False (no conclusion).
 
     Argument.  The original is one IRSB lifted at A; the relocation's first
-    IRSB is lifted at T.  After canonicalisation (``canon_block``) the two
+    IRSB is lifted at T.  After canonicalisation (``canonical.canon_block``) the two
     statement lists are required to be identical, and no statement reads
     rip.  Both run from the same initial state, and the only state they may
     see differently is rip (A vs T), which neither reads: by induction over
@@ -216,11 +87,11 @@ def fast_path(raw: bytes, at: int, code: bytes, tramp: int) -> bool:
         return None
 
     try:
-        orig = L.lift_one(bytes(raw), at)
+        orig = lifted_one(bytes(raw), at)
         if orig.size != len(raw):
             return False
-        reloc = L.lift(code, tramp)
-        return canon_block(orig, lambda v: v) == canon_block(reloc, resolve_reloc, qword)
+        reloc = lifted(code, tramp, constant=qword)
+        return orig.canonical() == reloc.canonical(resolve_reloc)
     except NotApplicable:
         return False
 
@@ -313,7 +184,7 @@ def _effects_image(effects) -> tuple | None:
             if val is None:
                 return None
             end = ("exit", val[2], "Ijk_Boring") if val[0] == "c" else ("next", val, "Ijk_Boring")
-            return _drop_dead(tuple(out) + (end,))
+            return drop_dead(tuple(out) + (end,))
         else:
             return None
     return None
@@ -327,10 +198,10 @@ def fast_path_effects(raw: bytes, at: int, effects) -> bool:
     if image is None:
         return False
     try:
-        orig = L.lift_one(bytes(raw), at)
+        orig = lifted_one(bytes(raw), at)
         if orig.size != len(raw):
             return False
-        return canon_block(orig, lambda v: v) == image
+        return orig.canonical() == image
     except NotApplicable:
         return False
 

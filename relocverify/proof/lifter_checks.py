@@ -30,10 +30,11 @@ from __future__ import annotations
 import re
 
 import iced_x86
-import pyvex
+from pyvex.const import get_type_size
 
 from ..x86.instruction import Instruction
 from . import lift as L
+from .lifted import lifted_one
 
 #: VEX operations on floating point: scalar ``AddF64``, lane-wise ``Add64Fx2`` and lowest-lane
 #: ``Add64F0x2`` forms, conversions (``I64StoF64``, ``F32toF64``), and the transcendental helpers.
@@ -101,7 +102,7 @@ def loose_reasons(decoded: Instruction) -> tuple[str, ...]:
     RIP-relative address): 64-bit integers, which no reason reads and which fold only into other
     integer constants, so no statement, write, load or floating-point operation comes or goes.
     ``tests/test_lifter_checks.py`` compares the reasons at random addresses on the kernel's
-    instructions.  The lift is made at the instruction's own address (``lift.lift_one``), so the fast
+    instructions.  The lift is made at the instruction's own address (``lifted.lifted_one``), so the fast
     path that lifts it next gets the same IRSB without lifting again."""
     key = (decoded.raw, decoded.opname)
     reasons = _LOOSE.get(key)
@@ -122,24 +123,13 @@ def _loose(raw: bytes, address: int, opname: str) -> tuple[str, ...]:
     if opname in UNDEFINED_RESULTS:
         reasons.append(f"{opname} {UNDEFINED_RESULTS[opname]}")
     try:
-        irsb = L.lift_one(raw, address)
+        ops, stores, puts = lifted_one(raw, address).facts
     except L.Gap:
         return tuple(reasons)
-    ops, stores = set(), False
     written: dict[int, set[int]] = {}
-    for st in irsb.statements:
-        t = type(st)
-        if t in (pyvex.stmt.Store, pyvex.stmt.StoreG, pyvex.stmt.CAS, pyvex.stmt.LoadG):
-            stores = True
-        if t is pyvex.stmt.Put and st.offset in _GPR_OFFSETS:
-            size = st.data.result_size(irsb.tyenv) // 8
-            written.setdefault(st.offset, set()).update(range(size))
-        for e in st.expressions:
-            if type(e) is pyvex.expr.Load:
-                stores = True
-            op = getattr(e, "op", None)
-            if op:
-                ops.add(op)
+    for offset, ty in puts:
+        if offset in _GPR_OFFSETS:
+            written.setdefault(offset, set()).update(range(get_type_size(ty) // 8))
     fp = sorted(o for o in ops if _FP_OP.search(o))
     if fp:
         reasons.append(f"computes floating point ({fp[0]}): claripy's FP theory equates every NaN and ignores "

@@ -7,7 +7,8 @@ import time
 
 from ..plan.policy import classify
 from ..x86.instruction import Instruction
-from .fast_path import NotApplicable, pure_jump_target
+from .canonical import NotApplicable
+from .fast_path import pure_jump_target
 from .lift import Gap
 from .verdict import ProofResult, Verdict
 
