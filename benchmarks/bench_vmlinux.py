@@ -1,26 +1,35 @@
 """Benchmark: a whole vmlinux against ``objdump -d`` of the same file, measured in one run.
 
-    python benchmarks/bench_vmlinux.py [--kernel NAME | VMLINUX] [--jobs N] [--jump-probes] [--package]
+    python benchmarks/bench_vmlinux.py [--kernel NAME | VMLINUX] [--jobs N] [--repeat N] [--no-memory]
+                                       [--jump-probes] [--package]
 
 NAME is one of ``relocverify corpus fetch``'s kernels (default debian-6.1-cloud).
-Prints, each as a ratio to ``objdump -d`` timed here first (the goals are
-Performance II's):
+Prints, each as a ratio to ``objdump -d`` timed here (the goals are Performance II's):
 
   cold      an empty store and an empty proof cache          (goal <= 3x)
-  warm      a new store, the proof cache the cold run left     (goal <= 1x)
+  warm      a new store, the proof cache a cold run left      (goal <= 1x)
   again     the cold run's command once more                   (goal <= 0.2x)
 
-with the split by phase, the peak PSS of the process tree (goal <= 1 GiB;
-forked workers share pages, which RSS would count once per process) and
-the store's bytes per instruction (goal <= 40).  Optional rows:
+with the split by phase, the store's bytes per instruction (goal <= 40) and, from runs of their
+own, the peak PSS of the process tree (goal <= 1 GiB; forked workers share pages, which RSS would
+count once per process).  Optional rows:
 
   --jump-probes   ``vmlinux --jump-probes`` into a new store with the warm
                   proof cache, twice: "first" (the cache holds no jump
                   answers yet) and "warm" (it holds the first one's); each
-                  one's ``jump_probes`` phase against the cold run's whole
+                  one's ``jump_probes`` phase against the cold run's median
                   wall time                                      (goal <= 1x)
   --package       ``package NAME`` (the vmlinux and every module) with an
                   empty store and an empty proof cache, in seconds (goal <= 180)
+
+How it measures.  The host this runs on varies by 10-20% from minute to minute, so ``objdump -d``
+and each timed row run ``--repeat`` times (default 3), interleaved, and the ratio is of the medians
+(the spread is printed).  A timed run is a bare subprocess: sampling PSS every 0.1 s (reading
+``smaps_rollup`` of three 1 GB processes) took CPU from the run it measured, about 10% of a cold
+run on two cores, so the peak memory comes from separate runs of the same commands
+(``--no-memory`` skips them).  The image's on-disk index (``~/.cache/relocverify/index``: the
+file's SHA-256 and symbols) is warm in every row, as in every earlier measurement; "cold" is the
+issue's: an empty store and an empty proof cache.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,15 +65,25 @@ def tree_pss_bytes(pid: int) -> int:
     return total
 
 
-def timed(cmd: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak PSS of the process tree, exit code)."""
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, exit code) of a bare run."""
     t0 = time.perf_counter()
+    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    return time.perf_counter() - t0, rc
+
+
+def peak_pss(cmd: list[str]) -> tuple[int, int]:
+    """(peak PSS of the process tree, sampled every 0.1 s, exit code)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_pss_bytes(proc.pid))
         time.sleep(0.1)
-    return time.perf_counter() - t0, peak, proc.returncode
+    return peak, proc.returncode
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.1f}-{max(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
 
 
 def main() -> int:
@@ -71,6 +91,8 @@ def main() -> int:
     ap.add_argument("vmlinux", nargs="?")
     ap.add_argument("--kernel", default="debian-6.1-cloud")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of objdump and of each row (median)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the runs that sample the peak PSS")
     ap.add_argument("--jump-probes", action="store_true", help="also time the --jump-probes phase")
     ap.add_argument("--package", action="store_true", help="also time the whole package, cold")
     args = ap.parse_args()
@@ -80,55 +102,86 @@ def main() -> int:
 
         path = fetch(args.kernel).vmlinux
     work = tempfile.mkdtemp(prefix="relocverify-bench-")
-    rv = [sys.executable, "-m", "relocverify", "vmlinux", path, "--jobs", str(args.jobs), "--no-progress",
-          "--cache-dir", os.path.join(work, "cache")]
-    cold_db, warm_db = os.path.join(work, "cold.sqlite"), os.path.join(work, "warm.sqlite")
 
-    objdump_s, _, _ = timed(["objdump", "-d", path])
-    runs = {}
-    for name, db in (("cold", cold_db), ("warm", warm_db), ("again", cold_db)):
-        out = os.path.join(work, f"{name}.json")
-        runs[name] = timed(rv + ["--db", db, "--summary-json", out]) + (json.load(open(out)),)
-    summary = runs["cold"][3]
+    def rv(tag: str, db: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "relocverify", "vmlinux", path, "--jobs", str(args.jobs), "--no-progress",
+                "--cache-dir", os.path.join(work, f"cache-{tag}"), "--db", os.path.join(work, db), *extra]
+
+    objdump: list[float] = []
+    walls: dict[str, list[float]] = {"cold": [], "warm": [], "again": []}
+    docs: dict[str, dict] = {}
+    codes: dict[str, set[int]] = {name: set() for name in walls}
+    for r in range(args.repeat):
+        objdump.append(timed(["objdump", "-d", path])[0])
+        out = {name: os.path.join(work, f"{name}-{r}.json") for name in walls}
+        steps = (("cold", rv(str(r), f"cold-{r}.sqlite", "--summary-json", out["cold"])),
+                 ("warm", rv(str(r), f"warm-{r}.sqlite", "--summary-json", out["warm"])),
+                 ("again", rv(str(r), f"cold-{r}.sqlite", "--summary-json", out["again"])))
+        for name, cmd in steps:
+            wall, rc = timed(cmd)
+            walls[name].append(wall)
+            codes[name].add(rc)
+            docs.setdefault(name, json.load(open(out[name])))
+    base = statistics.median(objdump)
+    summary = docs["cold"]
     n = summary["instructions"]
     print(f"image: {path}")
     print(f"instructions: {n:,} in {summary['functions']:,} functions   jobs: {args.jobs}   "
-          f"totals add up: {summary['totals_add_up']}")
-    print(f"objdump -d:   {objdump_s:7.1f} s")
+          f"totals add up: {summary['totals_add_up']}   timed runs: {args.repeat} each, medians")
+    print(f"objdump -d:   {base:7.1f} s  ({spread(objdump)})")
     goals = {"cold": 3, "warm": 1, "again": 0.2}
-    for name, (wall, pss, rc, s) in runs.items():
-        phases = ", ".join(f"{k[:-2]} {v:.1f}" for k, v in s["run"]["phases"].items() if v >= 0.05)
-        print(f"{name + ':':<13} {wall:7.1f} s = {wall / objdump_s:5.2f}x objdump (goal {goals[name]}x)  "
-              f"peak PSS {pss / 2**30:.2f} GiB (goal 1)  exit {rc}  [{phases}]")
-    pc = runs["cold"][3]["run"]["proof_cache"]
-    print(f"proof cache: {pc['keys']:,} instance keys for {n:,} instructions "
-          f"({n / max(pc['keys'], 1):.0f} per key)")
-    reused = runs["warm"][3]["run"]["proof_cache"].get("functions_reused", 0)
-    cache_file = os.path.join(work, "cache", "proofs.sqlite")
+    for name, values in walls.items():
+        wall = statistics.median(values)
+        phases = ", ".join(f"{k[:-2]} {v:.1f}" for k, v in docs[name]["run"]["phases"].items() if v >= 0.05)
+        print(f"{name + ':':<13} {wall:7.1f} s = {wall / base:5.2f}x objdump (goal {goals[name]}x)  "
+              f"({spread(values)} s = {min(values) / base:.2f}-{max(values) / base:.2f}x)  "
+              f"exit {','.join(map(str, sorted(codes[name])))}  [first run: {phases}]")
+    pc = summary["run"]["proof_cache"]
+    print(f"proof cache: {pc['keys']:,} instance keys for {n:,} instructions ({n / max(pc['keys'], 1):.0f} per key)")
+    reused = docs["warm"]["run"]["proof_cache"].get("functions_reused", 0)
+    cache_file = os.path.join(work, "cache-0", "proofs.sqlite")
     print(f"warm: {reused:,} of {summary['functions']:,} functions' rows copied from the proof cache "
           f"(engine.row_memo); the cache file {os.path.getsize(cache_file) / 2**20:.1f} MiB")
-    size = os.path.getsize(cold_db)
+    size = os.path.getsize(os.path.join(work, "cold-0.sqlite"))
     print(f"store: {size / 2**20:.1f} MiB = {size / n:.1f} bytes per instruction (goal 40)")
     print("verdicts: " + ", ".join(f"{k} {v:,}" for k, v in summary["by_verdict"].items()))
+    if not args.no_memory:
+        peaks = {"cold": peak_pss(rv("m", "mem-cold.sqlite")), "warm": peak_pss(rv("m", "mem-warm.sqlite")),
+                 "again": peak_pss(rv("m", "mem-cold.sqlite"))}
+        print("peak PSS (runs of their own): " + ", ".join(f"{k} {p / 2**30:.2f} GiB (exit {rc})"
+                                                             for k, (p, rc) in peaks.items()) + "  (goal 1 GiB)")
     if args.jump_probes:
+        cold = statistics.median(walls["cold"])
+        if not args.no_memory:  # the memory runs' own copy of a cache with no jump answers yet
+            shutil.copytree(os.path.join(work, "cache-0"), os.path.join(work, "cache-jm"))
         for name in ("first", "warm"):
             out = os.path.join(work, f"jump-{name}.json")
-            wall, pss, rc = timed(rv + ["--db", os.path.join(work, f"jump-{name}.sqlite"), "--summary-json", out,
-                                        "--jump-probes"])
+            wall, rc = timed(rv("0", f"jump-{name}.sqlite", "--summary-json", out, "--jump-probes"))
             doc = json.load(open(out))
             phase = doc["run"]["phases"].get("jump_probes_s", 0.0)
-            print(f"jump {name + ':':<7} phase {phase:7.1f} s = {phase / runs['cold'][0]:5.2f}x the cold run (goal 1x); "
-                  f"{doc['jump_probe'].get('block_proofs', 0):,} block proofs; the whole run {wall:.1f} s, "
-                  f"peak PSS {pss / 2**30:.2f} GiB, exit {rc}")
+            print(f"jump {name + ':':<7} phase {phase:7.1f} s = {phase / cold:5.2f}x the cold run (goal 1x); "
+                  f"{doc['jump_probe'].get('block_proofs', 0):,} block proofs; the whole run {wall:.1f} s, exit {rc}")
+        if not args.no_memory:
+            first, rc1 = peak_pss(rv("jm", "jump-mem-first.sqlite", "--jump-probes"))
+            again, rc2 = peak_pss(rv("jm", "jump-mem-warm.sqlite", "--jump-probes"))
+            print(f"jump peak PSS (runs of their own): first {first / 2**30:.2f} GiB (exit {rc1}), "
+                  f"warm {again / 2**30:.2f} GiB (exit {rc2})  (goal 1 GiB)")
     if args.package:
         name = args.kernel if args.vmlinux is None else path
-        out = os.path.join(work, "package.json")
-        wall, pss, rc = timed([sys.executable, "-m", "relocverify", "package", name, "--jobs", str(args.jobs),
-                               "--no-progress", "--cache-dir", os.path.join(work, "package-cache"),
-                               "--db", os.path.join(work, "package.sqlite"), "--summary-json", out])
-        doc = json.load(open(out))
-        print(f"package cold: {wall:7.1f} s (goal 180 s), peak PSS {pss / 2**30:.2f} GiB, exit {rc}, "
-              f"{len(doc['images'])} images, totals {doc['totals']}, add up: {doc['totals_add_up']}")
+
+        def package(tag: str) -> list[str]:
+            return [sys.executable, "-m", "relocverify", "package", name, "--jobs", str(args.jobs), "--no-progress",
+                    "--cache-dir", os.path.join(work, f"package-cache-{tag}"),
+                    "--db", os.path.join(work, f"package-{tag}.sqlite"), "--summary-json",
+                    os.path.join(work, f"package-{tag}.json")]
+
+        wall, rc = timed(package("t"))
+        doc = json.load(open(os.path.join(work, "package-t.json")))
+        print(f"package cold: {wall:7.1f} s (goal 180 s), exit {rc}, {len(doc['images'])} images, "
+              f"totals {doc['totals']}, add up: {doc['totals_add_up']}")
+        if not args.no_memory:
+            pss, rc = peak_pss(package("m"))
+            print(f"package peak PSS (a run of its own): {pss / 2**30:.2f} GiB (exit {rc})  (goal 1 GiB)")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

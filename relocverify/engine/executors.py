@@ -32,6 +32,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Callable
 
 from ..errors import RelocverifyError
+from .pipeline import own_alarm
 from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
@@ -58,6 +59,7 @@ class WorkerError(RelocverifyError):
 
 
 def _serve(job: Job, conn, progress, current, index: int) -> None:
+    own_alarm()  # this process runs nothing but the worker: its proofs' watchdogs keep SIGALRM installed
     worker = Worker(job)
 
     def tell(n: int) -> None:

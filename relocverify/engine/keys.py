@@ -105,6 +105,7 @@ class KeyMaker:
         # on the bytes and that place alone (a displacement form recurs: a kernel has 941 k instances
         # of 187 k such strings), so each is made once.
         self._by_bytes: dict[bytes, dict[bytes, bytes]] = {_NEAR: {}, _FAR: {}}
+        self._rel_size: dict[tuple[int, int], int] = {}  # (iced code, length) -> its branch offset's size, 0: other
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
         """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them."""
@@ -113,11 +114,10 @@ class KeyMaker:
         back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
         memo = self._by_bytes[_NEAR]
         dec = Decoder(64, data, ip=start & MASK64)
-        ins = Instruction()
         out = []
+        append = out.append
         pos = 0
-        while dec.can_decode:
-            dec.decode_out(ins)
+        for ins in dec:  # iterating is about 2.5x faster than decode_out with can_decode per instruction
             n = ins.len
             raw = data[pos:pos + n]
             # with one place for every jump back, a key of kind b or d is the bytes' alone: looked up first
@@ -130,7 +130,7 @@ class KeyMaker:
                     key = self._key(dec, ins, raw, start + pos, back_all)
                 if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
                     memo[raw] = key
-            out.append((pos, n, key))
+            append((pos, n, key))
             pos += n
         return out
 
@@ -161,8 +161,18 @@ class KeyMaker:
         back = back or _where(a + n - t)
         if ins.is_invalid:
             return b"b" + back + raw
-        co = dec.get_constant_offsets(ins)
         fc = ins.flow_control
+        if fc in _REL_FLOWS and ins.op0_kind in _NEAR_BRANCH and not ins.is_ip_rel_memory_operand:
+            size = self._rel_size.get((ins.code, n))
+            if size is None:
+                co = dec.get_constant_offsets(ins)
+                # the offset is the encoding's last field (checked once per form and length)
+                size = co.immediate_size if co.has_immediate and co.immediate_offset + co.immediate_size == n else 0
+                self._rel_size[(ins.code, n)] = size
+            if size:
+                target = ins.near_branch_target & MASK64
+                return b"j" + back + _where(target - t) + _eq(target, a, n) + raw[:n - size] + _ZEROS[size]
+        co = dec.get_constant_offsets(ins)
         if co.has_displacement and ins.is_ip_rel_memory_operand:
             target = ins.ip_rel_memory_address & MASK64
             where = _where(target - t)
@@ -184,6 +194,9 @@ class KeyMaker:
                 raw = _zeroed(raw, co.immediate_offset, co.immediate_size)
             return b"d" + back + bytes([align]) + raw
         return b"b" + back + raw
+
+
+_ZEROS = [bytes(k) for k in range(9)]
 
 
 def _zeroed(raw: bytes, offset: int, size: int) -> bytes:

@@ -97,6 +97,9 @@ def outcome_digest(described: bytes) -> bytes:
     return hashlib.blake2b(described, digest_size=8).digest()
 
 
+_CLEAR_FRESH = bytes(b & ~FRESH_BIT for b in range(256))  # FRESH_BIT < 256: a byte's translation
+
+
 def kept_rows(n: int, outcomes: bytes, counts: bytes, names: list[str], variants: bytes | None,
               sites: bytes | None, data: bytes, fresh: bool, full: list[tuple], reasoned: list[tuple]) -> bytes:
     """A function's rows as a later run on a warm cache would write them, compressed.
@@ -114,15 +117,19 @@ def kept_rows(n: int, outcomes: bytes, counts: bytes, names: list[str], variants
             extra.append(((off, length | k << K_SHIFT, us), mask))
         else:
             kept_full.append((off, length, k, reason, us, mask, answers))
-    if fresh or extra:
+    if fresh and not extra:
+        # the fresh bit is bit 4 of each record's second little-endian u32: its fifth byte
+        cleared = bytearray(data)
+        cleared[4::12] = cleared[4::12].translate(_CLEAR_FRESH)
+        data = bytes(cleared)
+    elif extra:
         words = unpack_u32(data)
         for i in range(1, len(words), 3):
             words[i] &= ~FRESH_BIT
-        if extra:
-            rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + [row for row, _ in extra])
-            words = [w for row in rows for w in row]
-            marks = sorted(list(site_masks(sites).items()) + [(row[0], m) for row, m in extra if m is not None])
-            sites = pack_u32([x for pair in marks for x in pair]) if marks else None
+        rows = sorted([tuple(words[i:i + 3]) for i in range(0, len(words), 3)] + [row for row, _ in extra])
+        words = [w for row in rows for w in row]
+        marks = sorted(list(site_masks(sites).items()) + [(row[0], m) for row, m in extra if m is not None])
+        sites = pack_u32([x for pair in marks for x in pair]) if marks else None
         data = pack_u32(words)
     return _PACK.compress(marshal.dumps((n, outcomes, counts, tuple(names), variants, sites, data, kept_full,
                                          reasoned)))

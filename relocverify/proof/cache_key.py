@@ -110,8 +110,15 @@ def policy_digest(rules=RULES) -> bytes:
 
 def cache_tag(rules=RULES) -> bytes:
     """The versions of every tool (``versions.versions_tag``), the policy table's digest and the
-    CPU-validated form table's (``form_table.digest``): a verdict is reused only under all three."""
-    return versions_tag() + policy_digest(rules) + form_table.digest()
+    CPU-validated form table's (``form_table.digest``): a verdict is reused only under all three.
+    Remembered by the table's identity (every proof asks; hashing its rows each time cost 5% of a proof)."""
+    hit = _TAGS.get(id(rules))
+    if hit is None or hit[0] is not rules:
+        hit = _TAGS[id(rules)] = (rules, versions_tag() + policy_digest(rules) + form_table.digest())
+    return hit[1]
+
+
+_TAGS: dict[int, tuple[tuple, bytes]] = {}  # id of a policy table -> (the table, its tag)
 
 
 def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:

@@ -115,12 +115,14 @@ class InsnFacts:
     flow: str  # iced FlowControl, lower case
 
 
+@lru_cache(maxsize=None)
 def _family(reg: int) -> str:
     if _RE.is_vector_register(reg):
         return f"v{_RE.number(reg)}"
     return REGISTER_NAMES[_RE.full_register(reg)]
 
 
+@lru_cache(maxsize=None)
 def _register_class(reg: int) -> str:
     name = REGISTER_NAMES[reg]
     if _RE.is_gpr8(reg):

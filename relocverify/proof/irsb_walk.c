@@ -5,7 +5,8 @@
    is true, the facts ``proof.lifter_checks`` reads of it.  It is a second implementation of those two
    Python functions, not a new semantics: ``tests/test_lifted.py`` compares the two on every distinct
    instruction shape of a kernel and on random bytes, and ``proof.lifted`` uses this one only for blocks
-   libVEX lifted whole (the cases in which ``pyvex.lift`` returns libVEX's block unchanged).
+   libVEX lifted whole (the cases in which ``pyvex.lift`` returns libVEX's block unchanged: a block that ends
+   in ``Ijk_NoDecode`` returns None here).
 
    The walk follows ``canon_block`` statement by statement, in its order, with the same values:
    temporaries renumbered by definition order, IMarks, no-ops, ABI hints and writes of rip dropped, a
@@ -945,6 +946,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         return NULL;
     }
     const IRSB *bb = (const IRSB *)(uintptr_t)address;
+    if (bb->jumpkind == Ijk_NoDecode)
+        Py_RETURN_NONE; /* pyvex.lift tries its other lifters on such a block: the caller lifts through pyvex */
     Temps t;
     t.ntemps = bb->tyenv->types_used;
     t.defined = 0;

@@ -104,19 +104,13 @@ def _native(code: bytes, address: int, max_inst, constant, facts: bool) -> Lifte
     data = ffi.from_buffer(ffi.BVoidP, code + b"\0" * 8)
     max_bytes = min(len(code), _VEX_MAX_BYTES)
     insns = _VEX_MAX_INSTRUCTIONS if max_inst is None or max_inst > _VEX_MAX_INSTRUCTIONS else max_inst
-    archinfo = L.ARCH.vex_archinfo
     with _libvex_lock:
-        pvc.log_level = _PYVEX_LOG.getEffectiveLevel()
-        archinfo["hwcache_info"]["caches"] = ffi.NULL
-        try:
-            r = pvc.vex_lift(_VEX_ARCH, archinfo, data, address & MASK64, insns, max_bytes, 1, 0, True, True, 0, 0, 0,
-                             _UNWIND_REGS_AT_MEM_ACCESS, 0)
-        finally:
-            archinfo["hwcache_info"]["caches"] = None
-        if r == ffi.NULL or r.size == 0 or r.irsb.jumpkind == _NO_DECODE:
+        r = pvc.vex_lift(_VEX_ARCH, _ARCHINFO[0], data, address & MASK64, insns, max_bytes, 1, 0, True, True, 0, 0, 0,
+                         _UNWIND_REGS_AT_MEM_ACCESS, 0)
+        if r == ffi.NULL or r.size == 0:
             return None
         size = r.size
-        walked = _walk.walk(int(ffi.cast("uintptr_t", r.irsb)), constant, facts)
+        walked = _walk.walk(int(ffi.cast(_UINTPTR, r.irsb)), constant, facts)
     if walked is None:
         return None
     stmts, exits, error, block_facts, imarks = walked
@@ -129,16 +123,26 @@ def _native(code: bytes, address: int, max_inst, constant, facts: bool) -> Lifte
 
 
 def _setup() -> None:
+    """The walk's tables, and what every lift passes libVEX as ``pyvex.lift`` does: the architecture's
+    ``VexArchInfo`` (pyvex converts ``ARCH.vex_archinfo``, with no cache description, on every lift; it
+    is converted once here) and VEX's log level (pyvex sets it from its logger before every lift; it
+    only decides what libVEX prints)."""
     from pyvex.enums import ints_to_enums
-    from pyvex.native import pvc
+    from pyvex.native import ffi, pvc
 
-    global _VEX_ARCH, _NO_DECODE
+    global _VEX_ARCH, _ARCHINFO, _UINTPTR
     _VEX_ARCH = getattr(pvc, L.ARCH.vex_arch)
-    _NO_DECODE = pvc.Ijk_NoDecode
+    archinfo = L.ARCH.vex_archinfo
+    archinfo["hwcache_info"]["caches"] = ffi.NULL
+    try:
+        _ARCHINFO = ffi.new("VexArchInfo *", archinfo)
+    finally:
+        archinfo["hwcache_info"]["caches"] = None
+    _UINTPTR = ffi.typeof("uintptr_t")
+    pvc.log_level = logging.getLogger("pyvex.lifting.libvex").getEffectiveLevel()
     _walk.setup(dict(ints_to_enums), L.REG_BY_NAME["rip"][0], NotApplicable, L.Gap)
 
 
-_PYVEX_LOG = logging.getLogger("pyvex.lifting.libvex")
-_VEX_ARCH = _NO_DECODE = None
+_VEX_ARCH = _ARCHINFO = _UINTPTR = None
 if NATIVE:
     _setup()

@@ -10,6 +10,7 @@ ModRM bytes are when it re-encodes an instruction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 MAX_INSN = 15
 LEGACY_PREFIXES = frozenset(b"\xf0\xf2\xf3\x2e\x36\x3e\x26\x64\x65\x66\x67")
@@ -46,6 +47,13 @@ class Layout:
 
 def layout(raw: bytes) -> Layout | None:
     """Split an encoding into its parts.  None if the bytes end too early."""
+    return _layout(bytes(raw))
+
+
+@lru_cache(maxsize=1 << 16)
+def _layout(raw: bytes) -> Layout | None:
+    """``layout``, remembered: a decode reads an instruction's layout twice (its memory operand's
+    segment and size, and the record), and the gate and the planner ask again."""
     i, n = 0, len(raw)
     rex = None
     legacy = bytearray()
