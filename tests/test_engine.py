@@ -69,14 +69,20 @@ def test_totals_add_up_in_every_input_mode(cloud, tmp_path, mode):
 @pytest.mark.slow
 def test_whole_cloud_kernel_matches_the_recorded_counts(cloud, tmp_path):
     """Every instruction of the Debian 6.1 cloud vmlinux gets one verdict, the
-    totals add up, and the counts are the recorded ones (corpora/expected);
-    the store stays within 40 bytes per instruction."""
+    totals add up, and the counts and every instruction's results are the recorded
+    ones (corpora/expected); the store stays within 40 bytes per instruction."""
     expected = json.loads((EXPECTED / "debian-6.1-cloud.json").read_text())
     db = tmp_path / "s.sqlite"
     summary = _run(load_image(cloud.vmlinux), db, cache=tmp_path / "cache")
     assert summary["totals_add_up"] and summary["instructions"] == expected["instructions"]
     assert summary["by_verdict"] == expected["by_verdict"]
     assert summary["alternative_replacements"]["by_verdict"] == expected["alternative_replacements"]
+    store = Store(str(db))
+    try:
+        assert store.results_digest(store.find_image()) == expected["results_sha256"], \
+            "a verdict, reason, plan or variant of some instruction changed (corpora/expected says when this may be)"
+    finally:
+        store.close()
     for f in Path(str(db) + "-wal"), Path(str(db) + "-shm"):
         assert not f.exists() or f.stat().st_size < 1 << 20
     assert db.stat().st_size / summary["instructions"] <= 40

@@ -178,3 +178,37 @@ def test_a_function_with_more_buckets_than_a_byte_holds_is_refused_in_words():
     assert len(pack_jump_row(1, [(k, f"b{k}") for k in range(MAX_BUCKETS)]).buckets) == MAX_BUCKETS
     with pytest.raises(StoreError, match="more than 255 jump-probe buckets"):
         pack_jump_row(1, [(k, f"b{k}") for k in range(MAX_BUCKETS + 1)])
+
+
+def test_the_results_digest_follows_every_decision_and_no_timing(tmp_path, small_store):
+    """``results_digest`` is the same for a store verified again (other proof times and fresh marks) and
+    changes when one outcome's verdict or reason, or a function's name, changes."""
+    import shutil
+
+    image, db = small_store
+    again = tmp_path / "again.sqlite"
+    run(image, str(again), RunOptions(TRAMP, 1, 10.0, None, True, None))
+    first, second = Store(str(db)), Store(str(again))
+    try:
+        digest = first.results_digest(first.find_image())
+        assert second.results_digest(second.find_image()) == digest
+    finally:
+        first.close()
+        second.close()
+    for sql in ("UPDATE outcomes SET verdict='unknown' WHERE verdict='proved' AND id=(SELECT min(id) FROM outcomes "
+                "WHERE verdict='proved')",
+                "UPDATE outcomes SET reason=reason || ' (changed)' WHERE id=(SELECT max(id) FROM outcomes)",
+                "UPDATE functions SET name=name || '!' WHERE id=(SELECT min(id) FROM functions)"):
+        changed = tmp_path / "changed.sqlite"
+        shutil.copy(again, changed)
+        con = sqlite3.connect(changed)
+        con.execute(sql)
+        assert con.total_changes == 1, sql
+        con.commit()
+        con.close()
+        store = Store(str(changed))
+        try:
+            assert store.results_digest(store.find_image()) != digest, sql
+        finally:
+            store.close()
+        changed.unlink()

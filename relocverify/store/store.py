@@ -48,6 +48,7 @@ untouched: ``Store`` reads ``meta`` before it writes anything.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -646,6 +647,26 @@ class Store:
                 if row.address - row.function_start == offset:
                     return row
         return None
+
+    def results_digest(self, image: int) -> str:
+        """SHA-256 over what a run decided for every instruction of the image, in address order: address,
+        length, bytes, function, section, verdict, method, plan kind, rule, class, reason and its key, sites,
+        the decoders' answers and whether a counterexample is kept; then every live variant's name, verdict
+        and reason, and every alternative replacement's rows.  Proof times and fresh marks are left out (they
+        say when and where a proof was made, not what it decided).  Two stores agree on it exactly when every
+        reader of results gives the same answers (``corpora/expected``: the recorded kernel's)."""
+        digest = hashlib.sha256()
+        for r in self.iter_rows(image):
+            digest.update(repr((r.address, r.length, r.raw, r.function, r.section, r.verdict.value, r.method,
+                                r.plan_kind, r.rule, r.klass, r.reason_key, r.reason, r.sites, r.answers,
+                                r.counterexample is not None)).encode())
+        starts = {fid: unsigned(start) for fid, start in
+                  self.db.execute("SELECT id, start FROM functions WHERE image=?", (image,))}
+        variants = {starts[fid] + off: found for (fid, off), found in self.image_variants(image).items()}
+        for address in sorted(variants):
+            digest.update(repr((address, variants[address])).encode())
+        digest.update(repr(sorted(map(repr, self.replacement_rows(image)))).encode())
+        return digest.hexdigest()
 
     def iter_rows(self, image: int) -> Iterator[InstructionRow]:
         """Every instruction of the image, in address order (functions by start, then name)."""
