@@ -504,3 +504,30 @@ def test_debian_kernel_loads_in_all_three_modes(debian_kernels, name, tmp_path):
     placeholder = tmp_path / "System.map"
     placeholder.write_text("ffffffffffffffff B The real System.map is in the linux-image-<version>-dbg package\n")
     assert "placeholder" in error_of(load_image, kernel.vmlinuz, placeholder)
+
+
+def _save_manifest_many_times(path: str, n: int) -> None:
+    from relocverify.image.fetch import _Manifest
+
+    manifest = _Manifest.load(__import__("pathlib").Path(path))
+    for k in range(n):
+        manifest.data["release"] = f"{os.getpid()}-{k}"
+        manifest.save()
+
+
+def test_two_processes_fetching_at_once_each_write_the_manifest_whole(tmp_path):
+    """Two processes that fetch the same kernel save its manifest at the same time: each writes a
+    temporary file of its own and renames it (one shared temporary name let one process rename the
+    other's file away, a FileNotFoundError seen when two benchmarks started together)."""
+    import multiprocessing
+
+    path = tmp_path / "manifest.json"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_save_manifest_many_times, args=(str(path), 300)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    assert json.loads(path.read_text())["release"].endswith("-299")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]

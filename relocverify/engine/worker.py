@@ -28,7 +28,7 @@ from operator import itemgetter
 from ..image.functions import Function
 from ..image.image import Image
 from ..kernel.site_verdicts import site_finding
-from ..kernel.sites import SiteIndex, kind_key
+from ..kernel.sites import POLICY_BY_KIND, SiteIndex, kind_key
 from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
@@ -139,6 +139,7 @@ class Worker:
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
+        self._rejected: dict[tuple[int, tuple[str, ...]], tuple[Finding, Finding]] = {}  # (finding, kinds) at reject sites
         self.shard: ShardWriter | None = None
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
@@ -174,6 +175,7 @@ class Worker:
         self._forget_survey()
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
+        self._rejected = {}
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
         self.__dict__.pop("_context", None)
@@ -584,12 +586,24 @@ class Worker:
                 here = sweep.at(address, n)
                 next_site = sweep.next_start()
                 if here:
-                    raw = data[off:off + n]
-                    finding, live = site_finding(finding, here, address, raw, self.variants,
-                                                 lambda other: self.finding(other, address,
-                                                                            self.keys.key(other, address)))
-                    mask = site_mask(s.kind for s in here)
-                    ids = self.ids.outcome(finding)
+                    kinds = tuple([s.kind for s in here])
+                    effect = _SITE_EFFECTS.get(kinds)
+                    if effect is None:
+                        effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
+                    how, mask = effect
+                    if how == _VARIANTS:
+                        raw = data[off:off + n]
+                        finding, live = site_finding(finding, here, address, raw, self.variants,
+                                                     lambda other: self.finding(other, address,
+                                                                                self.keys.key(other, address)))
+                        ids = self.ids.outcome(finding)
+                    elif how == _REJECT:  # the finding the sites make depends on the finding and their kinds alone
+                        got = self._rejected.get((id(finding), kinds))
+                        if got is None or got[0] is not finding:
+                            got = self._rejected[(id(finding), kinds)] = (
+                                finding, site_finding(finding, here, address, b"", self.variants, None)[0])
+                        finding = got[1]
+                        ids = self.ids.outcome(finding)
             oid = ids[0]
             k = kmap.get(oid)
             if k is None:
@@ -835,6 +849,19 @@ class _Batch:
     def done(self, ids: OutcomeIds) -> RowBatch:
         return RowBatch(self.functions, self.packed, self.full, self.variants, self.n, ids.definitions(),
                         ids.name_definitions())
+
+
+_MARK, _REJECT, _VARIANTS = 0, 1, 2
+_SITE_EFFECTS: dict[tuple[str, ...], tuple[int, int | None]] = {}  # site kinds -> (what they do, their mask)
+
+
+def _site_effect(kinds: tuple[str, ...]) -> tuple[int, int | None]:
+    """What a set of sites over an instruction does to its finding (``site_verdicts.site_finding``): nothing
+    (every kind marks: ``.init.text``, entry points), a rejection that depends on the finding and the kinds
+    alone, or variants to verify; and the mask the store keeps of them."""
+    consequences = {POLICY_BY_KIND[k].consequence if k in POLICY_BY_KIND else "mark" for k in kinds}
+    how = _VARIANTS if consequences - {"mark", "reject"} else _REJECT if "reject" in consequences else _MARK
+    return how, site_mask(kinds)
 
 
 class _Numbering(dict):

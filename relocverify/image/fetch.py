@@ -119,16 +119,19 @@ def stripped_copy(vmlinux: str | os.PathLike, destination: str | os.PathLike | N
     target = Path(destination) if destination else source.with_name(source.name + ".stripped")
     if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
         return str(target)
-    partial = target.with_name(target.name + ".part")
-    objcopy = shutil.which("objcopy")
-    if objcopy:
-        result = subprocess.run([objcopy, "--strip-all", str(source), str(partial)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise FetchError(f"objcopy --strip-all {source} failed: {_last_line(result.stderr)}")
-    else:
-        partial.write_bytes(strip_elf(source.read_bytes()))
-    os.replace(partial, target)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.part")  # this process's own (see _Manifest.save)
+    try:
+        objcopy = shutil.which("objcopy")
+        if objcopy:
+            result = subprocess.run([objcopy, "--strip-all", str(source), str(partial)],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                raise FetchError(f"objcopy --strip-all {source} failed: {_last_line(result.stderr)}")
+        else:
+            partial.write_bytes(strip_elf(source.read_bytes()))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     return str(target)
 
 
@@ -215,9 +218,14 @@ class _Manifest:
         return cls(path, data)
 
     def save(self) -> None:
-        partial = self.path.with_name(self.path.name + ".part")
-        partial.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
-        os.replace(partial, self.path)
+        # a name of this process's own: two processes fetching the same kernel at once each rename a whole
+        # file (one fixed name let one rename the other's file away: FileNotFoundError)
+        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
+        try:
+            partial.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+            os.replace(partial, self.path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def matches(self, section: str, key: str, path: Path, verify: bool) -> bool:
         record = self.data[section].get(key)
@@ -311,10 +319,13 @@ def _extract_members(deb: Path, members: dict[str, str], target: Path,
                 role = members.get(entry.name) or members.get("./" + entry.name.lstrip("./"))
                 if role is None or not entry.isfile():
                     continue
-                partial = paths[role].with_name(paths[role].name + ".part")
-                with archive.extractfile(entry) as source, open(partial, "wb") as sink:
-                    digest = _copy_hashing(source, sink)
-                os.replace(partial, paths[role])
+                partial = paths[role].with_name(f"{paths[role].name}.{os.getpid()}.part")  # see _Manifest.save
+                try:
+                    with archive.extractfile(entry) as source, open(partial, "wb") as sink:
+                        digest = _copy_hashing(source, sink)
+                    os.replace(partial, paths[role])
+                finally:
+                    partial.unlink(missing_ok=True)
                 manifest.record("files", role, paths[role], digest)
                 found[role] = paths[role]
                 if len(found) == len(members):
