@@ -1,9 +1,12 @@
-"""The one compiled part of relocverify: ``relocverify.proof.irsb_walk`` (see ``relocverify/proof/lifted.py``).
+"""The two compiled parts of relocverify, each a second implementation of Python code it is tested against:
 
-It reads libVEX's IR structures, so it is compiled against the headers of the pyvex it runs with:
-pyproject.toml's build requirements pin the same pyvex as its dependencies.  A machine without a C
-compiler still installs relocverify (the extension is optional) and proves with pyvex's objects,
-more slowly; ``relocverify --version`` says which."""
+* ``relocverify.proof.irsb_walk`` (``relocverify/proof/lifted.py``) reads libVEX's IR structures, so it is
+  compiled against the headers of the pyvex it runs with: pyproject.toml's build requirements pin the
+  same pyvex as its dependencies;
+* ``relocverify.engine.row_pack`` (``relocverify/engine/worker.py``) writes a function's packed row.
+
+A machine without a C compiler still installs relocverify (both are optional) and runs their Python
+paths, more slowly; ``relocverify --version`` says which serve."""
 
 import hashlib
 import importlib.util
@@ -19,11 +22,18 @@ def _pyvex_include() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "include")
 
 
-SOURCE = "relocverify/proof/irsb_walk.c"
-# The module carries the digest of the source it was built from: ``proof.native_walk`` refuses a build
-# of another source (an edited irsb_walk.c not rebuilt), and the pyvex path serves until it is rebuilt.
-DIGEST = hashlib.sha256(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), SOURCE), "rb").read()).hexdigest()
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-setup(ext_modules=[Extension("relocverify.proof.irsb_walk", [SOURCE], include_dirs=[_pyvex_include()],
-                             define_macros=[("RV_SOURCE_SHA256", f'"{DIGEST}"')], extra_compile_args=["-O2"],
-                             optional=True)])
+
+def _extension(name: str, source: str, **kw) -> Extension:
+    """An optional extension that carries the digest of the source it was built from: its loader
+    (``proof.native_walk``, ``engine.native_rows``) refuses a build of another source (an edited file not
+    rebuilt), and the Python path serves until it is rebuilt."""
+    digest = hashlib.sha256(open(os.path.join(HERE, source), "rb").read()).hexdigest()
+    return Extension(name, [source], define_macros=[("RV_SOURCE_SHA256", f'"{digest}"')],
+                     extra_compile_args=["-O2"], optional=True, **kw)
+
+
+setup(ext_modules=[_extension("relocverify.proof.irsb_walk", "relocverify/proof/irsb_walk.c",
+                              include_dirs=[_pyvex_include()]),
+                   _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c")])

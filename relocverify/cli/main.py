@@ -119,12 +119,14 @@ def cmd_vmlinux(args, out: TextIO) -> int:
 
 
 def _versions() -> str:
-    from ..proof.native_walk import STATUS
+    from ..engine.native_rows import STATUS as ROWS
+    from ..proof.native_walk import STATUS as WALK
     from ..versions import tool_versions
 
     v = tool_versions()
     return (f"relocverify {v['relocverify']} (capstone {v['capstone']}, iced-x86 {v['iced']}, pyvex {v['pyvex']}, "
-            f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']}; IR walk: {STATUS})")
+            f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']}; IR walk: {WALK}; "
+            f"packed rows: {ROWS})")
 
 
 class _Version(argparse.Action):

@@ -62,10 +62,17 @@ _PACK = zstandard.ZstdCompressor(level=1)
 _UNPACK = zstandard.ZstdDecompressor()
 
 
+def canonical(value) -> bytes:
+    """``value`` (tuples, lists, str, bytes, int, bool, None) as bytes that depend on the value alone, for a
+    digest: marshal's format 0.  Later formats mark interned strings and objects referenced twice, so two
+    equal values could marshal differently (an outcome made in one worker and unpickled in another did)."""
+    return marshal.dumps(value, 0)
+
+
 def context_digest(tag: bytes, source: bytes, tramp: int, timeout_s: float, with_sites: bool,
                    thunks: dict[int, str]) -> bytes:
     """What every function's key of one run shares (the module doc's first list)."""
-    run = marshal.dumps((tramp, repr(timeout_s), with_sites, sorted(thunks.items())))
+    run = canonical((tramp, repr(timeout_s), with_sites, sorted(thunks.items())))
     return hashlib.sha256(b"rows|" + tag + source + run).digest()[:16]
 
 
@@ -75,7 +82,7 @@ def function_key(context: bytes, start: int, size: int, data: bytes, skip, sites
     h = hashlib.blake2b(context, digest_size=16)
     h.update(struct.pack("<QQQ", start & (1 << 64) - 1, size, len(data)))
     h.update(data)
-    h.update(marshal.dumps(sorted(skip) if skip else ()))
+    h.update(canonical(sorted(skip) if skip else ()))
     if sites is not None:
         described = []
         for s in sites:
@@ -85,14 +92,14 @@ def function_key(context: bytes, start: int, size: int, data: bytes, skip, sites
                     described.append(image.read(s.target, s.target_length))
                 except ImageError:
                     described.append(None)
-        h.update(marshal.dumps(described))
+        h.update(canonical(described))
     else:
         h.update(b"no sites")
     return h.digest()
 
 
 def outcome_digest(described: bytes) -> bytes:
-    """The name kept rows give an outcome: 8 bytes of the digest of ``described``, the marshalled
+    """The name kept rows give an outcome: 8 bytes of the digest of ``described``, the ``canonical``
     (outcome tuple, its reason in the store)."""
     return hashlib.blake2b(described, digest_size=8).digest()
 

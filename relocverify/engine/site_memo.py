@@ -24,6 +24,7 @@ from ..image.image import Image
 from ..kernel.sites import SiteIndex, find_sites
 from ..store.cache import ProofCache
 from ..versions import source_digest
+from .row_memo import canonical
 
 _LEVEL = 1  # zlib: a kernel's 5.8 MB of sites in 0.6 MB
 
@@ -33,7 +34,7 @@ def sites_key(image: Image, source: bytes) -> bytes:
     h = hashlib.blake2b(b"sites|" + source + image.identity.encode() + b"|" + image.symbol_source.encode(),
                         digest_size=16)
     if image.symbol_source != "elf":
-        h.update(marshal.dumps([(s.name, s.address, s.size, s.kind) for s in image.symbols]))
+        h.update(canonical([(s.name, s.address, s.size, s.kind) for s in image.symbols]))
     return h.digest()
 
 

@@ -18,10 +18,10 @@ processes and a distributed one rebuilds from the image's path.
 
 from __future__ import annotations
 
-import marshal
 import os
 from array import array
 from dataclasses import dataclass, field, replace
+from bisect import bisect_right
 from itertools import accumulate
 from operator import itemgetter
 
@@ -37,9 +37,12 @@ from ..store.packed_rows import pack_u32, pack_wide_ids
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
 from ..versions import source_digest
+from ..x86.registers import MASK64
 from .keys import KeyMaker, per_instance
+from .native_rows import ROW_PACK
 from .pipeline import Prover
 from .row_memo import (
+    canonical,
     context_digest,
     function_key,
     kept_rows,
@@ -140,6 +143,7 @@ class Worker:
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self._rejected: dict[tuple[int, tuple[str, ...]], tuple[Finding, Finding]] = {}  # (finding, kinds) at reject sites
+        self._forget_plain()
         self.shard: ShardWriter | None = None
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
@@ -176,6 +180,7 @@ class Worker:
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self._rejected = {}
+        self._forget_plain()
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
         self.__dict__.pop("_context", None)
@@ -217,6 +222,13 @@ class Worker:
             return b""
         off = fn.start - section.address
         return section.data[off:off + fn.size]
+
+    def _forget_plain(self) -> None:
+        """Forget the tables ``function_rows`` writes plain rows from, by key number: each key's plain shared
+        finding (outcome id, proof µs; 0: none known) and the address its representative was proved at.
+        Forgotten whenever an outcome's id or a key's finding may change (new findings, the store's ids, the
+        next image); the per-instruction path fills them again, one instance per key."""
+        self._oid, self._us, self._rep = array("q"), array("I"), array("Q")
 
     def _forget_survey(self) -> None:
         """What the survey keeps of an image until its rows are written, compactly: each waiting
@@ -328,7 +340,7 @@ class Worker:
         """An outcome's ``row_memo.outcome_digest``, what it stands for noted for the cache."""
         digest = self._digests.get(oid)
         if digest is None:
-            described = marshal.dumps(self.ids.described(oid))
+            described = canonical(self.ids.described(oid))
             digest = self._digests[oid] = outcome_digest(described)
             self.new_row_outcomes[digest] = described
         return digest
@@ -440,6 +452,7 @@ class Worker:
     def accept(self, learned: dict[bytes, Learned]) -> None:
         """Findings other workers made for keys of this worker's functions."""
         self.learned.update(learned)
+        self._forget_plain()
 
     def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
                                dict[bytes, dict[tuple, object]]]:
@@ -528,7 +541,141 @@ class Worker:
                       here: list | None | object = _UNSET, fkey: bytes | None | object = _UNSET) -> None:
         """Every instruction of a function, with its finding, its kernel sites and their live variants,
         added to ``batch``; kept for the proof cache under its function key (``row_memo``) when no finding
-        of it is one the cache does not keep.  ``here``: the sites overlapping it, when known."""
+        of it is one the cache does not keep.  ``here``: the sites overlapping it, when known.
+
+        Nearly every instruction takes its key's plain shared finding, at no site, and is not its key's
+        representative: ``row_pack`` writes those from the worker's tables by key number (``_oid``, ``_us``,
+        ``_rep``), in C.  Every other position (``row_pack.scan``) takes the per-instruction path below, in
+        address order, exactly as ``_walk_rows`` does; ``row_pack.pack`` then numbers the outcomes and writes
+        the row as that walk would."""
+        if ROW_PACK is None:
+            return self._walk_rows(fid, batch, keys, here, fkey)
+        fn = self.job.functions[fid]
+        start = fn.start
+        lengths, numbers = self._numbers(fid, keys)
+        skip = self.job.skip.get(fid)
+        if here is _UNSET:
+            here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
+        if fkey is _UNSET:
+            fkey = self.function_keys.pop(fid, None)
+        offs = list(accumulate(lengths, initial=0))
+        at_site = _site_positions(here, offs, lengths, start) if here else {}
+        forced = set(at_site)
+        if skip:
+            forced.update(i for i, off in enumerate(offs[:-1]) if start + off in skip)
+        grown = len(self.key_number) - len(self._oid)
+        if grown > 0:
+            self._oid.frombytes(bytes(8 * grown))
+            self._us.frombytes(bytes(4 * grown))
+            self._rep.frombytes(bytes(8 * grown))
+        specials = array("I")
+        specials.frombytes(ROW_PACK.scan(lengths, numbers, start & MASK64, self._oid, self._rep,
+                                         array("I", sorted(forced))))
+        n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
+        s_oid, s_us, s_flags, s_mask = array("q"), array("I"), bytearray(), array("I")
+        v_special, v_vid, v_j = array("I"), array("q"), array("i")
+        names: dict[int, int] = {}  # variant name id -> the function's own index j of it
+        made = unkept = False  # a packed row marked fresh (kept unmarked); a finding the cache does not keep
+        data = self._function_bytes(fn) if specials else b""
+        key_table = self.key_table
+        learned = self.learned
+        for s, i in enumerate(specials):
+            off, n, j = offs[i], lengths[i], numbers[i]
+            address = start + off
+            if skip is not None and address in skip:
+                s_oid.append(0), s_us.append(0), s_flags.append(_DROPPED), s_mask.append(0)
+                continue  # an overlapping function owns this instruction
+            key = key_table[j]
+            hit = learned.get(key) or self.lookup(key)
+            finding = None if hit is None else hit.shared
+            if finding is not None and hit.address != address:
+                ids = hit.ids
+                if ids is None:
+                    ids = hit.ids = self.ids.outcome(finding)
+                    if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
+                        us = finding.proof_us
+                        hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
+                if hit.plain is not None:  # the tables serve its key's later instances
+                    self._oid[j], self._us[j] = hit.plain
+                    self._rep[j] = (hit.address or 0) & MASK64
+            else:
+                finding = self.finding(data[off:off + n], address, key)
+                ids = self.ids.outcome(finding)
+            unkept = unkept or finding.method in NOT_KEPT
+            live = ()
+            mask = None
+            sites = at_site.get(i)
+            if sites:
+                kinds = tuple([site.kind for site in sites])
+                effect = _SITE_EFFECTS.get(kinds)
+                if effect is None:
+                    effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
+                how, mask = effect
+                if how == _VARIANTS:
+                    raw = data[off:off + n]
+                    finding, live = site_finding(finding, sites, address, raw, self.variants,
+                                                 lambda other: self.finding(other, address,
+                                                                            self.keys.key(other, address)))
+                    ids = self.ids.outcome(finding)
+                elif how == _REJECT:  # the finding the sites make depends on the finding and their kinds alone
+                    got = self._rejected.get((id(finding), kinds))
+                    if got is None or got[0] is not finding:
+                        got = self._rejected[(id(finding), kinds)] = (
+                            finding, site_finding(finding, sites, address, b"", self.variants, None)[0])
+                    finding = got[1]
+                    ids = self.ids.outcome(finding)
+            oid = ids[0]
+            s_oid.append(oid)
+            s_mask.append(mask or 0)
+            if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
+                us = finding.proof_us
+                s_us.append(us if us < _U32 else _U32 - 1)
+                s_flags.append(_FRESH if finding.fresh else 0)
+                made = made or finding.fresh  # a site's finding may be fresh though the instruction's was not
+            else:
+                s_us.append(0)
+                s_flags.append(_FULL)
+                batch.add_full(fid, off, n, oid, ids[1], finding, mask)
+            for name, vf in live:
+                vid, vreason = self.ids.outcome(vf)
+                v_special.append(s)
+                v_vid.append(vid)
+                if vf.reason == vreason:
+                    nid = self.ids.name(name)
+                    vj = names.get(nid)
+                    if vj is None:
+                        vj = names[nid] = len(names)
+                    v_j.append(vj)
+                else:
+                    v_j.append(-1)
+                    batch.variants.append((fid, off, name, vid, vf.reason))
+                unkept = unkept or vf.method in NOT_KEPT
+        order, counts, plain, at_sites, variants = ROW_PACK.pack(
+            lengths, numbers, self._oid, self._us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j)
+        batch.end_packed(fid, order, counts, plain, at_sites, names, variants)
+        if fkey is not None and not unkept:
+            kmap = dict(zip(order, range(len(order))))
+            self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
+
+    def _numbers(self, fid: int, keys) -> tuple[bytes, array]:
+        """A function's instruction lengths and key numbers: from the keys given, as its survey kept them,
+        or walked again."""
+        if keys is None:
+            got = self.surveyed.pop(fid, None)
+            if got is None:
+                fn = self.job.functions[fid]
+                keys = self.keys.keys(self._function_bytes(fn), fn.start)
+        if keys is not None:
+            got = (bytes(map(_SECOND, keys)), array("I", map(self.key_number.__getitem__, map(_THIRD, keys))))
+        if len(self.key_table) != len(self.key_number):
+            self.key_table = list(self.key_number)  # a dict keeps insertion order: the numbers'
+        return got
+
+    def _walk_rows(self, fid: int, batch: _Batch, keys: list[tuple[int, int, bytes]] | None = None,
+                   here: list | None | object = _UNSET, fkey: bytes | None | object = _UNSET) -> None:
+        """``function_rows`` as one walk in address order, every instruction by the per-instruction path:
+        what serves when ``engine.row_pack`` is not built, and the reference ``tests/test_row_pack.py``
+        holds the packed path to."""
         fn = self.job.functions[fid]
         start = fn.start
         data = self._function_bytes(fn)
@@ -719,6 +866,7 @@ class Worker:
     def learn_ids(self, final: dict[int, int]) -> None:
         """The store's ids for this worker's provisional outcome ids (see ``OutcomeIds``)."""
         self.ids.learn(final)
+        self._forget_plain()
         for learned in self.learned.values():
             if learned.ids is not None and learned.ids[0] in final:
                 learned.ids = None
@@ -846,9 +994,42 @@ class _Batch:
         if plain:
             self.n_packed += len(plain) // 3
 
+    def end_packed(self, fid: int, order: list[int], counts: bytes, plain: bytes, at_sites: bytes,
+                   names: dict[int, int], variants: bytes) -> None:
+        """``end_function`` for a row ``row_pack.pack`` wrote: outcome ids by ``k``, and the columns packed."""
+        self.functions.append(fid)
+        if not order:
+            return
+        self.packed.append((fid, pack_wide_ids(order), counts, pack_wide_ids(names) if names else None,
+                            variants or None, at_sites or None, plain))
+        self.n_packed += len(plain) // 12
+
     def done(self, ids: OutcomeIds) -> RowBatch:
         return RowBatch(self.functions, self.packed, self.full, self.variants, self.n, ids.definitions(),
                         ids.name_definitions())
+
+
+_DROPPED, _FULL, _FRESH = 1, 2, 4  # a special position's flags for ``row_pack.pack``
+
+
+def _site_positions(here, offs: list[int], lengths: bytes, start: int) -> dict[int, list]:
+    """position -> the sites overlapping that instruction (``offs``: the running offsets, one more than
+    ``lengths``), in the order a walk in address order meets them: by address, then by kind when several
+    overlap (as ``_SiteSweep`` gives them); positions without a site are absent."""
+    out: dict[int, list] = {}
+    last = len(lengths)
+    for site in sorted(here, key=lambda s: s.address):
+        lo, hi = site.address - start, site.address + site.length - start
+        i = max(bisect_right(offs, lo) - 1, 0)  # the instruction that holds lo, or the first after it
+        if i < last and offs[i] + lengths[i] <= lo:
+            i += 1
+        while i < last and offs[i] < hi:
+            out.setdefault(i, []).append(site)
+            i += 1
+    for found in out.values():
+        if len(found) > 1:
+            found.sort(key=lambda s: kind_key(s.kind))
+    return out
 
 
 _MARK, _REJECT, _VARIANTS = 0, 1, 2
