@@ -100,15 +100,22 @@ class Learned:
     ``shared`` is the finding every other instance of the key gets (one object
     for all of them), or None when the key is per instance."""
 
-    __slots__ = ("cached", "address", "finding", "shared", "ids", "plain")
+    __slots__ = ("cached", "address", "finding", "_shared", "ids", "plain")
 
     def __init__(self, cached: CachedFinding, address: int | None = None, finding: Finding | None = None):
         self.cached = cached
         self.address = address  # the representative's address if proved in this run
         self.finding = finding  # the representative's own finding (its counterexample included)
-        self.shared = None if cached.per_instance else from_cached(cached)
+        self._shared = _UNSET  # made when first asked: the parent never asks, and a worker not for every key
         self.ids = None  # (outcome id, outcome reason) of ``shared`` in the store, once asked
         self.plain = None  # (outcome id, proof µs clipped to u32) when ``shared`` fits a plain store row, once asked
+
+    @property
+    def shared(self) -> Finding | None:
+        shared = self._shared
+        if shared is _UNSET:
+            shared = self._shared = None if self.cached.per_instance else from_cached(self.cached)
+        return shared
 
     def __reduce__(self):
         return Learned, (self.cached, self.address, self.finding)
@@ -519,6 +526,10 @@ class Worker:
         if self.shard is None:
             self._shards += 1
             self.shard = ShardWriter(shard_path(self.job.store_path, os.getpid(), self._shards))
+            batch.outcomes, batch.names = self.ids.definitions(), self.ids.name_definitions()  # all, for a new shard
+            self.ids.take_new()
+        else:  # the shard has every provisional id defined before: only the new ones (all, each batch, was quadratic)
+            batch.outcomes, batch.names = self.ids.take_new()
         self.shard.write(self.job.config, batch)
         if self._new_bytes >= KEEP_BYTES:
             self.flush_kept_rows()
@@ -902,6 +913,8 @@ class OutcomeIds:
         self.name_of: dict[int, str] = {}
         self.new_names: dict[int, str] = {}  # provisional id -> variant name
         self.counter = 0
+        self._new: list[tuple[int, tuple, str]] = []  # provisional outcomes defined since ``take_new``
+        self._new_names: list[tuple[int, str]] = []  # provisional variant names defined since ``take_new``
 
     def outcome(self, f: Finding) -> tuple[int, str]:
         hit = self.known.get(f.outcome)
@@ -919,6 +932,7 @@ class OutcomeIds:
             pid = self._pid()
             hit = self.known[outcome] = (pid, reason)
             self.provisional[pid] = self.by_id[pid] = (outcome, reason)
+            self._new.append((pid, outcome, reason))
         return hit
 
     def name(self, text: str) -> int:
@@ -927,6 +941,7 @@ class OutcomeIds:
         if i is None:
             i = self.names[text] = self._pid()
             self.name_of[i] = self.new_names[i] = text
+            self._new_names.append((i, text))
         return i
 
     def name_text(self, i: int) -> str:
@@ -944,6 +959,13 @@ class OutcomeIds:
         """(provisional id, variant name) of every provisional name id not yet learned."""
         return list(self.new_names.items())
 
+    def take_new(self) -> tuple[list[tuple[int, tuple, str]], list[tuple[int, str]]]:
+        """The provisional outcomes and variant names defined since the last call (``definitions``,
+        ``name_definitions`` for those defined before and not yet learned)."""
+        new, names = self._new, self._new_names
+        self._new, self._new_names = [], []
+        return new, names
+
     def learn(self, final: dict[int, int]) -> None:
         for outcome, (oid, reason) in list(self.known.items()):
             if oid in final:
@@ -954,6 +976,8 @@ class OutcomeIds:
             text = self.new_names.pop(pid)
             self.names[text] = final[pid]
             self.name_of[final[pid]] = text
+        self._new = [d for d in self._new if d[0] not in final]
+        self._new_names = [d for d in self._new_names if d[0] not in final]
 
 
 _U32 = 1 << 32  # a packed row's proof time saturates below it (71 minutes)
@@ -1005,8 +1029,8 @@ class _Batch:
         self.n_packed += len(plain) // 12
 
     def done(self, ids: OutcomeIds) -> RowBatch:
-        return RowBatch(self.functions, self.packed, self.full, self.variants, self.n, ids.definitions(),
-                        ids.name_definitions())
+        """The batch to write (``Worker.write`` adds the definitions of the provisional ids its shard lacks)."""
+        return RowBatch(self.functions, self.packed, self.full, self.variants, self.n)
 
 
 _DROPPED, _FULL, _FRESH = 1, 2, 4  # a special position's flags for ``row_pack.pack``
