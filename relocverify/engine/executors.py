@@ -33,6 +33,7 @@ from typing import Callable
 
 from ..errors import RelocverifyError
 from .pipeline import own_alarm
+from .smt_helper import use_helper
 from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
@@ -60,6 +61,7 @@ class WorkerError(RelocverifyError):
 
 def _serve(job: Job, conn, progress, current, index: int) -> None:
     own_alarm()  # this process runs nothing but the worker: its proofs' watchdogs keep SIGALRM installed
+    use_helper()  # its SMT checks go to the session's helper, if one runs
     worker = Worker(job)
 
     def tell(n: int) -> None:

@@ -46,8 +46,10 @@ from ..store.store import Store
 from ..versions import tool_versions
 from .executors import LocalPool, Task
 from .keys import KeyMaker
+from .pipeline import WATCHDOG_MARGIN_S
 from .progress import Progress
 from .site_memo import cached_sites
+from .smt_helper import SmtHelper
 from .summary import render_summary, replacement_summary, summarize
 from .worker import Job, Learned, Worker
 
@@ -82,6 +84,18 @@ class Session:
         self.pool = None
         self.cache: ProofCache | None = None
         self.cached: dict[bytes, CachedFinding] = {}
+        self.smt: SmtHelper | None = None
+
+    def start_smt_helper(self, tag: bytes) -> None:
+        """Start the session's SMT helper (``smt_helper``) when its first image is proved cold by a local pool:
+        the helper imports the SMT check on the second core while this process finds functions and sites, and
+        the workers never import it.  A warm cache leaves few proofs to make (a worker that needs the check
+        imports it), and the jump probes' block proofs import it in every worker anyway."""
+        o = self.options
+        if self.smt is not None or o.jobs <= 1 or o.scheduler is not None or o.dask_local is not None \
+                or o.jump_probes or self.findings(tag)[1]:
+            return
+        self.smt = SmtHelper(WATCHDOG_MARGIN_S)
 
     def findings(self, tag: bytes) -> tuple[ProofCache, dict[bytes, CachedFinding]]:
         if self.cache is None:
@@ -91,7 +105,7 @@ class Session:
 
     def pool_for(self, job: Job):
         if self.pool is None:
-            self.pool = make_pool(job, self.options)
+            self.pool = make_pool(job, self.options, self.smt)
         else:
             self.pool.set_job(job)
         return self.pool
@@ -109,6 +123,9 @@ class Session:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.smt is not None:
+            self.smt.close()
+            self.smt = None
         if self.cache is not None:
             self.cache.close()
             self.cache = None
@@ -121,13 +138,18 @@ class Session:
         return False
 
 
-def make_pool(job: Job, options: RunOptions):
-    """The run's executor: the local process pool (the default), or a Dask cluster."""
+def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
+    """The run's executor: the local process pool (the default), or a Dask cluster; its workers send their SMT
+    checks to ``smt`` when given (forked once it listens)."""
     if options.scheduler is not None or options.dask_local is not None:
         from .dask_pool import DaskPool
 
         return DaskPool(job, scheduler=options.scheduler, local_workers=options.dask_local)
-    if options.jobs > 1 and not job.cached:
+    if smt is not None:
+        from ..proof import prove  # noqa: F401 - the proofs' own modules, shared by the workers (not the SMT check)
+
+        smt.wait_listening()
+    elif options.jobs > 1 and not job.cached:
         # A cold cache: some proof will need the solver path (claripy, angr's IR operations, z3), which each
         # worker imported on its own (1.1 s each, in parallel, and about 100 MB each).  Imported once here,
         # before the fork, the time is the same and the pages are shared: a package's peak PSS was 1.00 GiB.
@@ -217,26 +239,37 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     previous = None if options.jump_probes else _again(image.identity, store_path, config, options, t0)
     if previous is not None:
         return previous
-    with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
-        functions = find_functions(image)
-        if not functions:
-            raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
-                             f"pass the build's System.map (--system-map) or an unstripped vmlinux")
-        if options.limit is not None:
-            functions = functions[:options.limit]
-        sites = None
-        if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
-            sites = cached_sites(image, options.cache_dir if session is None else session.findings(tag)[0])
-        versions = tool_versions()
-        store = Store(store_path)
-        try:
-            scope = _scope(store, image, functions, config, versions, options.limit)
-        except BaseException:
-            store.close()
-            raise
+    own = session is None
+    if own:
+        session = Session(options)
+    try:
+        session.start_smt_helper(tag)  # a cold run's: it imports the SMT check while this process sets up
+        with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
+            functions = find_functions(image)
+            if not functions:
+                raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
+                                 f"pass the build's System.map (--system-map) or an unstripped vmlinux")
+            if options.limit is not None:
+                functions = functions[:options.limit]
+            sites = None
+            if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
+                cache = session.findings(tag)[0]
+                sites = cached_sites(image, cache if cache.enabled else None)
+            versions = tool_versions()
+            store = Store(store_path)
+            try:
+                scope = _scope(store, image, functions, config, versions, options.limit)
+            except BaseException:
+                store.close()
+                raise
+    except BaseException:
+        if own:
+            session.close()
+        raise
     try:
         phases["setup_s"] = time.monotonic() - t0
-        work = _verify(image, store, scope, functions, sites, options, session, tag, config, rules, progress, phases)
+        work = _verify(image, store, scope, functions, sites, options, session, own, tag, config, rules, progress,
+                       phases)
     except KeyboardInterrupt:
         store.finish_run(scope.run_id, "interrupted", None)
         store.close()
@@ -285,14 +318,11 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
 
 
 def _verify(image: Image, store: Store, scope: Scope, functions: list[Function], sites, options: RunOptions,
-            session: Session | None, tag: bytes, config: str, rules, progress: Progress,
+            session: Session, own: bool, tag: bytes, config: str, rules, progress: Progress,
             phases: dict[str, float]) -> Verification:
-    """The phases on ``session``'s pool (a pool of its own when None): survey, proofs and rows over the
-    functions to do; the counts of those done before; the alternatives' replacements; the jump probes."""
+    """The phases on ``session``'s pool (``own``: the run's own session, closed here): survey, proofs and rows
+    over the functions to do; the counts of those done before; the alternatives' replacements; the jump probes."""
     t0 = time.monotonic()
-    own = session is None
-    if own:
-        session = Session(options)
     try:
         cache, cached = session.findings(tag)
         skip = overlaps(image, list(scope.functions.items()))

@@ -100,8 +100,20 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
                                    "fast-path", seconds=time.perf_counter() - t0)
         except Gap as gap:
             return gap_result(decoded, code, tramp, gap.reason, t0)
-    from .smt_check import check_by_smt  # claripy, angr's IR operations and z3: only when the fast path cannot decide
-    return check_by_smt(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0)
+    checker = _SMT[0]
+    if checker is None:  # claripy, angr's IR operations and z3: imported only when the fast path cannot decide
+        from .smt_check import check_by_smt as checker
+    return checker(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0)
+
+
+_SMT: list = [None]  # ``delegate_smt``'s checker, or None
+
+
+def delegate_smt(checker) -> None:
+    """Let ``checker`` run this process's SMT checks: a function called as ``smt_check.check_by_smt`` is, which
+    returns what it returns or raises what it raises (``engine.smt_helper``: the same call, in the run's helper
+    process).  None: import ``smt_check`` and run them here."""
+    _SMT[0] = checker
 
 
 def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:

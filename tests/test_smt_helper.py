@@ -1,0 +1,133 @@
+"""engine.smt_helper: a cold run's SMT checks answered by a process of their own.
+
+The check asked of the helper is the same call a worker would make; these tests hold its answers to the
+local ones, and show what happens when the helper is gone, slow, or its parent dies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relocverify.engine import pipeline, smt_helper
+from relocverify.proof import prove as prove_module
+from relocverify.proof.prove import prove_relocation
+from relocverify.proof.verdict import Verdict
+from relocverify.x86.decode import decode
+from relocverify.x86.encoding import jump
+
+A = 0xFFFFFFFF81234560
+T = 0xFFFFFFFFC0001000
+
+
+def _relocated(body: str, orig_len: int) -> bytes:
+    """``body`` at T, then a jump back to A + ``orig_len``."""
+    code = bytes.fromhex(body)
+    return code + jump(T + len(code), A + orig_len)
+
+
+#: Relocations the fast path cannot decide, so ``check_by_smt`` answers: wrong ones it refutes with a
+#: counterexample unicorn confirms, and one it can neither prove nor refute.
+CASES = [
+    ("mov rip-rel copied verbatim", "48 8b 05 10 00 00 00", "48 8b 05 10 00 00 00", Verdict.REFUTED),
+    ("add rewritten as sub", "48 01 d8", "48 29 d8", Verdict.REFUTED),
+    ("cmp rewritten as test", "48 39 d8", "48 85 d8", Verdict.REFUTED),
+    ("bt with a helper's scratch store", "48 0f a3 c3", "48 0f a3 c3", None),
+]
+
+
+@pytest.fixture
+def helper():
+    h = smt_helper.SmtHelper(pipeline.WATCHDOG_MARGIN_S)
+    assert h.wait_listening()
+    yield h
+    h.close()
+    prove_module.delegate_smt(None)
+
+
+def _answer(orig: str, body: str):
+    raw = bytes.fromhex(orig)
+    result = prove_relocation(decode(raw, A), _relocated(body, len(raw)), T)
+    cex = result.counterexample
+    return result.verdict, result.method, cex is not None and cex.replayed
+
+
+@pytest.mark.parametrize("name,orig,body,verdict", CASES, ids=[c[0] for c in CASES])
+def test_the_helper_answers_as_a_check_made_here(helper, name, orig, body, verdict):
+    prove_module.delegate_smt(None)
+    here = _answer(orig, body)
+    smt_helper.use_helper()
+    assert prove_module._SMT[0] is not None
+    there = _answer(orig, body)
+    assert there == here
+    if verdict is not None:
+        assert here[0] is verdict and here[2], "a wrong relocation is refuted by a replayed counterexample"
+
+
+def test_without_the_helper_a_worker_checks_itself(monkeypatch):
+    monkeypatch.setattr(smt_helper, "_ADDRESS", ["\0relocverify-smt-nobody-listens"])
+    smt_helper.use_helper()
+    try:
+        assert _answer(*CASES[1][1:3])[0] is Verdict.REFUTED
+    finally:
+        prove_module.delegate_smt(None)
+
+
+def test_a_watchdog_between_a_check_and_its_answer_loses_no_later_answer(monkeypatch):
+    """The worker's watchdog fires while the helper still works: the worker times out, and its next check
+    gets its own answer, not the late one."""
+    from relocverify.proof import smt_check
+
+    real = smt_check.check_by_smt
+
+    def slow(*args):
+        time.sleep(1.0)
+        return real(*args)
+
+    monkeypatch.setattr(smt_check, "check_by_smt", slow)  # the helper, forked next, inherits it
+    h = smt_helper.SmtHelper(pipeline.WATCHDOG_MARGIN_S)
+    try:
+        assert h.wait_listening()
+        client = smt_helper.SmtClient(h.address)
+        monkeypatch.setattr(prove_module, "_SMT", [client.check])
+        raw = bytes.fromhex(CASES[1][1])
+        decoded, code = decode(raw, A), _relocated(CASES[1][2], len(raw))
+        with pytest.raises(pipeline.ProofTimeout):
+            with pipeline.watchdog(0.2):
+                prove_relocation(decoded, code, T)
+        other = bytes.fromhex(CASES[2][1])
+        result = prove_relocation(decode(other, A), _relocated(CASES[2][2], len(other)), T)
+        assert result.verdict is Verdict.REFUTED and result.counterexample.orig_hex == other.hex()
+    finally:
+        h.close()
+
+
+def test_the_helper_leaves_with_its_parent(tmp_path):
+    """A parent killed without closing its session (SIGKILL) leaves no helper behind."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os, sys, time\n"
+                      "from relocverify.engine.smt_helper import SmtHelper\n"
+                      "h = SmtHelper(0.5)\n"
+                      "h.wait_listening()\n"
+                      "print(h.process.pid, flush=True)\n"
+                      "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    assert os.path.exists(f"/proc/{pid}")
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the helper outlived its parent"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
