@@ -158,11 +158,13 @@ class SmtClient:
 
 
 def use_helper() -> None:
-    """In a worker: send the SMT checks to the helper the session started, if any (``proof.prove``)."""
-    from ..proof.prove import delegate_smt
-
+    """In a worker: send the SMT checks to the helper the session started, if one runs (``proof.prove``; with
+    none, nothing is imported: a warm run's workers need not load the proof modules at all)."""
     address = _ADDRESS[0]
-    delegate_smt(None if address is None else _checker(SmtClient(address)))
+    if address is not None:
+        from ..proof.prove import delegate_smt
+
+        delegate_smt(_checker(SmtClient(address)))
 
 
 def _checker(client: SmtClient):
