@@ -82,7 +82,11 @@ def _serve(job: Job, conn, progress, current, index: int) -> None:
             # the collector's way, which otherwise walks millions of long-lived tuples in every full pass.
             gc.freeze()
             try:
-                conn.send(("ok", getattr(worker, method)(*args)))
+                value = getattr(worker, method)(*args)
+                if method in HARVESTED_WITH:  # what it proved travels with its value (no harvest task waits for it)
+                    conn.send(("harvested", (value, worker.harvest())))
+                else:
+                    conn.send(("ok", value))
             except Exception:
                 conn.send(("error", traceback.format_exc()))
     except (EOFError, KeyboardInterrupt):
@@ -92,12 +96,18 @@ def _serve(job: Job, conn, progress, current, index: int) -> None:
         conn.close()
 
 
+#: The tasks whose workers send what they proved (``Worker.harvest``) with their values: the proofs phase's,
+#: so the proof cache is written while the rows are made without a harvest task between the two phases.
+HARVESTED_WITH = frozenset({"prove"})
+
+
 class LocalPool:
     def __init__(self, job: Job, jobs: int):
         self.job = job
         self.n = max(1, jobs)
         self.inline = jobs <= 1
         self._replay: list[tuple[str, tuple]] = []  # calls every fresh worker gets before its next task
+        self._harvested = empty_harvest()  # what tasks in HARVESTED_WITH brought back with their values
         if self.inline:
             self.worker = Worker(job)
             self.done_items = 0
@@ -150,12 +160,18 @@ class LocalPool:
     def harvest(self) -> tuple[dict, dict, dict, dict]:
         """What the workers proved since the last harvest: (findings, proofs, derivations, jump answers
         by tag), merged by ``worker.merge_harvest``."""
-        out = empty_harvest()
+        out = self.harvested()
 
         def got(task, value):
             merge_harvest(out, value)
 
         self.run([[Task("harvest", ())] for _ in range(self.n)], got)
+        return out
+
+    def harvested(self) -> tuple[dict, dict, dict, dict]:
+        """What the tasks of ``HARVESTED_WITH`` brought back since the last harvest, without asking the workers
+        (what other tasks proved stays with them until the next ``harvest``)."""
+        out, self._harvested = self._harvested, empty_harvest()
         return out
 
     def remember(self, method: str, args: tuple) -> None:
@@ -179,6 +195,8 @@ class LocalPool:
             for queue in queues:
                 for task in queue:
                     value = getattr(self.worker, task.method)(*task.call_args())
+                    if task.method in HARVESTED_WITH:
+                        merge_harvest(self._harvested, self.worker.harvest())
                     on_result(replace(task, tag=0) if shared else task, value)
                     if tick:
                         tick()
@@ -236,6 +254,10 @@ class LocalPool:
                 if status == "wait":
                     continue
                 flight[i].popleft()
+                if status == "harvested":
+                    value, harvest = value
+                    merge_harvest(self._harvested, harvest)
+                    status = "ok"
                 if status == "ok":
                     feed(i)  # keep the worker busy while its result is taken in
                     on_result(replace(task, tag=i) if shared else task, value)

@@ -537,7 +537,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     t1 = time.monotonic()
     pool.broadcast("accept", lambda w: (_wanted(learned, owned[w], by, w),))
     pool.remember("accept", (learned,))
-    keeping = _harvest(pool, cache, tag, job.cached, behind=True)
+    keeping = _harvest(pool, cache, tag, job.cached, behind=True, ask=False)
 
     queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
 
@@ -661,11 +661,13 @@ def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]]
     return out
 
 
-def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False) -> Behind | None:
+def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False,
+             ask: bool = True) -> Behind | None:
     """Collect what the workers proved since the last harvest into the persistent cache (and into
     ``cached``, the session's copy, which a worker started later is given).  ``behind``: the cache is
-    written by a thread of its own (``Behind``: join it), while the workers go on."""
-    findings, proofs, derivations, jumps = pool.harvest()
+    written by a thread of its own (``Behind``: join it), while the workers go on.  ``ask`` False: only what
+    came back with the tasks' values (``LocalPool.harvested``: the proofs phase's), without a harvest task."""
+    findings, proofs, derivations, jumps = pool.harvest() if ask else pool.harvested()
     cached.update(findings)
 
     def keep(into: ProofCache) -> None:
