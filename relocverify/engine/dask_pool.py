@@ -126,6 +126,9 @@ def run_task(spec: JobSpec, method: str, args: tuple, replays: list) -> tuple:
 class DaskPool:
     """``LocalPool``'s interface over a Dask cluster (a scheduler's address, or a LocalCluster)."""
 
+    #: A task runs on any worker: each returns all it found.
+    pinned = False
+
     def __init__(self, job: Job, scheduler: str | None = None, local_workers: int | None = None):
         import distributed
 

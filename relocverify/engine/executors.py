@@ -102,6 +102,9 @@ HARVESTED_WITH = frozenset({"prove"})
 
 
 class LocalPool:
+    #: Each worker runs its own queue's tasks, in order: a worker may keep what its tasks found for a later task.
+    pinned = True
+
     def __init__(self, job: Job, jobs: int):
         self.job = job
         self.n = max(1, jobs)

@@ -466,13 +466,14 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         store.merge_shards(leftover_shards(job.store_path, pid) + [w.close_shard()])
         stored = store.verified_functions_among(fids, config)
         rest = [f for f in fids if f not in stored]
-        return [Task(task.method, (rest,), task.tag)] if rest else []
+        return [Task(task.method, (rest,) + task.args[1:], task.tag)] if rest else []
 
     counts = {"rows": 0, "reused": 0}
     if not todo:
         return PhaseCounts()
     chunks = _chunks(todo, CHUNK_FUNCTIONS)
-    queues = [[Task("survey", (c,), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
+    gather = pool.pinned  # each worker keeps its keys until its surveys end (``Worker.survey``)
+    queues = [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
     owned: list[dict] = [{} for _ in range(pool.n)]
     hits: set[bytes] = set()
     waiting: list[list[int]] = [[] for _ in range(pool.n)]
@@ -495,6 +496,8 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
              tick=lambda: progress.update(min(estimate, pool.items_done() - base)))
     progress.total = total[0]
     progress.end()
+    if gather:
+        pool.run([[Task("gathered", (), w)] for w in range(pool.n)], lambda task, value: owned[task.tag].update(value))
     merge()
     phases["survey_s"] = time.monotonic() - t1
 

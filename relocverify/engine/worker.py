@@ -243,6 +243,7 @@ class Worker:
         table they index.  As tuples of (offset, length, key) the keys of a whole kernel took about
         280 MB per worker; as a string of lengths and an array of numbers, 5 bytes per instruction."""
         self.surveyed: dict[int, tuple[bytes, array]] = {}
+        self._gathered: dict[bytes, tuple[bytes, int]] = {}  # ``survey(gather=True)``'s keys nobody knows
         self.function_keys: dict[int, bytes] = {}  # a waiting function's key (``row_memo.function_key``)
         self.key_number = _Numbering()
         self.key_table: list[bytes] = []  # number -> key, made when first wanted
@@ -365,7 +366,8 @@ class Worker:
             self.progress(n)
 
     # -- phase 1 -------------------------------------------------------------------
-    def survey(self, fids: list[int]) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], int, int]:
+    def survey(self, fids: list[int], gather: bool = False
+               ) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], int, int]:
         """Walk functions and key their instructions.  A function whose rows the proof cache keeps
         (``row_memo``) is copied; one whose every key is known is verified now; the others wait for
         the proofs.
@@ -373,7 +375,11 @@ class Worker:
         Returns the keys nobody knows yet, each with a representative (bytes,
         address); how many instructions the functions hold (overlaps owned
         elsewhere left out); the keys that were known; the functions left
-        waiting; the rows written; and how many functions were copied."""
+        waiting; the rows written; and how many functions were copied.
+        ``gather``: the keys nobody knows stay here, added to those of the worker's earlier surveys as
+        the run's parent would add them (a later task's instance replacing an earlier one), and the
+        first value is empty; ``gathered`` hands them over once (a task's keys repeat the last task's:
+        a kernel's surveys reported 581 k keys for 40 k distinct ones, 18 MB through the pipes)."""
         misses: dict[bytes, tuple[bytes, int]] = {}
         hits: set[bytes] = set()
         waiting: list[int] = []
@@ -426,7 +432,15 @@ class Worker:
             self._tell(len(ks))
         written = batch.n
         self.write(batch.done(self.ids))
+        if gather:
+            self._gathered.update(misses)
+            misses = {}
         return misses, total, hits, waiting, written, self.reused - reused
+
+    def gathered(self) -> dict[bytes, tuple[bytes, int]]:
+        """The keys nobody knew in the surveys made with ``gather``, each with its representative; forgotten here."""
+        out, self._gathered = self._gathered, {}
+        return out
 
     # -- phase 2 -------------------------------------------------------------------
     def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
