@@ -267,3 +267,100 @@ def test_instance_keys_determine_full_keys_on_real_kernel_instructions():
                  for at, raw in iter_instruction_spans(image, f)]
     shared = _check_instance_keys(instances, 0xFFFFFFFFC0001000)
     assert len(instances) > 80_000 and shared > 50_000
+
+
+def _reference_keys(t: int, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
+    """What ``KeyMaker.keys`` must give: each instruction's key made by the general case analysis
+    (``KeyMaker._key``) from a fresh decode of its own bytes, nothing remembered."""
+    from iced_x86 import Decoder, Instruction
+
+    from relocverify.engine.keys import KeyMaker
+
+    maker, out, pos = KeyMaker(t), [], 0
+    walk = Decoder(64, data, ip=start & MASK64)
+    for ins in walk:
+        raw = data[pos:pos + ins.len]
+        dec = Decoder(64, raw, ip=(start + pos) & MASK64)
+        one = Instruction()
+        dec.decode_out(one)
+        out.append((pos, ins.len, maker._key(dec, one, raw, start + pos, None)))
+        pos += ins.len
+    return out
+
+
+_BRANCHY = ["7e 10", "7f f0", "0f 85 00 01 00 00", "eb 00", "eb fe", "e9 00 01 00 00", "e8 fb ff ff ff", "e2 10",
+            "e3 f0", "c7 f8 00 01 00 00", "66 e9 10 00", "48 e9 00 00 00 00", "f2 e9 00 01 00 00", "c3", "0f 0b"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(SAMPLES + IMMEDIATE_SAMPLES + _BRANCHY).map(bytes.fromhex),
+                          st.binary(min_size=1, max_size=6)), min_size=1, max_size=24),
+       st.sampled_from([0xFFFFFFFFC0001000, 0xFFFFFFFF81234000]),
+       st.sampled_from(["kernel", "near T", "rel32 edge", "far"]), st.integers(0, 1 << 20))
+def test_the_walk_gives_each_instruction_the_key_of_its_case_analysis(parts, t, where, jitter):
+    """``KeyMaker.keys`` takes the commonest cases without a call (keys remembered by bytes, new
+    keys of kind b, near relative branches); every key it gives is the one ``KeyMaker._key`` makes
+    for the instruction alone.  Functions in kernel text, within a few hundred bytes of T, at the
+    edge of rel32 reach from T and beyond it (where no jump back is near and nothing is taken
+    early), each walked twice (the second time from remembered keys)."""
+    data = b"".join(parts)
+    start = {"kernel": 0xFFFFFFFF81000000 + jitter, "near T": t - 128 + jitter % 256,
+             "rel32 edge": t + (1 << 31) - 300 + jitter % 512, "far": t - (1 << 40) + jitter}[where] & MASK64
+    from relocverify.engine.keys import KeyMaker
+
+    maker = KeyMaker(t)
+    expected = _reference_keys(t, data, start)
+    assert maker.keys(data, start) == expected
+    assert maker.keys(data, start) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(SAMPLES + IMMEDIATE_SAMPLES).map(bytes.fromhex), max_size=6),
+       st.sampled_from(["e9", "0f 84", "e8", "eb", "74", "e2"]),
+       st.sampled_from(["T", "near T", "rel32 edge", "A", "A+len", "kernel"]), st.integers(-300, 300))
+def test_the_walk_keys_branches_aimed_where_the_keys_tell_distances_apart(parts, opcode, aim, delta):
+    """Relative branches of a kernel function aimed where ``_where`` is exact (within 256 bytes of
+    T, at the edge of rel32 reach) and at their own A and A+len: the walk's near-branch case must
+    leave them to the case analysis."""
+    t, start = 0xFFFFFFFFC0001000, 0xFFFFFFFF81000000 + 0x40000
+    prefix = b"".join(parts)
+    op = bytes.fromhex(opcode)
+    width = 1 if opcode in ("eb", "74", "e2") else 4
+    a = start + len(prefix)
+    n = len(op) + width
+    target = {"T": t + delta, "near T": t + 256 + delta, "rel32 edge": a + n + (1 << 31) - 1 - abs(delta),
+              "A": a, "A+len": a + n, "kernel": a + 4096 + delta}[aim]
+    rel = target - (a + n)
+    if not -(1 << (8 * width - 1)) <= rel < 1 << (8 * width - 1):
+        return
+    data = prefix + op + rel.to_bytes(width, "little", signed=True) + bytes.fromhex("c3")
+    from relocverify.engine.keys import KeyMaker
+
+    maker = KeyMaker(t)
+    expected = _reference_keys(t, data, start)
+    assert maker.keys(data, start) == expected
+    assert maker.keys(data, start) == expected
+
+
+@pytest.mark.slow
+def test_the_walk_gives_the_case_analysis_keys_on_real_kernel_functions():
+    """The same over 1,500 random functions of the Debian 6.1 kernel, with the trampoline where a
+    run puts it and in the middle of kernel text."""
+    import random
+
+    from relocverify.engine.keys import KeyMaker
+    from relocverify.image.fetch import fetch
+    from relocverify.image.functions import find_functions
+    from relocverify.image.loader import load_image
+
+    image = load_image(fetch("debian-6.1-cloud").vmlinux)
+    functions = random.Random(5).sample(find_functions(image), 1500)
+    for t in (0xFFFFFFFFC0001000, 0xFFFFFFFF81800000):
+        maker, kinds = KeyMaker(t), set()
+        for f in functions:
+            section = image.get_section(f.section)
+            data = section.data[f.start - section.address:f.start - section.address + f.size]
+            got = maker.keys(data, f.start)
+            assert got == _reference_keys(t, data, f.start), f.name
+            kinds.update(key[:2] for _, _, key in got)
+        assert {b"bn", b"dn", b"jn", b"rn"} <= kinds, kinds

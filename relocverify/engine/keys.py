@@ -77,6 +77,11 @@ def _operand_immediate_codes() -> frozenset[int]:
 _IMM_CODES = _operand_immediate_codes()
 
 
+#: ``_where`` is "near" exactly when (d + _NEAR_LOW) mod 2**64 < _NEAR_SPAN and d is not within EXACT of 0.
+_NEAR_LOW = _R - EXACT
+_NEAR_SPAN = 2 * (_R - EXACT)
+
+
 def _where(d: int) -> bytes:
     """Where a signed distance from T lies, as finely as plans and cache keys can tell."""
     d &= MASK64
@@ -108,11 +113,15 @@ class KeyMaker:
         self._rel_size: dict[tuple[int, int], int] = {}  # (iced code, length) -> its branch offset's size, 0: other
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
-        """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them."""
+        """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them:
+        for each, the key ``key`` gives it (``tests/test_cache.py`` compares them), with the commonest
+        cases taken here without a call: a key of kind b or d remembered by its bytes, a new one of
+        kind b, and a relative branch whose target is near (the most common key a kernel has)."""
         t = self.tramp
         near = _where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR
         back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
         memo = self._by_bytes[_NEAR]
+        rel_size = self._rel_size
         dec = Decoder(64, data, ip=start & MASK64)
         out = []
         append = out.append
@@ -123,13 +132,27 @@ class KeyMaker:
             # with one place for every jump back, a key of kind b or d is the bytes' alone: looked up first
             key = None if back_all is None else memo.get(raw)
             if key is None:
-                if (ins.memory_displ_size == 0 and ins.flow_control == _NEXT and not ins.is_invalid
-                        and ins.code not in _IMM_CODES):
-                    key = b"b" + (back_all or _where(start + pos + n - t)) + raw
+                fc = ins.flow_control
+                if fc == _NEXT:
+                    if ins.memory_displ_size == 0 and not ins.is_invalid and ins.code not in _IMM_CODES:
+                        key = b"b" + (back_all or _where(start + pos + n - t)) + raw
+                    else:
+                        key = self._key(dec, ins, raw, start + pos, back_all)
+                    if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+                        memo[raw] = key
                 else:
-                    key = self._key(dec, ins, raw, start + pos, back_all)
-                if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
-                    memo[raw] = key
+                    size = rel_size.get((ins.code, n)) if back_all is not None and fc in _REL_FLOWS \
+                        and ins.op0_kind in _NEAR_BRANCH else None
+                    target = ins.near_branch_target if size else 0
+                    if size and (target - t + _NEAR_LOW) & MASK64 < _NEAR_SPAN and \
+                            (target - t + EXACT) & MASK64 >= 2 * EXACT and not ins.is_ip_rel_memory_operand:
+                        a = start + pos  # _key's first case, its target near: the same bytes
+                        key = b"jn" + _NEAR + (b"A" if target == a else b"N" if target == (a + n) & MASK64
+                                               else b"-") + raw[:n - size] + _ZEROS[size]
+                    else:
+                        key = self._key(dec, ins, raw, start + pos, back_all)
+                        if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+                            memo[raw] = key
             append((pos, n, key))
             pos += n
         return out
