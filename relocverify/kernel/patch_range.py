@@ -267,11 +267,11 @@ class PatchRanges:
             raise ValueError(f"{address:#x} is not inside {function.name} [{function.start:#x}, {function.end:#x})")
         end = address + length
         if end > function.end:
-            return _past_end(function, address, end)
+            return past_end(function, address, end)
         if self.sites is not None:
             for kind in self.sites.kinds_at(address, length):
                 if kind not in MARK_ONLY_KINDS:
-                    return _site_refusal(kind)
+                    return site_refusal(kind)
             if function.start in self._extable_functions:
                 return _extable_refusal(function, self._extable_functions[function.start])
         jump = self._indirect.get(function.start)
@@ -279,23 +279,20 @@ class PatchRanges:
             return _indirect_refusal(function, jump)
         k = bisect.bisect_right(self._pointers, (address, 1 << 64))
         if k < len(self._pointers) and self._pointers[k][0] < end:
-            return _pointer_refusal(*self._pointers[k])
+            return pointer_refusal(*self._pointers[k])
         if jump is not None:
             return _indirect_refusal(function, jump)
         inside = self.targets_inside(address, length)
         if inside:
-            return _target_refusal(inside[0], address, end)
+            return target_refusal(inside[0], address, end)
         return None
 
-    def refusals(self, function: Function, ranges: Sequence[tuple[int, int]]) -> list[RangeRefusal | None]:
-        """``refusal(function, address, length)`` for each (address, length) of ``function``, in order:
-        the same answers (``tests/test_patch_range.py`` compares them over the kernel's functions),
-        with what belongs to the whole function asked once: its sites (those over the whole function,
-        and the others sorted, with their longest length, so a range's are found by bisection), its
-        exception-table entry, indirect jump, stored pointers and branch targets.  A subclass that
-        answers ``refusal`` otherwise is asked range by range."""
+    def function_facts(self, function: Function) -> "FunctionRanges | None":
+        """What belongs to the whole function of the questions ``refusal`` asks of its ranges, gathered
+        once (``refusals``, and the native jump walk, ``engine.jump_walk``, read it), or None for a
+        subclass that answers ``refusal`` otherwise (then each range is asked on its own)."""
         if type(self).refusal is not PatchRanges.refusal:
-            return [self.refusal(function, a, n) for a, n in ranges]
+            return None
         fs, fe = function.start, function.end
         covering: list[tuple[tuple, str]] = []  # (kind_key, kind) of sites over the whole function
         points: list[tuple[int, int, tuple, str]] = []  # (start, end, kind_key, kind) of the others
@@ -311,15 +308,32 @@ class PatchRanges:
             points.sort()
             at = self._extable_functions.get(fs)
             extable = None if at is None else _extable_refusal(function, at)
-        best_cover = min(covering) if covering else None
+        indirect = self._indirect.get(fs)
+        lo = bisect.bisect_right(self._pointers, (fs, 1 << 64))
+        return FunctionRanges(
+            function, self.sites is not None, min(covering) if covering else None, points, extable, indirect,
+            None if indirect is None else _indirect_refusal(function, indirect),
+            self._pointers[lo:bisect.bisect_left(self._pointers, (fe, 0))],
+            self._targets[bisect.bisect_right(self._targets, fs):bisect.bisect_left(self._targets, fe)])
+
+    def refusals(self, function: Function, ranges: Sequence[tuple[int, int]]) -> list[RangeRefusal | None]:
+        """``refusal(function, address, length)`` for each (address, length) of ``function``, in order:
+        the same answers (``tests/test_patch_range.py`` compares them over the kernel's functions),
+        with what belongs to the whole function asked once (``function_facts``): its sites (those over
+        the whole function, and the others sorted, with their longest length, so a range's are found by
+        bisection), its exception-table entry, indirect jump, stored pointers and branch targets.  A
+        subclass that answers ``refusal`` otherwise is asked range by range."""
+        facts = self.function_facts(function)
+        if facts is None:
+            return [self.refusal(function, a, n) for a, n in ranges]
+        fs, fe = function.start, function.end
+        points, extable, jump, pointers, targets = (facts.points, facts.extable, facts.jump, facts.pointers,
+                                                    facts.targets)
+        best_cover = facts.cover
         starts = [p[0] for p in points]
         reach = max((p[1] - p[0] for p in points), default=0)
-        indirect = self._indirect.get(fs)
-        jump = None if indirect is None else _indirect_refusal(function, indirect)
-        lo = bisect.bisect_right(self._pointers, (fs, 1 << 64))
-        pointers = self._pointers[lo:bisect.bisect_left(self._pointers, (fe, 0))]
+        table = facts.indirect is not None and facts.indirect.kind == "jump-table"
         pointer_values = [v for v, _ in pointers]
-        targets = self._targets[bisect.bisect_right(self._targets, fs):bisect.bisect_left(self._targets, fe)]
         by_kind: dict[str, RangeRefusal] = {}
         out: list[RangeRefusal | None] = []
         for address, length in ranges:
@@ -327,9 +341,9 @@ class PatchRanges:
                 raise ValueError(f"{address:#x} is not inside {function.name} [{fs:#x}, {fe:#x})")
             end = address + length
             if end > fe:
-                out.append(_past_end(function, address, end))
+                out.append(past_end(function, address, end))
                 continue
-            if self.sites is not None:
+            if facts.sites:
                 best = best_cover
                 top = address + max(length, 1)
                 for k in range(bisect.bisect_right(starts, address - reach), bisect.bisect_left(starts, top)):
@@ -339,35 +353,55 @@ class PatchRanges:
                 if best is not None:
                     refusal = by_kind.get(best[1])
                     if refusal is None:
-                        refusal = by_kind[best[1]] = _site_refusal(best[1])
+                        refusal = by_kind[best[1]] = site_refusal(best[1])
                     out.append(refusal)
                     continue
                 if extable is not None:
                     out.append(extable)
                     continue
-            if jump is not None and indirect.kind == "jump-table":
+            if table:
                 out.append(jump)
                 continue
             k = bisect.bisect_right(pointers, (address, 1 << 64))
             if k < len(pointers) and pointer_values[k] < end:
-                out.append(_pointer_refusal(*pointers[k]))
+                out.append(pointer_refusal(*pointers[k]))
                 continue
             if jump is not None:
                 out.append(jump)
                 continue
             i = bisect.bisect_right(targets, address)
-            out.append(_target_refusal(targets[i], address, end) if i < len(targets) and targets[i] < end else None)
+            out.append(target_refusal(targets[i], address, end) if i < len(targets) and targets[i] < end else None)
         return out
+
+
+@dataclass(frozen=True)
+class FunctionRanges:
+    """``PatchRanges.function_facts``: a function's answers to the range questions that do not depend on
+    the range.  ``sites``: whether site questions are asked at all; ``cover``, the first (by
+    ``kind_key``) of the sites over the whole function, as (kind_key, kind); ``points``, the other
+    sites (start, end, kind_key, kind), sorted; ``extable``, its exception-table refusal; ``indirect``
+    and ``jump``, its indirect jump and the refusal it makes; ``pointers``, (value, where) of the
+    stored pointers that aim into it, and ``targets``, the direct branch targets in it, both sorted."""
+
+    function: Function
+    sites: bool
+    cover: tuple[tuple, str] | None
+    points: list[tuple[int, int, tuple, str]]
+    extable: RangeRefusal | None
+    indirect: IndirectJump | None
+    jump: RangeRefusal | None
+    pointers: list[tuple[int, int]]
+    targets: list[int]
 
 
 # The reasons, one builder each (``refusal`` and ``refusals`` give the same text).
 
-def _past_end(function: Function, address: int, end: int) -> RangeRefusal:
+def past_end(function: Function, address: int, end: int) -> RangeRefusal:
     return RangeRefusal("past-function-end", f"the range [{address:#x}, {end:#x}) runs past the end of "
                         f"{function.name} at {function.end:#x}")
 
 
-def _site_refusal(kind: str) -> RangeRefusal:
+def site_refusal(kind: str) -> RangeRefusal:
     row = POLICY_BY_KIND.get(kind)
     return RangeRefusal(f"site:{kind}", f"the range overlaps a {kind} site: {row.reason if row else 'a kernel site'}")
 
@@ -385,12 +419,12 @@ def _indirect_refusal(function: Function, jump: IndirectJump) -> RangeRefusal:
                         f"{jump.address:#x}, {jump.kind}) whose target may lie inside the range")
 
 
-def _pointer_refusal(value: int, where: int) -> RangeRefusal:
+def pointer_refusal(value: int, where: int) -> RangeRefusal:
     return RangeRefusal("jump-table", f"a pointer stored at {where:#x} aims at {value:#x}, inside the range "
                         f"(a jump table entry, or another code pointer)")
 
 
-def _target_refusal(target: int, address: int, end: int) -> RangeRefusal:
+def target_refusal(target: int, address: int, end: int) -> RangeRefusal:
     return RangeRefusal("branch-target-inside", f"{target:#x}, strictly inside [{address:#x}, {end:#x}), is a branch "
                         f"target: a jump there would land in the probe's jump")
 
