@@ -1,11 +1,12 @@
-"""The two compiled parts of relocverify, each a second implementation of Python code it is tested against:
+"""The compiled parts of relocverify, each a second implementation of Python code it is tested against:
 
 * ``relocverify.proof.irsb_walk`` (``relocverify/proof/lifted.py``) reads libVEX's IR structures, so it is
   compiled against the headers of the pyvex it runs with: pyproject.toml's build requirements pin the
   same pyvex as its dependencies;
-* ``relocverify.engine.row_pack`` (``relocverify/engine/worker.py``) writes a function's packed row.
+* ``relocverify.engine.row_pack`` (``relocverify/engine/worker.py``) writes a function's packed row;
+* ``relocverify.engine.jump_walk`` (``relocverify/engine/jumps.py``) answers a function's jump probes.
 
-A machine without a C compiler still installs relocverify (both are optional) and runs their Python
+A machine without a C compiler still installs relocverify (all are optional) and runs their Python
 paths, more slowly; ``relocverify --version`` says which serve."""
 
 import hashlib
@@ -27,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _extension(name: str, source: str, **kw) -> Extension:
     """An optional extension that carries the digest of the source it was built from: its loader
-    (``proof.native_walk``, ``engine.native_rows``) refuses a build of another source (an edited file not
+    (``extensions.load``) refuses a build of another source (an edited file not
     rebuilt), and the Python path serves until it is rebuilt."""
     digest = hashlib.sha256(open(os.path.join(HERE, source), "rb").read()).hexdigest()
     return Extension(name, [source], define_macros=[("RV_SOURCE_SHA256", f'"{digest}"')],
@@ -36,4 +37,5 @@ def _extension(name: str, source: str, **kw) -> Extension:
 
 setup(ext_modules=[_extension("relocverify.proof.irsb_walk", "relocverify/proof/irsb_walk.c",
                               include_dirs=[_pyvex_include()]),
-                   _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c")])
+                   _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c"),
+                   _extension("relocverify.engine.jump_walk", "relocverify/engine/jump_walk.c")])

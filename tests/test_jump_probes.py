@@ -590,7 +590,7 @@ def test_a_call_refused_from_its_keys_facts_is_plan_blocks_refusal(pieces):
     plain instructions, with the facts of every key learned from the real decoders."""
     from relocverify.engine.jumps import JumpProver
     from relocverify.engine.keys import KeyMaker
-    from relocverify.plan.block import NoBlock, plan_block
+    from relocverify.plan.block import NoBlock, call_reason, plan_block
     from relocverify.plan.plan import DEFAULT_TRAMP
     from relocverify.x86.decode import decode
 
@@ -605,21 +605,24 @@ def test_a_call_refused_from_its_keys_facts_is_plan_blocks_refusal(pieces):
         j, length = i, 0
         while length < 5 and j < len(spans):
             length, j = length + spans[j][1], j + 1
-        if length >= 5 and prover._call_first(keys, i, j):
+        call = prover._call_first(keys, i, j) if length >= 5 else None
+        if call is not None:
             block = plan_block(decoded[i:j], DEFAULT_TRAMP)
             assert isinstance(block, NoBlock) and block.key == "call-in-range", (data.hex(), i, block)
+            assert block.reason == call_reason(start + spans[call][0], start + spans[i][0],
+                                               start + spans[i][0] + length), (data.hex(), i, block)
     assert prover.conflicts == 0
 
 
 def test_calls_refused_from_facts_cover_the_forms():
     """The shortcut is taken (the property above is not vacuous): a call first, a call after a
-    plain instruction, and not after a branch or before undecodable bytes."""
+    plain instruction, and not after a branch or before undecodable bytes; it names the call."""
     from relocverify.engine.jumps import JumpProver
     from relocverify.engine.keys import KeyMaker
     from relocverify.plan.plan import DEFAULT_TRAMP
     from relocverify.x86.decode import decode
 
-    def first(code: str) -> bool:
+    def first(code: str) -> int | None:
         data, start = bytes.fromhex(code), 0xFFFFFFFF81000000
         found = KeyMaker(DEFAULT_TRAMP).keys(data, start)
         prover = JumpProver(None, DEFAULT_TRAMP, 10.0)
@@ -628,5 +631,5 @@ def test_calls_refused_from_facts_cover_the_forms():
         j = next(k for k in range(len(found)) if found[k][0] + found[k][1] >= 5) + 1
         return prover._call_first([k for _, _, k in found], 0, j)
 
-    assert first("e800000000") and first("55ffd0c3c3") and first("4889e5e800000000")
-    assert not first("7502ffd0c3") and not first("ffd006c3c3") and not first("4889e5c3c3")
+    assert first("e800000000") == 0 and first("55ffd0c3c3") == 1 and first("4889e5e800000000") == 1
+    assert first("7502ffd0c3") is first("ffd006c3c3") is first("4889e5c3c3") is None

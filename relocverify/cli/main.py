@@ -119,6 +119,7 @@ def cmd_vmlinux(args, out: TextIO) -> int:
 
 
 def _versions() -> str:
+    from ..engine.native_rows import JUMP_STATUS as JUMPS
     from ..engine.native_rows import STATUS as ROWS
     from ..proof.native_walk import STATUS as WALK
     from ..versions import tool_versions
@@ -126,7 +127,7 @@ def _versions() -> str:
     v = tool_versions()
     return (f"relocverify {v['relocverify']} (capstone {v['capstone']}, iced-x86 {v['iced']}, pyvex {v['pyvex']}, "
             f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']}; IR walk: {WALK}; "
-            f"packed rows: {ROWS})")
+            f"packed rows: {ROWS}; jump-probe walk: {JUMPS})")
 
 
 class _Version(argparse.Action):

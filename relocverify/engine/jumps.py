@@ -60,6 +60,21 @@ token still stands for the piece key it first stood for (``conflicts``
 counts the ones that did not; none has).  Other blocks (a save slot, a
 piece that fails) take the slow path.
 
+**Copies answered by their int3 proofs.**  A copy piece with no answer yet is answered from the
+instruction's own int3 proof when the proof cache or this run holds it (``JumpProver._derived``,
+``finding``): an instance key of kind ``b`` or ``d`` with a register displacement, whose finding is
+``proved`` by the fast path for a ``copy`` plan.  That proof checked, for the instruction copied to a
+trampoline and followed by ``jmp`` back to A+len, the very checks ``piece_proved`` makes of the
+piece (atomicity of the copy, no lift gap, admission of the instruction with its relocation, the IR
+identity up to the trampoline's address); the piece differs only in where it sits, which an
+instruction with no address-valued field (``pc_fields`` empty) sees only through the PC the identity
+maps, and in its ``jmp``'s target, which the paragraph above shows is read nowhere else.  The one
+check the piece makes that the int3 proof's fast path does not is ``_same_ir``'s refusal of a
+computed exit, so an instruction whose IR ends in one is not derived.  Asked once per token; a true
+answer is recorded as the piece's.  ``tests/test_jump_walk.py`` checks every derived piece with
+``piece_proved`` on generated runs and on the kernel's, and that a prover deriving answers exactly
+as one proving every piece: a whole kernel proves about 3,700 pieces instead of 23,000.
+
 **Calls, refused from their keys.**  A run holding a call is refused ``call-in-range`` by
 ``plan_block`` when every instruction of the run decodes and the call comes before any instruction
 with a target; those facts are the instance key's, learned from the decodes the worker makes
@@ -69,6 +84,14 @@ anyway (``JumpProver._call_first``), so most such runs are answered without deco
 workers while the phase runs (each task carries what the others learned since its worker's last
 one), and in the proof cache under ``jump_tag`` for later runs.  Range rules are asked a function
 at a time (``PatchRanges.refusals``).
+
+**The walk in C.**  ``JumpProver.packed`` gives a function to ``jump_walk.c`` where it is built: it
+finds each run, asks the range rules from ``PatchRanges.function_facts`` as ``refusals`` does, takes
+the two shortcuts above (reading the same ``pieces`` and facts, calling back for a branch's target
+and a derivation) and calls ``JumpProver._slow`` for every other run; it writes the packed row's
+bytes, with a slot per answer, and each reason is made only for a bucket's first example.  The
+Python path (``function``) answers the same, and ``tests/test_jump_walk.py`` holds the two to each
+other on generated functions and the kernel's.
 
 ``eligible`` is the bucket of a proved jump probe; every other bucket is a
 refusal, keyed as ``range:<key>``, ``block:<key>`` or ``proof:<verdict>``,
@@ -93,29 +116,36 @@ from __future__ import annotations
 import bisect
 import copy
 import hashlib
+from array import array
 from collections import Counter
 
 from iced_x86 import Decoder
 
+from ..errors import StoreError
 from ..image.functions import Function
 from ..image.image import Image
-from ..kernel.patch_range import PatchRanges, RangeRefusal
-from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, is_call, plan_block
+from ..kernel.patch_range import (FunctionRanges, PatchRanges, RangeRefusal, past_end, pointer_refusal, site_refusal,
+                                  target_refusal)
+from ..kernel.sites import kind_key
+from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, call_reason, is_call, plan_block
 from ..plan.plan import PlanKind
 from ..proof.block import FAST_PATH_REASON, block_key, composed, piece_key, prove_block
 from ..proof.cache_key import pc_fields
+from ..proof.canonical import NotApplicable
+from ..proof.lift import Gap
+from ..proof.lifted import lifted_one
 from ..proof.verdict import Verdict
+from ..store.jump_rows import MAX_BUCKETS, JumpRow, pack_jump_row
 from ..text import one_line
 from ..versions import source_digest
 from ..x86.decode import decode
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from .keys import KeyMaker
+from .native_rows import JUMP_WALK
 
 ELIGIBLE = "eligible"
 CALL_IN_RANGE = "block:call-in-range"
-CALL_WHY = ("its copy would return into the trampoline, and emulating it needs the trap handler a jump probe has "
-            "not")
 DECODED_LIMIT = 8192  # decodes kept by bytes, per worker (about 1 KB each; 32 k cost 50 MB more RSS and no time)
 #: How far (bytes) code and absolute memory operands must lie from the trampoline for ``_far`` and
 #: ``copy_piece_key``: much more than a block's trampoline, much less than rel32's reach.
@@ -129,7 +159,7 @@ class JumpProver:
     """One worker's jump-probe answers, with the block proofs it has made so far."""
 
     def __init__(self, ranges: PatchRanges, tramp: int, timeout_s: float, rules=None, compose: bool = True,
-                 memory: "JumpMemory | None" = None):
+                 memory: "JumpMemory | None" = None, finding=None):
         self.ranges = ranges
         self.compose = compose  # False: every block by prove_block (the tests compare the two)
         self.tramp = tramp
@@ -149,6 +179,10 @@ class JumpProver:
         self.decodes = MovedDecodes()
         self.conflicts = 0  # tokens or keys found standing for two answers (none has)
         self.calls = 0  # runs refused as call-in-range from their keys' facts, without decoding
+        # instance key -> its int3 finding (``store.cache.CachedFinding``) or None, for ``_derived``
+        self.finding = finding
+        self.derived = 0  # copy pieces answered from their int3 proofs (``_derived``)
+        self._underived: set[bytes] = set()
         # instance key -> (decodes, is a call, has no target) as plan_block reads them, or None
         self._facts: dict[bytes, tuple[bool, bool, bool] | None] = {}
 
@@ -178,6 +212,8 @@ class JumpProver:
             asked.append((start + off, max(JUMP_SIZE, length)))
         refusals = self.ranges.refusals(fn, asked)
         known = [False] * len(spans)  # copies whose piece is known to pass: pieces are only ever added
+        placeless = None if tokens is None else (lambda k: type(tokens[k]) is bytes)  # kinds b and d
+        items = [(o, m, None) for o, m in spans] if keys is None else [(o, m, key) for (o, m), key in zip(spans, keys)]
         for i, (off, n) in enumerate(spans):
             address = start + off
             j, length = runs[i]
@@ -186,37 +222,61 @@ class JumpProver:
                 out.append((off, f"range:{refusal.key}", refusal.reason))
                 continue
             if pieces is not None and length >= JUMP_SIZE:
-                if self._known(tokens, spans, i, j, fn.start, known):
+                if self._known(tokens, spans, i, j, fn.start, known, data):
                     self.composed += 1
                     out.append((off, ELIGIBLE, FAST_PATH_REASON))
                     continue
-                if self._call_first(keys, i, j):
+                call = self._call_first(keys, i, j)
+                if call is not None:
                     self.calls += 1
-                    out.append((off, CALL_IN_RANGE, f"a call in the range [{address:#x}, {address + length:#x}): "
-                                                     f"{CALL_WHY}"))
+                    out.append((off, CALL_IN_RANGE, call_reason(start + spans[call][0], address, address + length)))
                     continue
-            decoded = []
-            for k in range(i, j):
-                d = memo.get(k)
-                if d is None:
-                    o, m = spans[k]
-                    placeless = tokens is not None and type(tokens[k]) is bytes  # kinds b and d
-                    d = memo[k] = (self.decodes.decode if placeless else decode)(data[o:o + m], fn.start + o)
-                    if keys is not None:
-                        self._learn_facts(keys[k], d)
-                decoded.append(d)
-            block = plan_block(decoded, self.tramp, self.rules)
-            if isinstance(block, NoBlock):
-                out.append((off, f"block:{block.key}", block.reason))
-                continue
-            out.append((off,) + self._prove(block))
+            out.append((off,) + self._slow(fn, data, items, placeless, memo, i, j))
         return out
 
+    def _slow(self, fn: Function, data: bytes, items: list[tuple[int, int, bytes | None]], placeless,
+              memo: dict, i: int, j: int) -> tuple[str, str]:
+        """(bucket, reason) of the run i..j-1 the shortcuts did not answer, ``items`` being the function's
+        (offset, length, instance key or None): its instructions decoded (each once per function, in
+        ``memo``; by ``MovedDecodes`` where ``placeless(k)``: no address-valued field), planned and
+        proved; the facts ``_call_first`` reads learned on the way."""
+        decoded = []
+        for k in range(i, j):
+            d = memo.get(k)
+            if d is None:
+                o, m, key = items[k]
+                d = memo[k] = (self.decodes.decode if placeless is not None and placeless(k) else decode)(
+                    data[o:o + m], fn.start + o)
+                if key is not None:
+                    self._learn_facts(key, d)
+            decoded.append(d)
+        block = plan_block(decoded, self.tramp, self.rules)
+        if isinstance(block, NoBlock):
+            return f"block:{block.key}", block.reason
+        return self._prove(block)
+
+    def packed(self, fid: int, fn: Function, data: bytes, found: list[tuple[int, int, bytes]], skip,
+               examples: dict[str, str]) -> JumpRow:
+        """``function``'s answers as the worker keeps them: the packed row of the instructions not in
+        ``skip`` (addresses another function owns), and the first reason of each bucket not yet in
+        ``examples`` added there.  The native walk (``jump_walk.c``) makes the decisions where it is
+        built and the function's ranges are ``PatchRanges``' own; ``function`` otherwise."""
+        facts = self.ranges.function_facts(fn)
+        if JUMP_WALK is not None and facts is not None and fn.end < 1 << 64 and found:
+            walk = _Walk(self, fn, data, found, facts)
+            try:
+                return walk.row(fid, skip, examples)
+            except _TooManySlots:
+                pass  # never seen: a function with more than 255 distinct answers and reasons' kinds
+        return _pack_answers(fid, fn, self.function(fn, data, [(o, n) for o, n, _ in found],
+                                                    [k for _, _, k in found]), skip, examples)
+
     def _known(self, tokens: list, spans: list[tuple[int, int]], i: int, j: int, start: int,
-               known: list[bool]) -> bool:
+               known: list[bool], data: bytes) -> bool:
         """Whether the run of instructions i..j-1 is made of pieces known to pass (``tokens`` from
         ``lane_token``, or (key, target) for a branch, whose token depends on the run); ``known[k]``, a copy
-        found to pass by an earlier run of the function (each instruction is in up to five)."""
+        found to pass by an earlier run of the function (each instruction is in up to five).  A copy
+        whose piece has no answer yet may have one from its int3 proof (``_derived``)."""
         pieces = self.pieces
         bounds = None
         for k in range(i, j):
@@ -232,10 +292,39 @@ class JumpProver:
                                      (start + spans[j - 1][0] + spans[j - 1][1]) & MASK64, self.tramp)
                 if token is None or not pieces.get((token, k == j - 1)):
                     return False
-            elif pieces.get((token, COPY_LANE)):
-                known[k] = True
             else:
-                return False
+                ok = pieces.get((token, COPY_LANE))
+                if ok is None:
+                    o, m = spans[k]
+                    ok = self._derived(token, data[o:o + m], start + o)
+                if not ok:
+                    return False
+                known[k] = True
+        return True
+
+    def _derived(self, token: bytes, raw: bytes, address: int) -> bool:
+        """Whether the copy piece under ``token`` passes, read from the int3 proof of the instruction
+        (``finding``, by its instance key), without proving the piece: true when that proof is
+        ``proved`` by the fast path for a ``copy`` plan, the instruction has no address-valued field,
+        and its IR does not end in a computed exit.  Recorded as the piece's answer when true; asked
+        once per token.  The argument is the module doc's ("Copies answered by their int3 proofs")."""
+        if self.finding is None or token in self._underived:
+            return False
+        ok = token[:1] == b"b" or (token[:1] == b"d" and token[2] == 0xFF)  # the instance key itself
+        c = self.finding(token) if ok else None
+        ok = c is not None and c.verdict == "proved" and c.method == "fast-path" and c.plan_kind == "copy" \
+            and pc_fields(raw, address) == []
+        if ok:
+            try:
+                ok = lifted_one(raw, address).canonical()[-1][0] != "next"
+            except (NotApplicable, Gap):
+                ok = False
+        if not ok:
+            self._underived.add(token)
+            return False
+        self.derived += 1
+        self.pieces[(token, COPY_LANE)] = True
+        self.memory.learn(("p", (token, COPY_LANE)), True)
         return True
 
     def _learn_facts(self, key: bytes, d) -> None:
@@ -250,21 +339,21 @@ class JumpProver:
             self.conflicts += 1
             self._facts[key] = None
 
-    def _call_first(self, keys: list[bytes], i: int, j: int) -> bool:
-        """Whether ``plan_block`` refuses the run i..j-1 as ``call-in-range``, from the facts of its
-        instructions' keys (``_learn_facts``): every one decodes (else ``patched_run`` refuses it as
+    def _call_first(self, keys: list[bytes], i: int, j: int) -> int | None:
+        """The call for which ``plan_block`` refuses the run i..j-1 as ``call-in-range``, from the facts of
+        its instructions' keys (``_learn_facts``): every one decodes (else ``patched_run`` refuses it as
         undecodable first), and a call comes before any instruction with a target (one that
-        ``_refusal`` could refuse as ``branch-into-range`` first).  False when a fact is unknown."""
+        ``_refusal`` could refuse as ``branch-into-range`` first).  None when a fact is unknown."""
         facts = self._facts
         for k in range(i, j):
             f = facts.get(keys[k])
             if f is None or not f[0]:
-                return False
+                return None
             if f[1]:
-                return all((facts.get(keys[m]) or (False,))[0] for m in range(k + 1, j))
+                return k if all((facts.get(keys[m]) or (False,))[0] for m in range(k + 1, j)) else None
             if not f[2]:
-                return False
-        return False
+                return None
+        return None
 
     def _prove(self, block: BlockPlan) -> tuple[str, str]:
         if self.compose and self._composed(block):
@@ -414,6 +503,164 @@ class MovedDecodes:
         moved = copy.copy(seen)
         object.__setattr__(moved, "address", address & MASK64)
         return moved
+
+
+def _pack_answers(fid: int, fn: Function, answers, skip, examples: dict[str, str]) -> JumpRow:
+    """``function``'s answers as a packed row, without those in ``skip``; each bucket's first reason
+    added to ``examples`` when it has none."""
+    kept = []
+    for off, bucket, reason in answers:
+        if fn.start + off in skip:
+            continue
+        kept.append((off, bucket))
+        examples.setdefault(bucket, reason)
+    return pack_jump_row(fid, kept)
+
+
+class _TooManySlots(Exception):
+    """A function whose answers would need more than 255 slots: ``function`` answers it instead."""
+
+
+class _Walk:
+    """One function answered by the native walk (``jump_walk.c``) for ``JumpProver.packed``: what each slot
+    stands for (a bucket, and how to say why), the callbacks the walk makes, and the packed row.
+
+    A slot is (bucket, kind, payload): ``past``, ``site`` (payload: the kind), ``const`` (payload: the
+    function's one ``RangeRefusal``), ``pointer`` and ``target`` (the walk's ``aux`` indexes the
+    function's pointers and targets), ``eligible`` and ``call`` (the walk's shortcuts), ``slow`` (a
+    bucket the slow path gave; every reason it gives is kept)."""
+
+    def __init__(self, prover: JumpProver, fn: Function, data: bytes, found: list[tuple[int, int, bytes]],
+                 facts: FunctionRanges):
+        self.prover, self.fn, self.data, self.found, self.facts = prover, fn, data, found, facts
+        self.info: list[tuple[str | None, str | None, object]] = [(None, None, None)]  # slot 0: no refusal
+        self.by_name: dict[str, int] = {}
+        self.reasons: dict[int, str] = {}  # instruction -> the slow path's reason
+        self.memo: dict[int, object] = {}
+        self.far = prover.compose and _far(fn, prover.tramp)
+
+    def _slot(self, name: str, kind: str, payload=None) -> int:
+        if len(self.info) == 256:
+            raise _TooManySlots(name)
+        self.info.append((name, kind, payload))
+        return len(self.info) - 1
+
+    def _ranges(self) -> tuple:
+        facts, slot = self.facts, self._slot
+        kinds = sorted({kind for *_, kind in facts.points} | ({facts.cover[1]} if facts.cover else set()),
+                       key=kind_key)
+        rank = {kind: r for r, kind in enumerate(kinds)}
+        site = {kind: slot(f"range:site:{kind}", "site", kind) for kind in kinds}
+        table = indirect = 0
+        if facts.jump is not None:
+            jump = slot(f"range:{facts.jump.key}", "const", facts.jump)
+            table, indirect = (jump, 0) if facts.indirect.kind == "jump-table" else (0, jump)
+        extable = 0 if facts.extable is None else slot(f"range:{facts.extable.key}", "const", facts.extable)
+        points = facts.points
+        return (facts.sites, rank[facts.cover[1]] if facts.cover else -1, site[facts.cover[1]] if facts.cover else 0,
+                array("Q", [p[0] for p in points]), array("Q", [p[1] for p in points]),
+                array("I", [rank[p[3]] for p in points]), bytes(site[p[3]] for p in points), extable, table,
+                array("Q", [v for v, _ in facts.pointers]), slot("range:jump-table", "pointer"), indirect,
+                array("Q", facts.targets), slot("range:branch-target-inside", "target"),
+                slot("range:past-function-end", "past"))
+
+    def _aim(self, k: int) -> int | None:
+        o, m, key = self.found[k]
+        aimed = _aimed(key, self.data[o:o + m], self.fn.start + o)
+        return None if aimed is None else aimed[1]
+
+    def _derive(self, k: int) -> bool:
+        o, m, key = self.found[k]
+        return self.prover._derived(key, self.data[o:o + m], self.fn.start + o)
+
+    def _placeless(self, k: int) -> bool:
+        o, m, key = self.found[k]
+        return lane_token(key, self.data[o:o + m]) is not None
+
+    def _slow(self, i: int, j: int, length: int) -> int:
+        bucket, reason = self.prover._slow(self.fn, self.data, self.found, self._placeless if self.far else None,
+                                           self.memo, i, j)
+        self.reasons[i] = reason
+        slot = self.by_name.get(bucket)
+        if slot is None:
+            slot = self.by_name[bucket] = self._slot(bucket, "slow")
+        return slot
+
+    def run(self) -> tuple[bytes, array, bytes]:
+        """(slot of each instruction, aux of each, offsets as little-endian u32s)."""
+        p = self.prover
+        ranges = self._ranges()
+        eligible = self.by_name[ELIGIBLE] = self._slot(ELIGIBLE, "eligible")
+        call = self.by_name[CALL_IN_RANGE] = self._slot(CALL_IN_RANGE, "call")
+        compose = (self.data, self._aim, self._derive, p.pieces, p._facts, COPY_LANE, p.tramp,
+                   _CLEARANCE) if self.far else None
+        slots, aux, offsets, composed, calls = JUMP_WALK.walk(self.found, self.fn.start, self.fn.end, ranges, compose,
+                                                              eligible, call, JUMP_SIZE, self._slow)
+        p.composed += composed
+        p.calls += calls
+        return slots, array("I", aux), offsets
+
+    def reason(self, i: int, slot: int, aux: int) -> str:
+        """Why instruction i has the answer of ``slot``, as ``function`` says it."""
+        if i in self.reasons:
+            return self.reasons[i]
+        _, kind, payload = self.info[slot]
+        off = self.found[i][0]
+        length, j = 0, i
+        while length < JUMP_SIZE and j < len(self.found):
+            length += self.found[j][1]
+            j += 1
+        address = self.fn.start + off
+        end = address + max(JUMP_SIZE, length)
+        if kind == "eligible":
+            return FAST_PATH_REASON
+        if kind == "call":
+            return call_reason(self.fn.start + self.found[i + aux][0], address, address + length)
+        if kind == "const":
+            return payload.reason
+        if kind == "site":
+            return site_refusal(payload).reason
+        if kind == "pointer":
+            return pointer_refusal(*self.facts.pointers[aux]).reason
+        if kind == "target":
+            return target_refusal(self.facts.targets[aux], address, end).reason
+        if kind == "past":
+            return past_end(self.fn, address, end).reason
+        raise AssertionError(f"slot {slot} ({kind}) of instruction {i} has no reason")
+
+    def answers(self) -> list[tuple[int, str, str]]:
+        """(offset, bucket, reason) of every instruction, as ``function`` gives them (the tests compare)."""
+        slots, aux, _ = self.run()
+        return [(self.found[i][0], self.info[s][0], self.reason(i, s, aux[i])) for i, s in enumerate(slots)]
+
+    def row(self, fid: int, skip, examples: dict[str, str]) -> JumpRow:
+        """The packed row ``_pack_answers`` makes of ``function``'s answers (the same bytes), and the
+        same examples added."""
+        slots, aux, offsets = self.run()
+        index = None  # kept position -> instruction, when some are skipped
+        if skip:
+            start = self.fn.start
+            index = [i for i, (o, _, _) in enumerate(self.found) if start + o not in skip]
+            if len(index) < len(slots):
+                slots = bytes(slots[i] for i in index)
+                offsets = b"".join(offsets[4 * i:4 * i + 4] for i in index)
+            else:
+                index = None
+        table = bytearray(256)
+        names: dict[str, int] = {}
+        for s in dict.fromkeys(slots):  # slots by first appearance
+            name = self.info[s][0]
+            k = names.get(name)
+            if k is None:
+                if len(names) == MAX_BUCKETS:
+                    raise StoreError(f"function {fid}: more than {MAX_BUCKETS} jump-probe buckets")
+                k = names[name] = len(names)
+                if name not in examples:
+                    i = slots.index(s)
+                    i = i if index is None else index[i]
+                    examples[name] = self.reason(i, s, aux[i])
+            table[s] = k
+        return JumpRow(fid, tuple(names), offsets, slots.translate(table))
 
 
 def jump_tag(tag: bytes) -> bytes:

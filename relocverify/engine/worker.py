@@ -32,7 +32,7 @@ from ..kernel.sites import POLICY_BY_KIND, SiteIndex, kind_key
 from ..kernel.variants import NoVariants, VariantFinder
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, CachedProof, ProofCache, merge_jump_entries
-from ..store.jump_rows import JumpRow, pack_jump_row
+from ..store.jump_rows import JumpRow
 from ..store.packed_rows import pack_u32, pack_wide_ids
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
@@ -360,6 +360,11 @@ class Worker:
             if c is not None:
                 hit = self.learned[key] = Learned(c)
         return hit
+
+    def _int3_finding(self, key: bytes) -> CachedFinding | None:
+        """What the cache or this run holds for an instance key (``JumpProver._derived`` reads it)."""
+        hit = self.lookup(key)
+        return None if hit is None else hit.cached
 
     def _tell(self, n: int) -> None:
         if self.progress is not None:
@@ -841,7 +846,7 @@ class Worker:
         prover = self.__dict__.get("_jumps")
         if prover is None or prover.ranges is not self.job.ranges:
             prover = self._jumps = JumpProver(self.job.ranges, self.job.tramp, self.job.timeout_s, self.job.rules,
-                                              memory=self._jump_memory())
+                                              memory=self._jump_memory(), finding=self._int3_finding)
         if news:
             prover.conflicts += prover.memory.absorb(news)
         before = prover.proofs + prover.piece_proofs
@@ -851,18 +856,10 @@ class Worker:
             if self.current is not None:
                 self.current(i)
             fn = self.job.functions[fid]
-            skip = self.job.skip.get(fid, ())
             data = self._function_bytes(fn)
             found = self.keys.keys(data, fn.start)
-            spans = [(off, n) for off, n, _ in found]
-            kept = []
-            for off, bucket, reason in prover.function(fn, data, spans, [key for _, _, key in found]):
-                if fn.start + off in skip:
-                    continue
-                kept.append((off, bucket))
-                examples.setdefault(bucket, reason)
-            rows.append(pack_jump_row(fid, kept))
-            self._tell(len(spans))
+            rows.append(prover.packed(fid, fn, data, found, self.job.skip.get(fid, ()), examples))
+            self._tell(len(found))
         return rows, examples, prover.proofs + prover.piece_proofs - before, prover.memory.take_outgoing()
 
     # -- alternative replacements ----------------------------------------------------

@@ -128,6 +128,13 @@ def patched_run(decoded: Sequence[Decoded]) -> list[Decoded] | NoBlock:
     return run
 
 
+def call_reason(call: int, a: int, end: int) -> str:
+    """Why a run [a, end) with a call at ``call`` is refused (``engine.jumps`` says it the same way when
+    it refuses a run from its instructions' keys, without decoding them)."""
+    return (f"a call at {call:#x} in the range [{a:#x}, {end:#x}): its copy would return into the trampoline, "
+            f"and emulating it needs the trap handler a jump probe has not")
+
+
 def is_call(insn: Instruction) -> bool:
     """Whether ``plan_block`` refuses a run holding ``insn`` as ``call-in-range`` (when no instruction
     before it in the run is refused first)."""
@@ -136,9 +143,7 @@ def is_call(insn: Instruction) -> bool:
 
 def _refusal(insn: Instruction, a: int, end: int) -> NoBlock | None:
     if is_call(insn):
-        return NoBlock(f"a call in the range ({insn.text} at {insn.address:#x}): its copy would return into "
-                       f"the trampoline, and emulating it needs the trap handler a jump probe has not",
-                       "call-in-range")
+        return NoBlock(call_reason(insn.address, a, end), "call-in-range")
     target = insn.branch_target
     if target is not None and a < target < end:
         return NoBlock(f"{insn.text} at {insn.address:#x} branches to {target:#x}, inside the patched range "
