@@ -358,14 +358,14 @@ def test_a_worker_crashing_on_jump_probes_refuses_that_function_and_the_run_goes
     worker; its instructions are refused as error:crashed, every other function is answered."""
     from relocverify.engine import jumps
 
-    real = jumps.JumpProver.function
+    real = jumps.JumpProver.packed
 
-    def crash_on_cpuid(self, fn, data, spans, keys=None):
+    def crash_on_cpuid(self, fid, fn, data, *rest):
         if b"\x0f\xa2" in data:
             os._exit(1)
-        return real(self, fn, data, spans, keys)
+        return real(self, fid, fn, data, *rest)
 
-    monkeypatch.setattr(jumps.JumpProver, "function", crash_on_cpuid)
+    monkeypatch.setattr(jumps.JumpProver, "packed", crash_on_cpuid)
     summary = run(small, str(tmp_path / "j.sqlite"), RunOptions(TRAMP, 2, 10.0, None, True, None, jump_probes=True))
     jump = summary["jump_probe"]
     assert jump["totals_add_up"] and jump["instructions"] == summary["instructions"] == 19
