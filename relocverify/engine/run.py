@@ -305,8 +305,7 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
             "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
             "notes": list(image.notes)}
     image_id = store.image_id(image.identity, image.path, image.format, image.symbol_source, info)
-    ids = store.add_functions(image_id, ((f.start, f.size, f.name, f.section, _bytes_of(image, f))
-                                         for f in functions))
+    ids = store.add_functions(image_id, _with_bytes(image, functions))
     by_id = {ids[(f.start, f.name)]: f for f in functions}
     config_id = store.config_id(config)
     done = frozenset(store.verified_functions(image_id, config) & set(by_id))
@@ -433,6 +432,22 @@ def _bytes_of(image: Image, f: Function) -> bytes:
     if section is None or not section.contains(f.start, f.size) or not section.data:
         return b""
     return section.data[f.start - section.address:f.start - section.address + f.size]
+
+
+def _with_bytes(image: Image, functions: list[Function]):
+    """(start, size, name, section, bytes) of each function, as ``_bytes_of`` reads them, each section
+    looked up once."""
+    sections: dict[str, tuple[int, int, bytes]] = {}
+    for f in functions:
+        got = sections.get(f.section)
+        if got is None:
+            section = image.get_section(f.section)
+            got = sections[f.section] = (0, -1, b"") if section is None or not section.data else (
+                section.address, section.address + section.size, section.data)
+        base, end, data = got
+        size = f.end - f.start
+        yield (f.start, size, f.name, f.section,
+               data[f.start - base:f.end - base] if base <= f.start and f.end <= end else b"")
 
 
 def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: bytes, progress: Progress,
