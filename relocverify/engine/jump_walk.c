@@ -144,7 +144,7 @@ typedef struct {
     unsigned char *known;
 } Compose;
 
-#define KEY(c, k) PyTuple_GET_ITEM(PyList_GET_ITEM((c)->found, (k)), 2)
+#define KEY(c, k) PyTuple_GET_ITEM(PyTuple_GET_ITEM((c)->found, (k)), 2)
 
 static PyObject BRANCH_MARK; /* a distinct address: "a relative branch or RIP-relative operand" */
 #define BRANCH (&BRANCH_MARK)
@@ -338,11 +338,15 @@ static int slot_arg(PyObject *o, long *out, const char *what) {
      compose: None, or (data, aim, derive, pieces, facts, copy_lane, tramp, clearance)
    -> (slots, aux, offsets, composed, calls) */
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *found, *ranges_o, *compose_o, *slow;
+    PyObject *listed, *ranges_o, *compose_o, *slow;
     unsigned long long start, fend;
     long eligible_slot, call_slot, jump_size;
-    if (!PyArg_ParseTuple(args, "O!KKOOlllO", &PyList_Type, &found, &start, &fend, &ranges_o, &compose_o,
+    if (!PyArg_ParseTuple(args, "O!KKOOlllO", &PyList_Type, &listed, &start, &fend, &ranges_o, &compose_o,
                           &eligible_slot, &call_slot, &jump_size, &slow))
+        return NULL;
+    /* a tuple of its own: the callbacks run Python, which must not change what the walk indexes */
+    PyObject *found = PyList_AsTuple(listed);
+    if (found == NULL)
         return NULL;
     Buf b[8] = {{0}};
     Compose c = {0};
@@ -350,7 +354,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *result = NULL, *slots = NULL, *aux = NULL, *offsets = NULL;
     uint32_t *offs = NULL;
     unsigned char *lengths = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(found), composed = 0, calls = 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(found), composed = 0, calls = 0;
     offs = PyMem_Malloc(sizeof(uint32_t) * (n ? n : 1));
     lengths = PyMem_Malloc(n ? n : 1);
     if (offs == NULL || lengths == NULL) {
@@ -359,7 +363,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     }
     uint64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(found, i);
+        PyObject *t = PyTuple_GET_ITEM(found, i);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(t, 2))) {
             PyErr_SetString(PyExc_TypeError, "walk: found holds (offset, length, key bytes)");
             goto done;
@@ -506,6 +510,7 @@ done:
     PyMem_Free(offs);
     PyMem_Free(lengths);
     release(b, 8);
+    Py_DECREF(found);
     return result;
 }
 
