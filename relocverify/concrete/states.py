@@ -14,7 +14,9 @@ k0-7, and fs/gs bases.
 instruction's memory accesses depend on (iced-x86's list of the accesses it
 makes, implicit ones included: the stack of push/pop/call/ret, rsi/rdi of
 string instructions) so that every access lands inside ``ARENA``, fills
-the bytes around each access with random data, and points an indirect
+the bytes around each access with random data (for an instruction that
+computes floating point, the access itself with signalling and quiet NaNs,
+denormals and other edge values in turn, ``_fp_bytes``), and points an indirect
 branch, call or return at ``PAD``.  It returns None when no choice places
 every access (the state is dropped).
 """
@@ -135,10 +137,61 @@ _STRING = frozenset("movsb movsw movsd movsq stosb stosw stosd stosq lodsb lodsw
 _MNEMONIC = {v: k.lower() for k, v in vars(iced.Mnemonic).items() if k.isupper()}
 
 
+#: The floating-point operands whose handling VEX does not model, first: a signalling NaN (MXCSR's invalid
+#: flag, a quieted result), a denormal (the denormal flag; DAZ), a quiet NaN with a payload, their negative
+#: twins, an infinity, a negative zero, 1.0.  ``place`` gives them to a memory operand in this order.
+_F32_ORDER = (0x7F800001, 0x00000001, 0x7FC00000, 0xFFA00123, 0x807FFFFF, 0x7F800000, 0x80000000, 0x3F800000)
+_F64_ORDER = (0x7FF0000000000001, 0x0000000000000001, 0x7FF8000000000000, 0xFFF4000000000123, 0x800FFFFFFFFFFFFF,
+              0x7FF0000000000000, 0x8000000000000000, 0x3FF0000000000000)
+
+
+def _edge_lane(edge: int) -> int:
+    """The 64-bit lane of the ``edge``-th even state: doubles and pairs of singles from the ordered edges, in turn."""
+    k = edge // 2
+    return _F64_ORDER[k // 2 % len(_F64_ORDER)] if k % 2 == 0 else \
+        _F32_ORDER[k // 2 % len(_F32_ORDER)] | _F32_ORDER[(k // 2 + 1) % len(_F32_ORDER)] << 32
+
+
+def edge_vectors(regs: dict[str, int], edge: int) -> dict[str, int]:
+    """``regs`` with, in an even ``edge``-th state, every lane of zmm0-31 the ordered floating-point edge of
+    that state (``_fp_bytes``'s, so a scalar single in lane 0 meets a signalling NaN and a denormal in the
+    first four states too); an odd state's registers as drawn."""
+    if edge % 2:
+        return regs
+    lane = _edge_lane(edge)
+    vector = sum(lane << (64 * k) for k in range(8))
+    return regs | {f"zmm{i}": vector for i in range(32) if f"zmm{i}" in regs}
+
+
+def _fp_bytes(rng: random.Random, width: int, edge: int) -> bytes | None:
+    """What a floating-point instruction's memory operand of ``width`` bytes holds in its ``edge``-th state
+    (None: random bytes).  Even states take the ordered edges in turn, so four states already meet a
+    signalling NaN, a denormal and a quiet NaN as a single (4 bytes), and as doubles and as pairs of singles
+    (8 bytes and wider: the lane's type is the instruction's); odd states random edge lanes half of the time."""
+    k = edge // 2
+    if edge % 2 == 0:
+        if width == 4:
+            return struct.pack("<I", _F32_ORDER[k % len(_F32_ORDER)])
+        if width >= 8 and width % 8 == 0:
+            return struct.pack("<Q", _edge_lane(edge)) * (width // 8)
+        return None
+    if rng.random() < 0.5:
+        return None
+    if width == 4:
+        return struct.pack("<I", rng.choice(_F32))
+    if width >= 8 and width % 8 == 0:
+        return b"".join(struct.pack("<Q", _lane64(rng)) for _ in range(width // 8))
+    return None
+
+
 def place(raw: bytes, address: int, regs: dict[str, int], rng: random.Random,
-          arena: tuple[int, int] = (ARENA, ARENA_SIZE)) -> MachineState | None:
+          arena: tuple[int, int] = (ARENA, ARENA_SIZE), fp_edge: int | None = None) -> MachineState | None:
     """``regs`` adjusted so that every memory access of ``raw`` at ``address`` falls in ``arena``, with
-    random bytes around each access (None when that cannot be done); see the module doc."""
+    random bytes around each access (None when that cannot be done); see the module doc.  ``fp_edge``:
+    the instruction computes floating point, and this is its ``fp_edge``-th state: each access holds
+    floating-point edge values as ``_fp_bytes`` chooses them.  With random bytes alone a memory operand
+    was a NaN or a denormal about once in a hundred states, and forms whose CPU behaviour differs only
+    there (cvtss2sd from memory sets MXCSR's invalid flag for a signalling NaN) validated exact."""
     lo, size = arena
     regs = dict(regs)
     ins = iced.Decoder(64, raw, ip=address).decode()
@@ -202,6 +255,11 @@ def place(raw: bytes, address: int, regs: dict[str, int], rng: random.Random,
             return None
         for a in range(at - MARGIN - span, at + width + MARGIN + span):
             memory.setdefault(a, rng.getrandbits(8))
+        if fp_edge is not None:
+            edge = _fp_bytes(rng, width, fp_edge)
+            if edge is not None:
+                for k, b in enumerate(edge):
+                    memory[at + k] = b
     if mnemonic in ("popf", "popfq", "popfd", "popfw", "iretq", "iret", "iretd"):
         rsp = regs["rsp"]
         memory[rsp + 1] = memory.get(rsp + 1, 0) & ~0x01  # TF would single-step into SIGTRAP

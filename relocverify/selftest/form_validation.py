@@ -7,7 +7,7 @@ displacement re-aimed into the data arena (with aligned and misaligned
 targets), a branch offset pointed at a landing pad, and for the integer
 immediates a form leaves out (``forms.IMMEDIATE_BLIND``) the edge values 0, 1,
 2, the width minus one, the width and a random one.  States come from
-``concrete.states`` (random and edge registers, vectors with NaNs, MXCSR and
+``concrete.states`` (random and edge registers, vectors and a floating-point form's memory operands with NaNs, MXCSR and
 x87 variations, every access placed in the arena).  Each state runs on the
 CPU (``concrete.cpu``) and through the proof's semantics
 (``proof.evaluation``); ``compare`` names what differs.
@@ -255,16 +255,19 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
     fp = is_floating_point(instances[0])
     variants = [v for raw in instances[:4] for v in instance_variants(raw, rng)][:max_variants]
     categories: set[str] = set()
-    total = 0
+    total = edges = 0  # edges: the states placed so far (``states.place``'s ``fp_edge``)
     example = ""
     for raw in variants:
         placed = []
         for _ in range(states_per_variant * 4):
             if len(placed) == states_per_variant:
                 break
-            s = ST.place(raw, CODE_AT, ST.random_registers(rng), rng)
+            regs = ST.random_registers(rng)
+            s = ST.place(raw, CODE_AT, ST.edge_vectors(regs, edges) if fp else regs, rng,
+                         fp_edge=edges if fp else None)
             if s is not None:
                 placed.append(s)
+                edges += 1
         if not placed:
             continue
         try:
