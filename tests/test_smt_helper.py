@@ -125,6 +125,34 @@ def test_the_helper_leaves_with_its_parent(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the helper outlived its parent"
 
 
+def test_the_helper_leaves_with_its_parent_while_it_imports(tmp_path):
+    """The same while the helper still imports the check (the import made 30 s long): the kernel kills it
+    with its parent (``smt_helper._die_with``); it used to finish its import first (seconds on a loaded
+    machine with a cold page cache, more than CI's patience once)."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os, sys, time\n"
+                      "class Slow:\n"
+                      "    def find_spec(self, name, path=None, target=None):\n"
+                      "        if name == 'relocverify.proof.smt_check':\n"
+                      "            time.sleep(30)\n"
+                      "sys.meta_path.insert(0, Slow())\n"
+                      "from relocverify.engine.smt_helper import SmtHelper\n"
+                      "h = SmtHelper(0.5)\n"
+                      "h.wait_listening()\n"
+                      "print(h.process.pid, flush=True)\n"
+                      "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    time.sleep(0.5)  # the helper is in its import now
+    assert os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline and os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the helper outlived its parent"
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:

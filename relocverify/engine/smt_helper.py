@@ -12,11 +12,13 @@ A check asked of the helper is the same call, with the same arguments, as the on
 watchdog still bounds the wait (a late answer is recognised by its number and dropped), and the helper
 runs each check under a watchdog of its own, so a hang there times out as it would in the worker.  A
 worker that cannot reach the helper (none started, or it died) imports the check and runs it itself.
-The helper listens on an abstract Unix socket (no file to clean up) and exits with the parent.
+The helper listens on an abstract Unix socket (no file to clean up) and exits with the parent (the kernel
+kills it when the parent dies, ``_die_with``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import multiprocessing
 import os
@@ -71,6 +73,7 @@ class SmtHelper:
 def _serve(address: str, parent: int, margin_s: float, told: Connection) -> None:
     """The helper's loop: listen, import the check, answer requests (number, arguments) with (number,
     ("ok", result) or ("raise", exception)); return when the parent is gone."""
+    _die_with(parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent ends it (``close``); not the CLI's handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the session
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -112,6 +115,21 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection) -> None
             except (OSError, ValueError):
                 selector.unregister(client)
                 client.close()
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``): the loop below
+    looks for that only between requests, and a parent killed during the import (seconds on a loaded
+    machine with a cold page cache) left the helper importing on.  Elsewhere the loop's check serves."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the request took hold
+        os._exit(0)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 class HelperGone(RelocverifyError):
