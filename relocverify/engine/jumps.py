@@ -304,16 +304,16 @@ class JumpProver:
 
     def _derived(self, token: bytes, raw: bytes, address: int) -> bool:
         """Whether the copy piece under ``token`` passes, read from the int3 proof of the instruction
-        (``finding``, by its instance key), without proving the piece: true when that proof is
-        ``proved`` by the fast path for a ``copy`` plan, the instruction has no address-valued field,
+        (``finding``, by its instance key), without proving the piece: true when that proof stands for the key
+        (not one instance's alone) and is ``proved`` by the fast path for a ``copy`` plan, the instruction has no address-valued field,
         and its IR does not end in a computed exit.  Recorded as the piece's answer when true; asked
         once per token.  The argument is the module doc's ("Copies answered by their int3 proofs")."""
         if self.finding is None or token in self._underived:
             return False
         ok = token[:1] == b"b" or (token[:1] == b"d" and token[2] == 0xFF)  # the instance key itself
         c = self.finding(token) if ok else None
-        ok = c is not None and c.verdict == "proved" and c.method == "fast-path" and c.plan_kind == "copy" \
-            and pc_fields(raw, address) == []
+        ok = c is not None and not c.per_instance and c.verdict == "proved" and c.method == "fast-path" \
+            and c.plan_kind == "copy" and pc_fields(raw, address) == []
         if ok:
             try:
                 ok = lifted_one(raw, address).canonical()[-1][0] != "next"
