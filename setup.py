@@ -9,7 +9,6 @@
 A machine without a C compiler still installs relocverify (all are optional) and runs their Python
 paths, more slowly; ``relocverify --version`` says which serve."""
 
-import hashlib
 import importlib.util
 import os
 
@@ -26,16 +25,31 @@ def _pyvex_include() -> str:
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _extension(name: str, source: str, **kw) -> Extension:
-    """An optional extension that carries the digest of the source it was built from: its loader
-    (``extensions.load``) refuses a build of another source (an edited file not
-    rebuilt), and the Python path serves until it is rebuilt."""
-    digest = hashlib.sha256(open(os.path.join(HERE, source), "rb").read()).hexdigest()
-    return Extension(name, [source], define_macros=[("RV_SOURCE_SHA256", f'"{digest}"')],
+def _extensions_module():
+    """``relocverify/extensions.py`` by its path (the standard library only), not the package: the build
+    and the loader take a source's digest the same way."""
+    spec = importlib.util.spec_from_file_location("_relocverify_extensions",
+                                                  os.path.join(HERE, "relocverify", "extensions.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_DIGEST = _extensions_module().build_digest
+
+
+def _extension(name: str, source: str, depends=(), **kw) -> Extension:
+    """An optional extension that carries the digest of the source it was built from (the ``.c`` file and
+    the headers beside it that it includes, ``depends``): its loader (``extensions.load``) refuses a build
+    of another source (an edited file not rebuilt), and the Python path serves until it is rebuilt."""
+    digest = _DIGEST(os.path.join(HERE, source))
+    return Extension(name, [source], depends=list(depends), define_macros=[("RV_SOURCE_SHA256", f'"{digest}"')],
                      extra_compile_args=["-O2"], optional=True, **kw)
 
 
 setup(ext_modules=[_extension("relocverify.proof.irsb_walk", "relocverify/proof/irsb_walk.c",
                               include_dirs=[_pyvex_include()]),
-                   _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c"),
-                   _extension("relocverify.engine.jump_walk", "relocverify/engine/jump_walk.c")])
+                   _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c",
+                              depends=["relocverify/engine/buffers.h"]),
+                   _extension("relocverify.engine.jump_walk", "relocverify/engine/jump_walk.c",
+                              depends=["relocverify/engine/buffers.h"])])

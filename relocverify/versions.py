@@ -43,11 +43,11 @@ def versions_tag() -> bytes:
 
 @lru_cache(maxsize=2)
 def source_digest(root: Path | None = None) -> bytes:
-    """SHA-256 of relocverify's own source (every ``.py``, ``.json`` and ``.c`` file under ``root``, the
+    """SHA-256 of relocverify's own source (every ``.py``, ``.json``, ``.c`` and ``.h`` file under ``root``, the
     package's directory by default, with its relative path)."""
     root = root or Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".c") and p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".c", ".h") and p.is_file()):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.digest()

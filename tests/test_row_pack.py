@@ -26,6 +26,21 @@ def test_the_packed_row_writer_is_built():
     assert row_pack is not None, native_rows.STATUS
 
 
+def test_a_build_is_stale_when_its_source_or_its_own_header_changes(tmp_path):
+    """``extensions.build_digest``: the ``.c`` file and the headers beside it that it includes (row_pack.c and
+    jump_walk.c share buffers.h); a header from the include path (pyvex's) is not ours and does not count."""
+    from relocverify.extensions import build_digest
+
+    (tmp_path / "walk.c").write_text('#include <Python.h>\n#include "buffers.h"\n#include "libvex.h"\nint x;\n')
+    (tmp_path / "buffers.h").write_text("typedef int Buf;\n")
+    first = build_digest(tmp_path / "walk.c")
+    (tmp_path / "buffers.h").write_text("typedef long Buf;\n")
+    second = build_digest(tmp_path / "walk.c")
+    (tmp_path / "walk.c").write_text('#include <Python.h>\n#include "buffers.h"\n#include "libvex.h"\nint y;\n')
+    assert len({first, second, build_digest(tmp_path / "walk.c")}) == 3
+    assert build_digest(native_rows.__file__.replace("native_rows.py", "row_pack.c")) == row_pack.SOURCE_SHA256
+
+
 def _model(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants):
     """``row_pack.pack`` in Python: the bookkeeping of ``Worker._walk_rows``."""
     kmap, order, counts, plain, sites, out_variants = {}, [], [], [], [], []

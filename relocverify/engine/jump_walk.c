@@ -30,30 +30,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "buffers.h"
+
 typedef unsigned __int128 u128;
-
-typedef struct {
-    Py_buffer b;
-    int held;
-} Buf;
-
-static int get(PyObject *o, Buf *buf, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(o, &buf->b, PyBUF_SIMPLE) < 0)
-        return -1;
-    buf->held = 1;
-    if (buf->b.len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, buf->b.len,
-                     itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(Buf *bufs, int n) {
-    for (int i = 0; i < n; i++)
-        if (bufs[i].held)
-            PyBuffer_Release(&bufs[i].b);
-}
 
 /* The range facts of one function (see ``walk``'s argument ``ranges``). */
 typedef struct {

@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "buffers.h"
+
 /* flags of a special position */
 #define DROPPED 1 /* another function owns it: no row, no count */
 #define FULL 2    /* a full row (instructions table): counted, no plain record */
@@ -95,29 +97,6 @@ static PyObject *u32_bytes(const U32s *a) {
 #else
     return PyBytes_FromStringAndSize((const char *)a->data, a->n * 4);
 #endif
-}
-
-typedef struct {
-    Py_buffer b;
-    int held;
-} Buf;
-
-static int get(PyObject *o, Buf *buf, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(o, &buf->b, PyBUF_SIMPLE) < 0)
-        return -1;
-    buf->held = 1;
-    if (buf->b.len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", what, buf->b.len,
-                     itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(Buf *bufs, int n) {
-    for (int i = 0; i < n; i++)
-        if (bufs[i].held)
-            PyBuffer_Release(&bufs[i].b);
 }
 
 /* scan(lengths, numbers, start, oid, rep, forced) -> array of the special positions, ascending, as bytes of
