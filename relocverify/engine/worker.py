@@ -636,24 +636,7 @@ class Worker:
             mask = None
             sites = at_site.get(i)
             if sites:
-                kinds = tuple([site.kind for site in sites])
-                effect = _SITE_EFFECTS.get(kinds)
-                if effect is None:
-                    effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
-                how, mask = effect
-                if how == _VARIANTS:
-                    raw = data[off:off + n]
-                    finding, live = site_finding(finding, sites, address, raw, self.variants,
-                                                 lambda other: self.finding(other, address,
-                                                                            self.keys.key(other, address)))
-                    ids = self.ids.outcome(finding)
-                elif how == _REJECT:  # the finding the sites make depends on the finding and their kinds alone
-                    got = self._rejected.get((id(finding), kinds))
-                    if got is None or got[0] is not finding:
-                        got = self._rejected[(id(finding), kinds)] = (
-                            finding, site_finding(finding, sites, address, b"", self.variants, None)[0])
-                    finding = got[1]
-                    ids = self.ids.outcome(finding)
+                finding, ids, live, mask = self._at_sites(finding, ids, sites, address, data, off, n)
             oid = ids[0]
             s_oid.append(oid)
             s_mask.append(mask or 0)
@@ -686,6 +669,31 @@ class Worker:
         if fkey is not None and not unkept:
             kmap = dict(zip(order, range(len(order))))
             self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
+
+    def _at_sites(self, finding: Finding, ids: tuple[int, str], sites: list, address: int, data: bytes, off: int,
+                  n: int) -> tuple[Finding, tuple[int, str], tuple, int | None]:
+        """What the kernel sites over the instruction at ``data[off:off + n]`` make of its finding: (finding,
+        its outcome ids, the live variants, the sites' mask).  Sites that only mark keep the finding; a
+        rejection depends on the finding and the sites' kinds alone, so it is made once per pair; otherwise
+        every variant that can run there is verified (``site_verdicts.site_finding``)."""
+        kinds = tuple([site.kind for site in sites])
+        effect = _SITE_EFFECTS.get(kinds)
+        if effect is None:
+            effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
+        how, mask = effect
+        live = ()
+        if how == _VARIANTS:
+            finding, live = site_finding(finding, sites, address, data[off:off + n], self.variants,
+                                         lambda other: self.finding(other, address, self.keys.key(other, address)))
+            ids = self.ids.outcome(finding)
+        elif how == _REJECT:
+            got = self._rejected.get((id(finding), kinds))
+            if got is None or got[0] is not finding:
+                got = self._rejected[(id(finding), kinds)] = (
+                    finding, site_finding(finding, sites, address, b"", self.variants, None)[0])
+            finding = got[1]
+            ids = self.ids.outcome(finding)
+        return finding, ids, live, mask
 
     def _numbers(self, fid: int, keys) -> tuple[bytes, array]:
         """A function's instruction lengths and key numbers: from the keys given, as its survey kept them,
@@ -763,24 +771,7 @@ class Worker:
                 here = sweep.at(address, n)
                 next_site = sweep.next_start()
                 if here:
-                    kinds = tuple([s.kind for s in here])
-                    effect = _SITE_EFFECTS.get(kinds)
-                    if effect is None:
-                        effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
-                    how, mask = effect
-                    if how == _VARIANTS:
-                        raw = data[off:off + n]
-                        finding, live = site_finding(finding, here, address, raw, self.variants,
-                                                     lambda other: self.finding(other, address,
-                                                                                self.keys.key(other, address)))
-                        ids = self.ids.outcome(finding)
-                    elif how == _REJECT:  # the finding the sites make depends on the finding and their kinds alone
-                        got = self._rejected.get((id(finding), kinds))
-                        if got is None or got[0] is not finding:
-                            got = self._rejected[(id(finding), kinds)] = (
-                                finding, site_finding(finding, here, address, b"", self.variants, None)[0])
-                        finding = got[1]
-                        ids = self.ids.outcome(finding)
+                    finding, ids, live, mask = self._at_sites(finding, ids, here, address, data, off, n)
             oid = ids[0]
             k = kmap.get(oid)
             if k is None:
