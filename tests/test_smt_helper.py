@@ -107,35 +107,28 @@ def test_a_watchdog_between_a_check_and_its_answer_loses_no_later_answer(monkeyp
 
 def test_the_helper_leaves_with_its_parent(tmp_path):
     """A parent killed without closing its session (SIGKILL) leaves no helper behind."""
-    script = tmp_path / "parent.py"
-    script.write_text("import os, sys, time\n"
-                      "from relocverify.engine.smt_helper import SmtHelper\n"
-                      "h = SmtHelper(0.5)\n"
-                      "h.wait_listening()\n"
-                      "print(h.process.pid, flush=True)\n"
-                      "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    pid = int(parent.stdout.readline())
-    assert os.path.exists(f"/proc/{pid}")
-    parent.kill()
-    parent.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline and os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the helper outlived its parent"
+    pid = _helper_of_a_killed_parent(tmp_path, "")
+    assert _gone_within(pid, 10), "the helper outlived its parent"
 
 
 def test_the_helper_leaves_with_its_parent_while_it_imports(tmp_path):
     """The same while the helper still imports the check (the import made 30 s long): the kernel kills it
     with its parent (``smt_helper._die_with``); it used to finish its import first (seconds on a loaded
     machine with a cold page cache, more than CI's patience once)."""
+    slow = ("class Slow:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'relocverify.proof.smt_check':\n"
+            "            time.sleep(30)\n"
+            "sys.meta_path.insert(0, Slow())\n")
+    pid = _helper_of_a_killed_parent(tmp_path, slow, settle=0.5)  # the helper is in its import by then
+    assert _gone_within(pid, 5), "the helper outlived its parent"
+
+
+def _helper_of_a_killed_parent(tmp_path, preamble: str, settle: float = 0.0) -> int:
+    """The pid of the helper of a parent (running ``preamble`` first) killed with SIGKILL ``settle`` seconds
+    after its helper listens; the helper was alive then."""
     script = tmp_path / "parent.py"
-    script.write_text("import os, sys, time\n"
-                      "class Slow:\n"
-                      "    def find_spec(self, name, path=None, target=None):\n"
-                      "        if name == 'relocverify.proof.smt_check':\n"
-                      "            time.sleep(30)\n"
-                      "sys.meta_path.insert(0, Slow())\n"
+    script.write_text("import os, sys, time\n" + preamble +
                       "from relocverify.engine.smt_helper import SmtHelper\n"
                       "h = SmtHelper(0.5)\n"
                       "h.wait_listening()\n"
@@ -143,14 +136,19 @@ def test_the_helper_leaves_with_its_parent_while_it_imports(tmp_path):
                       "time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     pid = int(parent.stdout.readline())
-    time.sleep(0.5)  # the helper is in its import now
+    time.sleep(settle)
     assert os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"
     parent.kill()
     parent.wait()
-    deadline = time.time() + 5
+    return pid
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Whether the process ends (or is a zombie) within ``seconds``."""
+    deadline = time.time() + seconds
     while time.time() < deadline and os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
         time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the helper outlived its parent"
+    return not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
 
 
 def _state(pid: int) -> str:
