@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "relocverify"
 #: The stages, lowest first: a module may import from its own stage or any stage below it.  A top-level
 #: module (``errors.py``) is its own stage, named by its file.
 STAGES = [
-    ("errors", "text", "environment", "outputs", "collector", "extensions"),  # the shared base: no project imports but each other
+    ("errors", "text", "environment", "outputs", "collector", "extensions", "processes"),  # the shared base: no project imports but each other
     ("x86",),  # the decoder-neutral instruction
     ("inputs", "versions", "__init__"),  # values a user types; the tools' versions
     ("image", "plan"),  # image -> functions; instruction -> plan

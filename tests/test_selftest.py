@@ -100,3 +100,40 @@ def test_a_store_split_candidate_is_a_real_split():
     c = operators.store_split(s, random.Random(1))
     assert c is not None and c.concurrency and struct.pack("<I", 0)  # built
     assert memory_model.compare(c.orig, c.at, c.reloc, c.tramp, c.tracer_memory)
+
+
+def test_a_terminated_pool_s_worker_ends_though_the_command_line_caught_sigterm():
+    """``processes.pool_worker``: with the command line's SIGTERM handler (it raises KeyboardInterrupt)
+    in the parent, a worker that swallows the exception would keep ``Pool.terminate`` waiting; the
+    initializer gives the workers SIGTERM's default action, so the pool closes at once."""
+    import multiprocessing
+    import signal
+    import time
+
+    from relocverify.cli.main import _terminate
+    from relocverify.processes import pool_worker
+
+    before = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        pool = multiprocessing.get_context("fork").Pool(2, pool_worker)
+        assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
+        pool.apply_async(_swallow_interrupts)
+        time.sleep(0.3)
+        t = time.monotonic()
+        pool.terminate()
+        pool.join()
+        assert time.monotonic() - t < 5
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _swallow_interrupts():
+    """A task that goes on through KeyboardInterrupt (what the handler's exception met in a worker)."""
+    import time
+
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..collector import paused
 from ..errors import InputError
+from ..processes import pool_worker
 
 
 @dataclass
@@ -57,7 +58,7 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         _SWEEP[:] = [image, functions]
         size = -(-len(functions) // (jobs * 2))
         runs = [(i, min(i + size, len(functions))) for i in range(0, len(functions), size)]
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(jobs, pool_worker) as pool:
             parts = pool.map(_sweep_run, runs, chunksize=1)
         _SWEEP.clear()
     else:

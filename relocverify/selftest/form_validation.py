@@ -30,6 +30,7 @@ import iced_x86 as iced
 
 from ..concrete import cpu, states as ST
 from ..concrete.outcome import MachineState, Outcome
+from ..processes import pool_worker
 from ..proof import evaluation as EV
 from ..proof import semantics as S
 from ..proof.forms import IMMEDIATE_BLIND, InsnFacts, facts
@@ -326,7 +327,7 @@ def validate_forms(forms: dict[str, list[bytes]], states_per_variant: int = 8, s
         return results
     from multiprocessing import get_context
 
-    with get_context("fork").Pool(jobs, maxtasksperchild=200) as pool:
+    with get_context("fork").Pool(jobs, pool_worker, maxtasksperchild=200) as pool:
         for r in pool.imap_unordered(_worker, work, chunksize=4):
             results[r.form] = r
             if progress:

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..processes import pool_worker
 from ..proof import form_table
 from ..proof.prove import prove_relocation
 from ..proof.verdict import Verdict
@@ -170,7 +171,7 @@ def _map(work, jobs: int, progress):
     from multiprocessing import get_context
 
     out = []
-    with get_context("fork").Pool(jobs, maxtasksperchild=500) as pool:
+    with get_context("fork").Pool(jobs, pool_worker, maxtasksperchild=500) as pool:
         for k, row in enumerate(pool.imap_unordered(_one, work, chunksize=8)):
             out.append(row)
             if progress:
