@@ -103,3 +103,30 @@ def test_the_inline_pool_tags_shared_tasks_with_its_one_worker(counting):
     finally:
         pool.close()
     assert seen == [(0, [1]), (0, [2]), (0, [3])]
+
+
+def test_a_worker_that_dies_between_tasks_loses_none_and_is_blamed_for_none(counting, monkeypatch):
+    """A worker gone after its last answer (killed here while it idles) makes sending it the next task fail
+    with a broken pipe: the task is sent again to the worker forked in its place, and no item is reported
+    crashed (nothing of it ran).  CI once saw the broken pipe escape the pool when a worker died between two
+    tasks."""
+    monkeypatch.setattr(executors, "IN_FLIGHT", 1)  # the worker idles between tasks, its answer ready
+    results: list[int] = []
+    crashed: list[int] = []
+    killed: list[int] = []
+    pool = LocalPool(_job(), 2)
+
+    def tick():
+        if not killed and pool.conns[0].poll():  # worker 0's first answer waits: it is idle now
+            proc = pool.procs[0]
+            killed.append(proc.pid)
+            proc.kill()
+            proc.join()
+
+    try:
+        pool.run([_tasks([1, 2, 3, 4], 1), _tasks([], 1)], lambda task, value: results.extend(value),
+                 _rest_after(results, crashed), tick=tick, tick_s=0.01)
+    finally:
+        pool.close()
+    assert killed and pool.procs[0].pid != killed[0]  # it was replaced
+    assert crashed == [] and sorted(results) == [1, 2, 3, 4]

@@ -211,6 +211,7 @@ class LocalPool:
             return queues[0] if shared else queues[i]
 
         held: list[tuple[Task, bytes] | None] = [None] * self.n  # pickled for worker i, too big to send yet
+        lost: set[int] = set()  # id() of tasks whose message never reached their worker: it had died
 
         def feed(i: int) -> None:
             """Keep ``IN_FLIGHT`` tasks in worker i's pipe.  A task goes behind another only when its message is
@@ -229,7 +230,11 @@ class LocalPool:
                     return
                 held[i] = None
                 flight[i].append(task)
-                self.conns[i].send_bytes(message)
+                try:
+                    self.conns[i].send_bytes(message)
+                except OSError:  # the worker died (a broken pipe): the loop below finds it dead
+                    lost.add(id(task))
+                    return
 
         while True:
             for i in range(self.n):
@@ -278,7 +283,12 @@ class LocalPool:
                         self.close()
                         raise WorkerError(f"a worker died in {task.method}")
                     q = queue_of(i)
-                    q.extendleft(reversed(on_crash(task, at, pid) + unstarted))
+                    never = id(task) in lost  # it died before this task reached it: nothing of the task ran
+                    lost.difference_update(id(t) for t in [task] + unstarted)  # each is sent again
+                    if never:
+                        q.extendleft(reversed([task] + unstarted))
+                    else:
+                        q.extendleft(reversed(on_crash(task, at, pid) + unstarted))
 
     def close(self) -> None:
         if self.inline:
