@@ -10,6 +10,8 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relocverify.engine import executors
 from relocverify.engine.executors import LocalPool, Task
@@ -130,3 +132,50 @@ def test_a_worker_that_dies_between_tasks_loses_none_and_is_blamed_for_none(coun
         pool.close()
     assert killed and pool.procs[0].pid != killed[0]  # it was replaced
     assert crashed == [] and sorted(results) == [1, 2, 3, 4]
+
+
+# -- what travels between the processes ----------------------------------------------------------------
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@st.composite
+def _findings(draw):
+    from relocverify.proof.verdict import Counterexample, Difference, Finding, Verdict
+
+    cex = None
+    if draw(st.booleans()):
+        cex = Counterexample((("rax", draw(st.integers(0, 2**64 - 1))),), ((0x1000, draw(st.integers(0, 255))),),
+                             (Difference("rax", 1, 2),), "90", 0xFFFFFFFF81000000, 0xFFFFFFFFC0000000)
+    return Finding(draw(st.sampled_from(list(Verdict))), draw(_TEXT), draw(_TEXT), draw(_TEXT), draw(_TEXT),
+                   draw(_TEXT), draw(st.integers(0, 2**40)), draw(st.booleans()), cex, draw(st.none() | _TEXT))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_findings(), st.booleans(), st.none() | st.integers(0, 2**64 - 1), st.integers(0, 3), _findings())
+def test_a_learned_finding_crosses_a_pipe_as_it_was(finding, shareable, address, shape, other):
+    """``Learned`` (and the ``CachedFinding``, ``CachedProof`` it travels with) come out of a pickle equal to what
+    went in: the representative's own finding, counterexample and fresh mark included, whether it is the one
+    its cached finding gives back (then only its fresh mark travels), another one, absent, or made lazily."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from relocverify.engine.worker import Learned, from_cached, to_cached
+    from relocverify.store.cache import CachedProof
+
+    cached = to_cached(finding, shareable)
+    own = {0: finding, 1: None, 2: other, 3: finding.fresh}[shape]  # 3: made from the cached one when asked
+    learned = Learned(cached, address, own)
+    expected = from_cached(cached, own) if shape == 3 else own
+    proof = CachedProof(finding.verdict.value, finding.reason, finding.method, finding.proof_us)
+    message = bytes(ForkingPickler.dumps((learned, {b"k": cached}, {b"f": proof})))
+    back, findings, proofs = pickle.loads(message)
+    assert back.cached == cached and back.address == address and back.finding == expected
+    assert findings == {b"k": cached} and findings[b"k"] is back.cached  # one object, as it was sent
+    assert proofs == {b"f": proof}
+    assert back.shared == (None if cached.per_instance else from_cached(cached))
+    derivable = expected is not None and expected.counterexample is None and expected == from_cached(
+        cached, expected.fresh)
+    sent = expected is not None and not derivable  # one its cached finding gives back travels as its fresh mark
+    assert (b"relocverify.proof.verdict" in message) == sent
+    assert pickle.loads(bytes(ForkingPickler.dumps(back))).finding == expected  # and sent on again (``accept``)
