@@ -134,6 +134,25 @@ def test_a_worker_that_dies_between_tasks_loses_none_and_is_blamed_for_none(coun
     assert crashed == [] and sorted(results) == [1, 2, 3, 4]
 
 
+def test_a_stopped_pool_ends_its_workers_and_runs_nothing_more(counting):
+    """``stop`` tells the workers to end without waiting (a run makes its summary meanwhile); ``close`` then
+    waits for them; a stopped pool refuses tasks instead of waiting for ever on workers that are gone."""
+    pool = LocalPool(_job(), 2)
+    try:
+        got: list[int] = []
+        pool.run([_tasks([1, 2], 1), _tasks([3], 1)], lambda task, value: got.extend(value))
+        pool.stop()
+        pool.stop()  # twice: nothing more is sent
+        for proc in pool.procs:
+            proc.join(timeout=10)
+            assert not proc.is_alive() and proc.exitcode == 0
+        with pytest.raises(RuntimeError, match="stopped"):
+            pool.run([_tasks([4], 1)], lambda task, value: None)
+    finally:
+        pool.close()
+    assert sorted(got) == [1, 2, 3]
+
+
 # -- what travels between the processes ----------------------------------------------------------------
 
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)

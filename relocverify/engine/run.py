@@ -119,6 +119,12 @@ class Session:
             self.pool.close()
             self.pool = None
 
+    def stop(self) -> None:
+        """A run's session, its work done: its local workers told to end and not waited for (``close`` waits),
+        so they tear down while the run makes its summary."""
+        if self.pool is not None and hasattr(self.pool, "stop"):
+            self.pool.stop()
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
@@ -271,10 +277,14 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         work = _verify(image, store, scope, functions, sites, options, session, own, tag, config, rules, progress,
                        phases)
     except KeyboardInterrupt:
+        if own:
+            session.close()
         store.finish_run(scope.run_id, "interrupted", None)
         store.close()
         raise
     except BaseException:
+        if own:
+            session.close()
         store.finish_run(scope.run_id, "failed", None)
         store.close()
         raise
@@ -292,6 +302,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         store.finish_run(scope.run_id, "complete", summary)
     finally:
         store.close()
+        if own:
+            session.close()  # its workers were told to end when the phases did (``Session.stop``)
     return summary
 
 
@@ -319,41 +331,40 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
 def _verify(image: Image, store: Store, scope: Scope, functions: list[Function], sites, options: RunOptions,
             session: Session, own: bool, tag: bytes, config: str, rules, progress: Progress,
             phases: dict[str, float]) -> Verification:
-    """The phases on ``session``'s pool (``own``: the run's own session, closed here): survey, proofs and rows
-    over the functions to do; the counts of those done before; the alternatives' replacements; the jump probes."""
+    """The phases on ``session``'s pool over the functions to do: survey, proofs and rows; the counts of those
+    done before; the alternatives' replacements; the jump probes.  ``own``: the run's own session, whose
+    workers are told to end here (``Session.stop``) and which ``run`` closes."""
     t0 = time.monotonic()
-    try:
-        cache, cached = session.findings(tag)
-        skip = overlaps(image, list(scope.functions.items()))
-        ranges = None
-        if options.jump_probes:
-            from .jumps import patch_ranges
+    cache, cached = session.findings(tag)
+    skip = overlaps(image, list(scope.functions.items()))
+    ranges = None
+    if options.jump_probes:
+        from .jumps import patch_ranges
 
-            ranges = patch_ranges(image, functions, sites, options.policy)
-        job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
-                  store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
-                  options.reuse_rows)
-        pool = session.pool_for(job)
-        phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
-        counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
-        expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
-        alternatives = jump_proofs = None
-        if sites is not None:
-            t1 = time.monotonic()
-            alternatives = _replacements(pool, job, store, scope.image_id, progress)
-            phases["replacements_s"] = time.monotonic() - t1
-        if options.jump_probes:
-            t1 = time.monotonic()
-            if own:  # the block proofs need nothing the workers learned: new ones start without its memory
-                _harvest(pool, cache, tag, cached)
-                session.fresh_workers()
-                pool = session.pool_for(job)
-            jump_proofs = _jump_probes(pool, store, scope.image_id, progress)
-            phases["jump_probes_s"] = time.monotonic() - t1
-        _harvest(pool, cache, tag, cached)
-    finally:
-        if own:
-            session.close()
+        ranges = patch_ranges(image, functions, sites, options.policy)
+    job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
+              store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
+              options.reuse_rows)
+    pool = session.pool_for(job)
+    phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
+    counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
+    expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
+    alternatives = jump_proofs = None
+    if sites is not None:
+        t1 = time.monotonic()
+        alternatives = _replacements(pool, job, store, scope.image_id, progress)
+        phases["replacements_s"] = time.monotonic() - t1
+    if options.jump_probes:
+        t1 = time.monotonic()
+        if own:  # the block proofs need nothing the workers learned: new ones start without its memory
+            _harvest(pool, cache, tag, cached)
+            session.fresh_workers()
+            pool = session.pool_for(job)
+        jump_proofs = _jump_probes(pool, store, scope.image_id, progress)
+        phases["jump_probes_s"] = time.monotonic() - t1
+    _harvest(pool, cache, tag, cached)
+    if own:
+        session.stop()
     return Verification(expected, counts, alternatives, jump_proofs, tuple(ranges.unchecked) if ranges is not None else ())
 
 

@@ -54,6 +54,7 @@ import os
 import socket
 import sqlite3
 import struct
+import threading
 import time
 from array import array
 from collections import Counter
@@ -172,6 +173,7 @@ class Store:
         self._memo: dict = {}
         self._lock = None
         self._outcomes: dict[int, tuple] | None = None
+        self._checkpoint: _Checkpoint | None = None  # a merge's log copied into the file behind (``merge_shards``)
         if os.path.exists(path):
             try:
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
@@ -282,8 +284,11 @@ class Store:
             raise StoreError(f"{self.path}: a damaged store: SQLite's integrity check says {rows[0][:120]}")
 
     def close(self) -> None:
-        self.db.close()
-        self._release()
+        try:
+            self._join_checkpoint()
+        finally:
+            self.db.close()
+            self._release()
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -543,8 +548,29 @@ class Store:
 
     def merge_shards(self, paths: list[str]) -> dict[int, int]:
         """Move each shard (``store.shard``) into the store, one transaction each, and delete it.
-        Returns the store ids of the provisional outcome ids the shards used."""
-        return shard.merge(self.db, paths)[1]
+        Returns the store ids of the provisional outcome ids the shards used.
+
+        A whole kernel's merge writes about 60 MB to the write-ahead log, and SQLite copied it into the
+        database file (a checkpoint) inside the merge's commit, 0.2 s in which a run's workers wait.  The
+        merge makes no checkpoint; a thread of its own (``_Checkpoint``) makes it while the run goes on
+        (its summary), and ``close`` waits for it.  Until then the rows are in the log, as durable as in
+        the file and read from there."""
+        if not paths:
+            return {}
+        self._join_checkpoint()
+        self.db.execute("PRAGMA wal_autocheckpoint=0")
+        try:
+            merged, final = shard.merge(self.db, paths)
+        finally:
+            self.db.execute("PRAGMA wal_autocheckpoint=1000")  # SQLite's default
+        if merged:
+            self._checkpoint = _Checkpoint(self.path)
+        return final
+
+    def _join_checkpoint(self) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.join()
+            self._checkpoint = None
 
     def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
         """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
@@ -930,6 +956,28 @@ def file_stamp(path: str) -> str:
         parts.append("-" if st is None or (p != path and st.st_size == 0) else
                      f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
     return " ".join(parts)
+
+
+class _Checkpoint(threading.Thread):
+    """The write-ahead log copied into the database file (``PRAGMA wal_checkpoint(PASSIVE)``) on a
+    connection and a thread of their own: SQLite runs it without Python's lock, beside the main thread's
+    reads and writes, which it never blocks.  A checkpoint that fails loses nothing (the log keeps what
+    it did not copy, and the store's closing connection checkpoints again), so its errors are dropped."""
+
+    def __init__(self, path: str):
+        super().__init__(name="relocverify-checkpoint", daemon=True)
+        self.path = path
+        self.start()
+
+    def run(self) -> None:
+        try:
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            try:
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            pass
 
 
 class _Transaction:
