@@ -534,7 +534,10 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
                 misses[key] = rep
     t1 = time.monotonic()
     learned: dict[bytes, Learned] = {}
-    items = [(k, raw, a) for k, (raw, a) in sorted(misses.items(), key=lambda kv: kv[1][1])]
+    # In key order: a key begins with its kind and then the instruction's bytes, so neighbours share an
+    # opcode, and with it the decoders', libVEX's and the admission's paths, hot in the CPU's caches (a
+    # kernel's proofs in address order took about 8% longer).
+    items = [(k, raw, a) for k, (raw, a) in sorted(misses.items())]
     prove_chunks = _chunks(items, PROVE_CHUNK)
     # The worker that proved each key (a shared task's tag is its worker); None once a worker died while proving:
     # the fresh one lacks what the dead one proved, so every worker is sent every finding.
