@@ -265,6 +265,7 @@ class Worker:
         self.surveyed: dict[int, tuple[bytes, array]] = {}
         self._gathered: dict[bytes, tuple[bytes, int]] = {}  # ``survey(gather=True)``'s keys nobody knows
         self.function_keys: dict[int, bytes] = {}  # a waiting function's key (``row_memo.function_key``)
+        self.function_sites: dict[int, list] = {}  # the sites over a waiting function, when its key needed them
         self.key_number = _Numbering()
         self.key_table: list[bytes] = []  # number -> key, made when first wanted
 
@@ -453,6 +454,8 @@ class Worker:
                                                                                map(_THIRD, ks))))
                 if fkey is not None:
                     self.function_keys[fid] = fkey
+                if here is not _UNSET:  # found for its key: its rows need them too
+                    self.function_sites[fid] = here
                 waiting.append(fid)
             self._tell(len(ks))
         written = batch.n
@@ -612,6 +615,8 @@ class Worker:
         lengths, numbers = self._numbers(fid, keys)
         skip = self.job.skip.get(fid)
         if here is _UNSET:
+            here = self.function_sites.pop(fid, _UNSET)
+        if here is _UNSET:
             here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
         if fkey is _UNSET:
             fkey = self.function_keys.pop(fid, None)
@@ -746,6 +751,8 @@ class Worker:
         data = self._function_bytes(fn)
         keys = self._keys(fid) if keys is None else keys
         skip = self.job.skip.get(fid)
+        if here is _UNSET:
+            here = self.function_sites.pop(fid, _UNSET)
         if here is _UNSET:
             here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
         if fkey is _UNSET:
