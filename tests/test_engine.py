@@ -303,6 +303,28 @@ def test_a_crashing_worker_leaves_the_instruction_unknown_and_the_run_goes_on(sm
     assert all(r.verdict == "proved" for r in rows.values() if r.raw != b"\x0f\xa2")
 
 
+def test_a_worker_dying_as_it_takes_the_proofs_findings_changes_no_verdict(small, tmp_path, monkeypatch):
+    """Fault injection: a worker dies in ``accept``, the first task of its rows queue; the worker forked in
+    its place is given every finding and writes the same rows as an undisturbed run."""
+    from relocverify.engine.worker import Worker
+
+    clean_summary, clean = _run_small(small, tmp_path, db="clean.sqlite")
+    real = Worker.accept
+    mark = tmp_path / "died"
+
+    def die_once(self, learned):
+        if not mark.exists():
+            mark.touch()
+            os._exit(1)
+        return real(self, learned)
+
+    monkeypatch.setattr(Worker, "accept", die_once)
+    summary, rows = _run_small(small, tmp_path, db="died.sqlite")
+    assert mark.exists() and summary["totals_add_up"]
+    assert summary["by_verdict"] == clean_summary["by_verdict"]
+    assert {a: (r.verdict, r.reason) for a, r in rows.items()} == {a: (r.verdict, r.reason) for a, r in clean.items()}
+
+
 def test_a_hanging_proof_is_unknown_after_the_timeout(small, tmp_path, monkeypatch):
     """Fault injection: proving the loop hangs; the watchdog ends it and the run goes on."""
     real = pipeline.prove_plan

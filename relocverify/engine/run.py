@@ -567,19 +567,32 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     phases["proofs_s"] = time.monotonic() - t1
 
     t1 = time.monotonic()
-    pool.broadcast("accept", lambda w: (_wanted(learned, owned[w], by, w),))
-    pool.remember("accept", (learned,))
+    if pool.pinned:
+        # Each worker takes its findings as the first task of its queue: one starts on its rows while the
+        # parent makes the other's message (sent as a broadcast first, both workers waited 0.1-0.2 s).
+        queues = [[Task("accept", (), w, late=lambda w=w: (_wanted(learned, owned[w], by, w),))]
+                  for w in range(pool.n)]
+    else:
+        pool.broadcast("accept", lambda w: (_wanted(learned, owned[w], by, w),))
+        queues = [[] for _ in range(pool.n)]
+    pool.remember("accept", (learned,))  # a worker forked in a dead one's place is given every finding
     keeping = _harvest(pool, cache, tag, job.cached, behind=True, ask=False)
-
-    queues = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
+    for w in range(pool.n):
+        queues[w] += [Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)]
 
     def rows_done(task, written):
-        counts["rows"] += written
+        if task.method == "rows":
+            counts["rows"] += written
+
+    def crashed_row(task, at, pid):
+        if task.method == "accept":
+            return []  # its replacement was given every finding (``remember``)
+        return crashed_function(task, at, pid)
 
     base = pool.items_done()
     progress.phase("rows", total[0] - counts["rows"], "instructions")
     try:
-        pool.run(queues, rows_done, crashed_function, tick=lambda: progress.update(pool.items_done() - base))
+        pool.run(queues, rows_done, crashed_row, tick=lambda: progress.update(pool.items_done() - base))
     finally:
         if keeping is not None:
             keeping.join()
