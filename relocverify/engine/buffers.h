@@ -1,7 +1,7 @@
 /* Buffers the engine's extensions (row_pack.c, jump_walk.c) read their arguments through: ``get`` takes one
    (a bytes object or an array) and checks it holds whole items of ``itemsize`` bytes; ``release`` gives back
    those taken, once each.  Included after <Python.h>; part of each including extension's source digest
-   (``extensions.source_digest``). */
+   (``extensions.build_digest``). */
 
 #ifndef RELOCVERIFY_BUFFERS_H
 #define RELOCVERIFY_BUFFERS_H

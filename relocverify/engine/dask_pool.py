@@ -245,6 +245,10 @@ class DaskPool:
         """Every task's harvest came back with it: the same as ``harvest``."""
         return self.harvest()
 
+    def stop(self) -> None:
+        """Nothing to tell ahead (``LocalPool.stop``): the cluster's workers are not this run's to end, and
+        ``close`` lets the client go."""
+
     def close(self) -> None:
         try:
             self.client.close()

@@ -122,7 +122,7 @@ class Session:
     def stop(self) -> None:
         """A run's session, its work done: its local workers told to end and not waited for (``close`` waits),
         so they tear down while the run makes its summary."""
-        if self.pool is not None and hasattr(self.pool, "stop"):
+        if self.pool is not None:
             self.pool.stop()
 
     def close(self) -> None:

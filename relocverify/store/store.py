@@ -558,11 +558,12 @@ class Store:
         if not paths:
             return {}
         self._join_checkpoint()
+        every = self.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
         self.db.execute("PRAGMA wal_autocheckpoint=0")
         try:
             merged, final = shard.merge(self.db, paths)
         finally:
-            self.db.execute("PRAGMA wal_autocheckpoint=1000")  # SQLite's default
+            self.db.execute(f"PRAGMA wal_autocheckpoint={int(every)}")
         if merged:
             self._checkpoint = _Checkpoint(self.path)
         return final
