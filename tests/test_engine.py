@@ -286,6 +286,47 @@ def test_the_same_command_again_does_not_load_the_image(small, tmp_path, monkeyp
     assert loader.remembered_identity(path) == small.identity
 
 
+ANSWERS_ASM = "".join(f"""
+    .globl f_{i}
+    .type f_{i}, @function
+f_{i}:
+    movw %cx, {disp:#x}(%rsp)
+    ret
+    .size f_{i}, .-f_{i}
+""" for i, disp in enumerate((0x80, 0x9E, 0x164)))
+
+
+def test_each_row_keeps_its_own_decoder_answers(tmp_path, monkeypatch):
+    """Three instances of one key (a 16-bit store whose displacement the key zeroes), on which capstone's and
+    iced's answers disagree (capstone's 2-byte displacement): each row keeps its own instruction's answers,
+    not those of the instance its key was proved on, so the results do not depend on how the functions were
+    split between the workers (one function per task here: one worker's representative is its last task's
+    instance, two workers have one each)."""
+    import elfbuild
+
+    from relocverify.engine import run as run_module
+    from relocverify.engine.pipeline import answers_json
+    from relocverify.x86.decode import decode
+
+    image = load_image(elfbuild.build_elf(tmp_path, ".section .text, \"ax\"\n" + ANSWERS_ASM, SMALL_LDS))
+    monkeypatch.setattr(run_module, "CHUNK_FUNCTIONS", 1)
+    digests = []
+    for jobs in (1, 2):
+        summary = _run(image, tmp_path / f"{jobs}.sqlite", jobs=jobs)
+        assert summary["totals_add_up"] and summary["run"]["proof_cache"]["proved"] == 2  # the store's key, ret's
+        store = Store(str(tmp_path / f"{jobs}.sqlite"), readonly=True)
+        image_id = store.find_image(image.identity)
+        rows = [r for r in store.iter_rows(image_id) if r.answers is not None]
+        digests.append(store.results_digest(image_id))
+        store.close()
+        assert len(rows) == 3 and len({r.answers for r in rows}) == 3
+        for r in rows:
+            assert r.answers == answers_json(decode(r.raw, r.address))
+            disp = int.from_bytes(r.raw[4:8], "little")
+            assert f" {disp:#x}(%rsp)" in json.loads(r.answers)["answers"]["capstone"]["text"]
+    assert digests[0] == digests[1]
+
+
 def test_a_crashing_worker_leaves_the_instruction_unknown_and_the_run_goes_on(small, tmp_path, monkeypatch):
     """Fault injection: verifying cpuid kills the worker process (os._exit)."""
     real = pipeline.Prover.verify

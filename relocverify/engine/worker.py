@@ -41,7 +41,7 @@ from ..x86.decode import decode
 from ..x86.registers import MASK64
 from .keys import KeyMaker, per_instance
 from .native_rows import ROW_PACK
-from .pipeline import Prover
+from .pipeline import Prover, answers_json
 from .row_memo import (
     canonical,
     context_digest,
@@ -139,6 +139,17 @@ class Learned:
         if f is not None and f.__class__ is not bool and f.counterexample is None and from_cached(self.cached, f.fresh) == f:
             f = f.fresh
         return Learned, (self.cached, self.address, f)
+
+
+def _own(finding: Finding | None, raw: bytes, address: int) -> Finding | None:
+    """A key's shared finding as the instance ``raw`` at ``address`` has it: the decoders' answers, which a finding
+    keeps when they disagree, are this instance's own (its text, its displacement and immediate), not those of
+    the instance the key was proved on.  So a row's answers, and a run's results, do not depend on which
+    instance represented its key (which a run's split of the work between its workers decides)."""
+    if finding is None or finding.answers is None:
+        return finding
+    answers = answers_json(decode(raw, address))
+    return finding if answers == finding.answers else replace(finding, answers=answers)
 
 
 def to_cached(finding: Finding, shareable: bool) -> CachedFinding:
@@ -548,8 +559,8 @@ class Worker:
             hit = self.lookup(exact)
             if hit is None:
                 hit = self._learn(exact, raw, address, shareable=True)
-            return hit.finding if hit.address == address and hit.finding is not None else hit.shared
-        return hit.shared
+            return hit.finding if hit.address == address and hit.finding is not None else _own(hit.shared, raw, address)
+        return _own(hit.shared, raw, address)
 
     def _exact(self, key: bytes, address: int) -> bytes:
         """The key of one instance (its key plus the exact A and T), for keys no finding stands for."""
@@ -660,6 +671,8 @@ class Worker:
                 if hit.plain is not None:  # the tables serve its key's later instances
                     self._oid[j], self._us[j] = hit.plain
                     self._rep[j] = (hit.address or 0) & MASK64
+                elif finding.answers is not None:
+                    finding = _own(finding, data[off:off + n], address)
             else:
                 finding = self.finding(data[off:off + n], address, key)
                 ids = self.ids.outcome(finding)
@@ -795,6 +808,8 @@ class Worker:
                     if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
                         us = finding.proof_us
                         hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
+                if finding.answers is not None:
+                    finding = _own(finding, data[off:off + n], address)
             else:
                 finding = self.finding(data[off:off + n], address, key)
                 ids = self.ids.outcome(finding)

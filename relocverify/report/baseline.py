@@ -63,8 +63,10 @@ class _Verdicts:
 
 
 def _decoded(answers: str | None):
-    """The decoders' answers without their disassembly text: a cached finding's answers carry the text of
-    the instance first proved under its key (which zeroes displacements), not this one's."""
+    """The decoders' answers without their disassembly text: a baseline compares decisions, and a store written
+    before rows kept their own instruction's answers (``engine.worker._own``) carried, in many rows, the text of
+    another instruction with the same key (its displacement or immediate differs), so a baseline from it would
+    see every such row as changed."""
     if answers is None:
         return None
     try:
