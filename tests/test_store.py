@@ -251,3 +251,62 @@ def test_a_merges_log_is_checkpointed_behind_and_nothing_is_lost(tmp_path, small
         finally:
             s.close()
     assert digests[0] == digests[1] == digests[2]
+
+
+def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses_nothing(tmp_path, small_store,
+                                                                                         monkeypatch):
+    """The rows phase closes its workers' shards in rounds and merges each round on a thread of its own
+    (``Store.merge_shards_behind``) while the workers go on: the store holds what one merge at the end gives.
+    A merge that fails behind is raised by the run's next merge; its shards stay beside the store, and the
+    next run merges them, with the same results."""
+    import threading
+
+    from relocverify.engine import run as run_module
+    from relocverify.store import shard as shard_module
+
+    image, db = small_store
+    monkeypatch.setattr(run_module, "CHUNK_FUNCTIONS", 1)  # four functions: two rows tasks per worker
+    real_merge = shard_module.merge
+    threads: list[bool] = []
+
+    def merge_and_look(con, paths):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", merge_and_look)
+    digests = []
+    for rounds in (1, 2):
+        monkeypatch.setattr(run_module, "ROWS_ROUNDS", rounds)
+        threads.clear()
+        path = tmp_path / f"rounds-{rounds}.sqlite"
+        assert run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))["totals_add_up"]
+        assert (False in threads) == (rounds > 1)  # a round merged behind, off the main thread
+        with_store = Store(str(path))
+        try:
+            with_store.check_integrity()
+            digests.append(with_store.results_digest(with_store.find_image()))
+        finally:
+            with_store.close()
+    assert digests[0] == digests[1]
+
+    def fail_behind(con, paths):
+        if threading.current_thread() is not threading.main_thread():
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", fail_behind)
+    broken = tmp_path / "broken.sqlite"
+    with pytest.raises(sqlite3.OperationalError, match="injected"):
+        run(image, str(broken), RunOptions(TRAMP, 2, 10.0, None, True, None))
+    from relocverify.store.shard import leftover_shards
+
+    assert leftover_shards(str(broken))  # the round's shards were kept
+    monkeypatch.setattr(shard_module, "merge", real_merge)
+    assert run(image, str(broken), RunOptions(TRAMP, 2, 10.0, None, True, None))["totals_add_up"]
+    assert not leftover_shards(str(broken))
+    again = Store(str(broken))
+    try:
+        again.check_integrity()
+        assert again.results_digest(again.find_image()) == digests[0]
+    finally:
+        again.close()

@@ -56,6 +56,10 @@ from .worker import Job, Learned, Worker
 CHUNK_FUNCTIONS = 64
 PROVE_CHUNK = 256
 REPLACEMENT_CHUNK = 256
+#: The rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``) this many
+#: times, the last at the phase's end: a whole kernel's one merge at the end, 0.5-0.7 s with both workers
+#: idle, became mostly work beside theirs.
+ROWS_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -556,10 +560,20 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     base = pool.items_done()
     progress.phase("proofs", len(items), "distinct instance keys")
 
+    # What each worker will be sent (``_wanted``), made as the findings come in: the parent waits on the workers
+    # here, and made after the last proof, worker 1 waited 0.2-0.3 s for its message between the phases.
+    outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
+
     def proved(task, value):
+        nonlocal by
         learned.update(value)
-        if task.tag is not None and by is not None:
+        if task.tag is None:
+            by = None  # who proved it is not known: every worker is sent every finding
+        if by is not None:
             by.update(dict.fromkeys(value, task.tag))
+            for w in range(pool.n):
+                if w != task.tag:
+                    _add_wanted(outbox[w], value, owned[w])
 
     pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
              tick=lambda: progress.update(pool.items_done() - base), shared=True)
@@ -570,23 +584,43 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     if pool.pinned:
         # Each worker takes its findings as the first task of its queue: one starts on its rows while the
         # parent makes the other's message (sent as a broadcast first, both workers waited 0.1-0.2 s).
-        queues = [[Task("accept", (), w, late=lambda w=w: (_wanted(learned, owned[w], by, w),))]
+        queues = [[Task("accept", (), w, late=lambda w=w: (_sent(outbox, learned, owned, by, w),))]
                   for w in range(pool.n)]
     else:
-        pool.broadcast("accept", lambda w: (_wanted(learned, owned[w], by, w),))
+        pool.broadcast("accept", lambda w: (_sent(outbox, learned, owned, by, w),))
         queues = [[] for _ in range(pool.n)]
     pool.remember("accept", (learned,))  # a worker forked in a dead one's place is given every finding
-    keeping = _harvest(pool, cache, tag, job.cached, behind=True, ask=False)
-    for w in range(pool.n):
-        queues[w] += [Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)]
+    # The proof cache is written behind (``Behind``) once every worker has its findings: started before, the
+    # writing thread slowed the making of the messages, and the last worker waited 0.1-0.2 s more for its own.
+    keeping: list[Behind | None] = []
 
-    def rows_done(task, written):
+    def keep_behind() -> None:
+        if not keeping:
+            keeping.append(_harvest(pool, cache, tag, job.cached, behind=True, ask=False))
+
+    rounds = ROWS_ROUNDS if pool.pinned else 1
+    for w in range(pool.n):
+        queues[w] += _in_rounds([Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)], rounds, w)
+    closed: dict[int, list[str]] = {}
+    arrived = [0] * rounds
+
+    def rows_done(task, value):
+        keep_behind()  # every queue's first task, its findings, was sent before any result came back
         if task.method == "rows":
-            counts["rows"] += written
+            counts["rows"] += value
+        elif task.method == "close_shard":  # a round's shards go into the store while the workers go on
+            r = task.tag[1]
+            if value:
+                closed.setdefault(r, []).append(value)
+            arrived[r] += 1
+            if arrived[r] == pool.n and r in closed:
+                store.merge_shards_behind(closed.pop(r))
 
     def crashed_row(task, at, pid):
         if task.method == "accept":
             return []  # its replacement was given every finding (``remember``)
+        if task.method == "close_shard":
+            return []  # the dead worker's shards are merged with the phase's last (``leftover_shards``)
         return crashed_function(task, at, pid)
 
     base = pool.items_done()
@@ -594,14 +628,31 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     try:
         pool.run(queues, rows_done, crashed_row, tick=lambda: progress.update(pool.items_done() - base))
     finally:
-        if keeping is not None:
-            keeping.join()
+        keep_behind()
+        if keeping[0] is not None:
+            keeping[0].join()
     progress.end()
     merge()
     for w in fallback:
         w.close()
     phases["rows_s"] = time.monotonic() - t1
     return PhaseCounts(total[0], len(misses) + len(hits), len(hits), len(misses), counts["rows"], counts["reused"])
+
+
+def _in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:
+    """Worker ``w``'s rows tasks with a ``close_shard`` task (tagged (w, round)) after each of the first
+    ``rounds - 1`` of ``rounds`` equal parts.  Every worker's queue is cut at the same fractions, so a round's
+    shards hold neighbouring functions (the workers' chunks alternate), and the round's merge appends to the
+    store's B-trees as one merge at the end did."""
+    out: list[Task] = []
+    n = len(tasks)
+    cut = 0
+    for r in range(1, rounds):
+        end = n * r // rounds
+        out += tasks[cut:end]
+        out.append(Task("close_shard", (), (w, r - 1)))
+        cut = end
+    return out + tasks[cut:]
 
 
 def _count_done(pool: LocalPool, job: Job, done: list[int]) -> int:
@@ -704,6 +755,21 @@ def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]]
         if hit is not None and (by is None or by.get(k) != w):
             out[k] = hit if hit.address == address else Learned(hit.cached)
     return out
+
+
+def _add_wanted(out: dict[bytes, Learned], value: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]]) -> None:
+    """``_wanted`` of one task's findings, ``value``, proved by another worker than ``owned``'s: added to ``out``."""
+    for k, hit in value.items():
+        mine = owned.get(k)
+        if mine is not None:
+            out[k] = hit if hit.address == mine[1] else Learned(hit.cached)
+
+
+def _sent(outbox: list[dict[bytes, Learned]], learned: dict[bytes, Learned], owned: list[dict], by: dict | None,
+          w: int) -> dict[bytes, Learned]:
+    """Worker ``w``'s findings from the others: its outbox, made as the proofs came in; every finding it
+    needs when a worker died while proving (``by`` None: who proved what is lost)."""
+    return outbox[w] if by is not None else _wanted(learned, owned[w], None, w)
 
 
 def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False,

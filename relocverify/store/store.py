@@ -174,6 +174,7 @@ class Store:
         self._lock = None
         self._outcomes: dict[int, tuple] | None = None
         self._checkpoint: _Checkpoint | None = None  # a merge's log copied into the file behind (``merge_shards``)
+        self._merger: _Merger | None = None  # shards merged behind (``merge_shards_behind``)
         if os.path.exists(path):
             try:
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
@@ -285,7 +286,10 @@ class Store:
 
     def close(self) -> None:
         try:
-            self._join_checkpoint()
+            try:
+                self._finish_merger()
+            finally:
+                self._join_checkpoint()
         finally:
             self.db.close()
             self._release()
@@ -555,8 +559,9 @@ class Store:
         merge makes no checkpoint; a thread of its own (``_Checkpoint``) makes it while the run goes on
         (its summary), and ``close`` waits for it.  Until then the rows are in the log, as durable as in
         the file and read from there."""
+        behind = self._finish_merger()
         if not paths:
-            return {}
+            return behind
         self._join_checkpoint()
         every = self.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
         self.db.execute("PRAGMA wal_autocheckpoint=0")
@@ -566,7 +571,21 @@ class Store:
             self.db.execute(f"PRAGMA wal_autocheckpoint={int(every)}")
         if merged:
             self._checkpoint = _Checkpoint(self.path)
-        return final
+        return behind | final
+
+    def merge_shards_behind(self, paths: list[str]) -> None:
+        """``merge_shards`` on a thread and a connection of their own (``_Merger``), in the order asked, while
+        the caller goes on: a run merges its workers' closed shards while they write the next ones.  The next
+        ``merge_shards`` (or ``close``) waits for these first, raises what they raised, and returns their ids
+        with its own."""
+        if self._merger is None:
+            self._join_checkpoint()
+            self._merger = _Merger(self.path)
+        self._merger.put(paths)
+
+    def _finish_merger(self) -> dict[int, int]:
+        merger, self._merger = self._merger, None
+        return {} if merger is None else merger.finish()
 
     def _join_checkpoint(self) -> None:
         if self._checkpoint is not None:
@@ -979,6 +998,56 @@ class _Checkpoint(threading.Thread):
                 db.close()
         except sqlite3.Error:
             pass
+
+
+class _Merger(threading.Thread):
+    """Shards merged into the store (``shard.merge``), one list after the other in the order given, each
+    followed by its checkpoint, on a connection and a thread of their own (SQLite runs the statements
+    without Python's lock).  The store's writer lock is its owner's, held while this runs; ``finish``
+    waits, raises what a merge raised, and returns the provisional ids' store ids."""
+
+    def __init__(self, path: str):
+        super().__init__(name="relocverify-merge", daemon=True)
+        import queue
+
+        self.path = path
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.final: dict[int, int] = {}
+        self._error: BaseException | None = None
+        self.start()
+
+    def put(self, paths: list[str]) -> None:
+        self._queue.put(list(paths))
+
+    def finish(self) -> dict[int, int]:
+        self._queue.put(None)
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self.final
+
+    def run(self) -> None:
+        db = None
+        try:
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            while True:
+                paths = self._queue.get()
+                if paths is None:
+                    return
+                merged, final = shard.merge(db, paths)
+                self.final.update(final)
+                if merged:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except BaseException as exc:  # noqa: BLE001 - raised in the owner's thread by ``finish``
+            self._error = exc  # the shards not merged stay beside the store (``leftover_shards``)
+            while self._queue.get() is not None:
+                pass
+        finally:
+            if db is not None:
+                db.close()
 
 
 class _Transaction:
