@@ -470,12 +470,14 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     """Survey, proofs and rows over the functions to do."""
     fallback: list[Worker] = []
     total = [0]
+    merged: dict[int, int] = {}  # provisional outcome id -> store id, of merges since the last ``merge``
 
     def merge() -> None:
         """At the end of a phase: every worker's shard into the store, and the store's ids of the
         provisional outcome ids to every worker."""
         paths = pool.close_shards() + [w.close_shard() for w in fallback]
-        final = store.merge_shards([p for p in paths if p] + leftover_shards(job.store_path))
+        final = merged | store.merge_shards([p for p in paths if p] + leftover_shards(job.store_path))
+        merged.clear()
         if final:
             pool.broadcast("learn_ids", lambda w: (final,))
             pool.remember("learn_ids", (final,))
@@ -493,7 +495,7 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         n = w.crashed(fids[at], "worker crashed while verifying this function")
         if task.method == "survey":
             total[0] += n
-        store.merge_shards(leftover_shards(job.store_path, pid) + [w.close_shard()])
+        merged.update(store.merge_shards(leftover_shards(job.store_path, pid) + [w.close_shard()]))
         stored = store.verified_functions_among(fids, config)
         rest = [f for f in fids if f not in stored]
         return [Task(task.method, (rest,) + task.args[1:], task.tag)] if rest else []
@@ -598,9 +600,11 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
         if not keeping:
             keeping.append(_harvest(pool, cache, tag, job.cached, behind=True, ask=False))
 
-    rounds = ROWS_ROUNDS if pool.pinned else 1
+    tasks = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
+    # at most a round per task of the shortest queue: a package's modules, a task or two each, merge once
+    rounds = max(1, min(ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
     for w in range(pool.n):
-        queues[w] += _in_rounds([Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)], rounds, w)
+        queues[w] += _in_rounds(tasks[w], rounds, w)
     closed: dict[int, list[str]] = {}
     arrived = [0] * rounds
 

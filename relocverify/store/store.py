@@ -288,6 +288,8 @@ class Store:
         try:
             try:
                 self._finish_merger()
+            except (sqlite3.Error, StoreError):
+                pass  # a run that failed before its last merge: its shards stay, for the next run to merge
             finally:
                 self._join_checkpoint()
         finally:
