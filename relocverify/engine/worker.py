@@ -144,8 +144,9 @@ class Learned:
 def _own(finding: Finding | None, raw: bytes, address: int) -> Finding | None:
     """A key's shared finding as the instance ``raw`` at ``address`` has it: the decoders' answers, which a finding
     keeps when they disagree, are this instance's own (its text, its displacement and immediate), not those of
-    the instance the key was proved on.  So a row's answers, and a run's results, do not depend on which
-    instance represented its key (which a run's split of the work between its workers decides)."""
+    the instance the key was proved on.  So a row's answers do not depend on which instance represented its
+    key, which the split of a run's work between its workers decides (only the representative's row keeps
+    its key's counterexample, when there is one: it is that instance's)."""
     if finding is None or finding.answers is None:
         return finding
     answers = answers_json(decode(raw, address))
