@@ -183,6 +183,44 @@ def test_a_dropped_lock_is_refuted_by_atomicity():
     assert "LOCK dropped" in result.reason
 
 
+_LOCKY = ["f0ff00", "f0480fb10b", "488703", "4887c3", "86 03", "90", "4801d8", "488b80f0000000", "8b8786000000",
+          "c7808700000000000000", "66f0ff00", "f066ff00", "eb01", "eb02", "7401", "e800000000", "f3a4", "3e ff00"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["4801d8", "ff00", "488b80f0000000", "90", "f0ff00", "488703"]),
+       st.lists(st.one_of(st.sampled_from(_LOCKY).map(lambda h: bytes.fromhex(h.replace(" ", ""))),
+                          st.binary(min_size=1, max_size=4)), min_size=0, max_size=6),
+       st.integers(-(1 << 31), (1 << 31) - 1))
+def test_the_atomicity_shortcut_answers_as_decoding_every_instruction(orig, parts, rel):
+    """``check_atomicity`` skips decoding the relocation's instructions with both decoders when none of them
+    can be locked (``_none_locked``); over relocations with LOCK prefixes, xchg, jumps into prefixes and
+    0xf0/0x86/0x87 bytes in displacements and offsets, it answers exactly as the full decoding does."""
+    from relocverify.proof import atomicity
+
+    code = b"".join(parts) + b"\xe9" + struct.pack("<i", rel)
+    original = decode(bytes.fromhex(orig), A)
+    fast = atomicity.check_atomicity(original, code, T, ())
+    real = atomicity._none_locked
+    try:
+        atomicity._none_locked = lambda code, tramp: False
+        slow = atomicity.check_atomicity(original, code, T, ())
+    finally:
+        atomicity._none_locked = real
+    assert fast == slow
+
+
+def test_the_atomicity_shortcut_takes_a_displacement_that_looks_like_a_lock():
+    from relocverify.proof import atomicity
+
+    code = bytes.fromhex("488b80f0000000") + b"\xe9" + struct.pack("<i", 0x87F0)
+    assert atomicity._none_locked(code, T)
+    assert not atomicity._none_locked(bytes.fromhex("f0ff00") + code, T)
+    assert not atomicity._none_locked(bytes.fromhex("488703") + code, T)
+    assert not atomicity._none_locked(bytes.fromhex("7401" "f0ff00") + code, T)  # either way: both run
+    assert atomicity._none_locked(bytes.fromhex("eb01" "f0ff00") + code, T)  # always over the prefix: it never runs
+
+
 def test_a_jump_back_into_the_patched_range_is_refuted():
     b = block("31c9 ffc1 f3a4")  # xor %ecx,%ecx; inc %ecx; rep movsb: the rep iterates at A_2
     raws = [i.raw for i in b.instructions]

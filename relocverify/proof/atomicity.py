@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ..x86.decode import decode
 from ..x86.instruction import Instruction
+from ..x86.layout import layout
+from .forms import facts
 from .reachable import reachable
 
 
@@ -24,6 +26,25 @@ def _relocated_instructions(code: bytes, tramp: int) -> list[Instruction]:
         if isinstance(d, Instruction):
             out.append(d)
     return out
+
+
+def _none_locked(code: bytes, tramp: int) -> bool:
+    """True when no instruction the relocation can run is ``atomic``, found without decoding each with both
+    decoders (9% of a kernel's relocations hold a 0xf0, 0x86 or 0x87 byte, nearly all in a displacement or the
+    jump back's offset): each is one instruction on iced-x86 (``forms.facts``, kept by its shape), without 0xF0
+    among its legacy prefixes (``layout``, from which ``Instruction.lock`` reads them) and not an xchg with a
+    memory operand (its facts' ``locked`` hazard: iced's LOCK prefix, or the xchg mnemonic with an operand of kind
+    memory, from which ``Instruction.opname`` and ``memory`` are read).  False when any is, or may be: the
+    caller then decodes them all."""
+    walk = reachable(code, tramp)
+    if walk.problem is not None:
+        return False
+    for _, raw in walk.instructions:
+        f = facts(raw)
+        lay = layout(raw)
+        if f is None or f.hazards.locked or lay is None or 0xF0 in lay.prefixes:
+            return False
+    return True
 
 
 def _in_tracer(ins: Instruction, tracer_ranges) -> bool:
@@ -55,6 +76,8 @@ def check_atomicity(decoded: Instruction, code: bytes | None, tramp: int, tracer
     want = atomic(decoded)
     if not want and (code is None or not (b"\xf0" in code or b"\x86" in code or b"\x87" in code)):
         return None  # no LOCK prefix and no xchg opcode byte anywhere: nothing locked on either side
+    if not want and _none_locked(code, tramp):
+        return None  # such a byte, but in no instruction's prefixes and in no xchg with memory
     locked = [] if code is None else [ins for ins in _relocated_instructions(code, tramp)
                                       if ins.memory is not None and atomic(ins) and not _in_tracer(ins, tracer_ranges)]
     if want and not locked:
