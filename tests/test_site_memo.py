@@ -69,3 +69,29 @@ def test_the_key_follows_the_source_the_identity_and_other_symbols():
     # symbols from the ELF are its bytes' (the identity); any others enter the key themselves
     assert sites_key(Fake(syms=moved), b"src") == base
     assert sites_key(Fake(source="system.map", syms=moved), b"src") != sites_key(Fake(source="system.map"), b"src")
+
+
+@pytest.mark.slow
+def test_sites_found_in_another_process_are_the_sites_found_here(cloud, tmp_path):
+    """A cold run's SMT helper finds the sites (``site_data``) while the run sets up: what the run makes of its
+    value is what ``find_sites`` gives, and it is kept; a value that does not load is found again here."""
+    from relocverify.engine import run as run_module
+    from relocverify.engine.site_memo import found_sites, kept_sites, site_data
+    from relocverify.engine.smt_helper import SmtHelper
+    from relocverify.store.cache import ProofCache
+
+    _, image = cloud
+    found = find_sites(image)
+    helper = SmtHelper(run_module.WATCHDOG_MARGIN_S, lambda: site_data(image))
+    try:
+        data = helper.first_value()
+    finally:
+        helper.close()
+    cache = ProofCache(str(tmp_path))
+    try:
+        assert kept_sites(image, cache) is None
+        assert _same(found_sites(image, cache, data), found)
+        assert _same(kept_sites(image, cache), found)
+        assert _same(found_sites(image, None, b"not zlib"), found)
+    finally:
+        cache.close()

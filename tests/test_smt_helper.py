@@ -157,3 +157,20 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_the_helpers_first_work_comes_back_or_is_left_to_the_caller():
+    """``first``: what the helper does before its import; its value comes back once, and a call that raised,
+    or a helper without one, gives None (the caller does the work itself)."""
+    done = smt_helper.SmtHelper(pipeline.WATCHDOG_MARGIN_S, lambda: b"sites" * 1000)
+    failed = smt_helper.SmtHelper(pipeline.WATCHDOG_MARGIN_S, lambda: 1 // 0)
+    none = smt_helper.SmtHelper(pipeline.WATCHDOG_MARGIN_S)
+    try:
+        assert done.first_value() == b"sites" * 1000
+        assert done.first_value() is None  # handed over once
+        assert failed.first_value() is None
+        assert none.first_value() is None
+        assert done.wait_listening() and failed.wait_listening()
+    finally:
+        for h in (done, failed, none):
+            h.close()

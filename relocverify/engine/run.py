@@ -48,7 +48,7 @@ from .executors import LocalPool, Task
 from .keys import KeyMaker
 from .pipeline import WATCHDOG_MARGIN_S
 from .progress import Progress
-from .site_memo import cached_sites
+from .site_memo import found_sites, kept_sites, site_data
 from .smt_helper import SmtHelper
 from .summary import render_summary, replacement_summary, summarize
 from .worker import Job, Learned, Worker
@@ -90,16 +90,18 @@ class Session:
         self.cached: dict[bytes, CachedFinding] = {}
         self.smt: SmtHelper | None = None
 
-    def start_smt_helper(self, tag: bytes) -> None:
+    def start_smt_helper(self, tag: bytes, first: Callable[[], bytes] | None = None) -> bool:
         """Start the session's SMT helper (``smt_helper``) when its first image is proved cold by a local pool:
         the helper imports the SMT check on the second core while this process finds functions and sites, and
         the workers never import it.  A warm cache leaves few proofs to make (a worker that needs the check
-        imports it), and the jump probes' block proofs import it in every worker anyway."""
+        imports it), and the jump probes' block proofs import it in every worker anyway.  ``first``: work the
+        helper does before that import (``SmtHelper.first_value``).  Whether it started one, and so does ``first``."""
         o = self.options
         if self.smt is not None or o.jobs <= 1 or o.scheduler is not None or o.dask_local is not None \
                 or o.jump_probes or self.findings(tag)[1]:
-            return
-        self.smt = SmtHelper(WATCHDOG_MARGIN_S)
+            return False
+        self.smt = SmtHelper(WATCHDOG_MARGIN_S, first)
+        return True
 
     def findings(self, tag: bytes) -> tuple[ProofCache, dict[bytes, CachedFinding]]:
         if self.cache is None:
@@ -253,7 +255,16 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     if own:
         session = Session(options)
     try:
-        session.start_smt_helper(tag)  # a cold run's: it imports the SMT check while this process sets up
+        sites = site_cache = None
+        missing = False
+        if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
+            cache = session.findings(tag)[0]
+            site_cache = cache if cache.enabled else None
+            sites = kept_sites(image, site_cache)
+            missing = sites is None
+        # A cold run's helper imports the SMT check on the second core while this process sets up; first, it finds
+        # the sites the cache does not keep, while this process finds the functions and adds them to the store.
+        helped = session.start_smt_helper(tag, partial(site_data, image) if missing else None)
         with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
             functions = find_functions(image)
             if not functions:
@@ -261,14 +272,12 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
                                  f"pass the build's System.map (--system-map) or an unstripped vmlinux")
             if options.limit is not None:
                 functions = functions[:options.limit]
-            sites = None
-            if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
-                cache = session.findings(tag)[0]
-                sites = cached_sites(image, cache if cache.enabled else None)
             versions = tool_versions()
             store = Store(store_path)
             try:
                 scope = _scope(store, image, functions, config, versions, options.limit)
+                if missing:
+                    sites = found_sites(image, site_cache, session.smt.first_value() if helped else None)
             except BaseException:
                 store.close()
                 raise

@@ -41,21 +41,44 @@ def sites_key(image: Image, source: bytes) -> bytes:
 def cached_sites(image: Image, cache: ProofCache | str | None) -> SiteIndex:
     """``find_sites(image)``, read from the proof cache (open, or its directory) when it keeps them, and
     kept there when it does not (None: found every time)."""
-    if cache is None:
-        return find_sites(image)
     if isinstance(cache, str):
         opened = ProofCache(cache)
         try:
             return cached_sites(image, opened)
         finally:
             opened.close()
-    key = sites_key(image, source_digest())
-    value = cache.site_index(key)
-    if value is not None:
-        try:
-            return SiteIndex.from_data(marshal.loads(zlib.decompress(value)))
-        except (ValueError, TypeError, EOFError, zlib.error):
-            pass  # damaged: found again, and replaced
-    sites = find_sites(image)
-    cache.add_site_index(key, zlib.compress(marshal.dumps(sites.as_data()), _LEVEL))
+    sites = kept_sites(image, cache)
+    return sites if sites is not None else found_sites(image, cache)
+
+
+def kept_sites(image: Image, cache: ProofCache | None) -> SiteIndex | None:
+    """The image's sites as the proof cache keeps them, or None (not kept, damaged, or no cache)."""
+    if cache is None:
+        return None
+    value = cache.site_index(sites_key(image, source_digest()))
+    return None if value is None else _loaded(value)
+
+
+def site_data(image: Image) -> bytes:
+    """``find_sites(image)`` as the proof cache keeps it: what a run's SMT helper finds on the second core
+    while the run sets up (``engine.smt_helper``, ``first``), for ``found_sites``."""
+    return zlib.compress(marshal.dumps(find_sites(image).as_data()), _LEVEL)
+
+
+def found_sites(image: Image, cache: ProofCache | None, data: bytes | None = None) -> SiteIndex:
+    """The image's sites from ``data`` (``site_data``, found by another process), or found here when there is
+    none or it does not load; kept in the cache (None: not kept)."""
+    sites = None if data is None else _loaded(data)
+    if sites is None:
+        sites = find_sites(image)
+        data = None if cache is None else zlib.compress(marshal.dumps(sites.as_data()), _LEVEL)
+    if cache is not None:
+        cache.add_site_index(sites_key(image, source_digest()), data)
     return sites
+
+
+def _loaded(value: bytes) -> SiteIndex | None:
+    try:
+        return SiteIndex.from_data(marshal.loads(zlib.decompress(value)))
+    except (ValueError, TypeError, EOFError, zlib.error):
+        return None  # damaged: found again, and replaced

@@ -26,6 +26,7 @@ import secrets
 import selectors
 import signal
 import socket
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from ..errors import RelocverifyError
@@ -34,18 +35,39 @@ _ADDRESS: list[str | None] = [None]  # the helper's address, inherited by the wo
 
 
 class SmtHelper:
-    """A process that imports the SMT check and serves it, for as long as the session that started it."""
+    """A process that imports the SMT check and serves it, for as long as the session that started it.
 
-    def __init__(self, timeout_margin_s: float):
+    ``first``: work the process does before that import, on the second core while the parent sets up: a
+    call whose value (bytes) ``first_value`` hands over (a cold kernel run: its sites, ``engine.site_memo``)."""
+
+    def __init__(self, timeout_margin_s: float, first: Callable[[], bytes] | None = None):
         self.address = f"\0relocverify-smt-{os.getpid()}-{secrets.token_hex(8)}"
-        ready, told = multiprocessing.get_context("fork").Pipe(duplex=False)
-        self.process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(self.address, os.getpid(), timeout_margin_s, told), daemon=True,
+        ctx = multiprocessing.get_context("fork")
+        ready, told = ctx.Pipe(duplex=False)
+        self._first, first_end = ctx.Pipe(duplex=False) if first is not None else (None, None)
+        self.process = ctx.Process(
+            target=_serve, args=(self.address, os.getpid(), timeout_margin_s, told, first, first_end), daemon=True,
             name="relocverify-smt")
         self.process.start()
         told.close()
+        if first_end is not None:
+            first_end.close()
         self._ready = ready
         _ADDRESS[0] = self.address
+
+    def first_value(self) -> bytes | None:
+        """What ``first`` returned, once it is done; None when it raised, or the process died before it was
+        (the caller then does the work itself)."""
+        if self._first is None:
+            return None
+        conn, self._first = self._first, None
+        try:
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            return None
+        finally:
+            conn.close()
+        return value if status == "ok" else None
 
     def wait_listening(self, timeout_s: float = 10.0) -> bool:
         """Whether the helper listens (it closes its end of a pipe once bound), waiting up to ``timeout_s``;
@@ -65,14 +87,18 @@ class SmtHelper:
             _ADDRESS[0] = None
         if not self._ready.closed:
             self._ready.close()
+        if self._first is not None:
+            self._first.close()
+            self._first = None
         if self.process.is_alive():
             self.process.terminate()
         self.process.join(timeout=5)
 
 
-def _serve(address: str, parent: int, margin_s: float, told: Connection) -> None:
-    """The helper's loop: listen, import the check, answer requests (number, arguments) with (number,
-    ("ok", result) or ("raise", exception)); return when the parent is gone."""
+def _serve(address: str, parent: int, margin_s: float, told: Connection, first: Callable[[], bytes] | None = None,
+           first_end: Connection | None = None) -> None:
+    """The helper's loop: listen, do ``first`` and send its value, import the check, answer requests (number,
+    arguments) with (number, ("ok", result) or ("raise", exception)); return when the parent is gone."""
     _die_with(parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent ends it (``close``); not the CLI's handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the session
@@ -80,6 +106,16 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection) -> None
     listener.bind(address)
     listener.listen(16)
     told.close()
+    if first is not None:
+        try:
+            answer = ("ok", first())
+        except Exception:  # noqa: BLE001 - the parent does the work itself, and meets the error there
+            answer = ("raise", None)
+        try:
+            first_end.send(answer)
+        except OSError:
+            pass
+        first_end.close()
     from ..proof.smt_check import check_by_smt  # the import this process exists for
     from .pipeline import ProofTimeout, own_alarm, watchdog
 
