@@ -58,8 +58,9 @@ PROVE_CHUNK = 256
 REPLACEMENT_CHUNK = 256
 #: The rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``) this many
 #: times, the last at the phase's end: a whole kernel's one merge at the end, 0.5-0.7 s with both workers
-#: idle, became mostly work beside theirs.
-ROWS_ROUNDS = 8
+#: idle, became mostly work beside theirs (which it slows by about half its CPU: what it saves is the idle
+#: core's half).
+ROWS_ROUNDS = 4
 
 
 @dataclass(frozen=True)

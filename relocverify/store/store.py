@@ -1003,10 +1003,11 @@ class _Checkpoint(threading.Thread):
 
 
 class _Merger(threading.Thread):
-    """Shards merged into the store (``shard.merge``), one list after the other in the order given, each
-    followed by its checkpoint, on a connection and a thread of their own (SQLite runs the statements
-    without Python's lock).  The store's writer lock is its owner's, held while this runs; ``finish``
-    waits, raises what a merge raised, and returns the provisional ids' store ids."""
+    """Shards merged into the store (``shard.merge``), one list after the other in the order given, on a
+    connection and a thread of their own (SQLite runs the statements without Python's lock).  No checkpoint:
+    the owner's last merge makes one behind (``_Checkpoint``), while its run makes the summary with a core to
+    spare; here it would take CPU from the workers.  The store's writer lock is its owner's, held while this
+    runs; ``finish`` waits, raises what a merge raised, and returns the provisional ids' store ids."""
 
     def __init__(self, path: str):
         super().__init__(name="relocverify-merge", daemon=True)
@@ -1039,10 +1040,7 @@ class _Merger(threading.Thread):
                 paths = self._queue.get()
                 if paths is None:
                     return
-                merged, final = shard.merge(db, paths)
-                self.final.update(final)
-                if merged:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.final.update(shard.merge(db, paths)[1])
         except BaseException as exc:  # noqa: BLE001 - raised in the owner's thread by ``finish``
             self._error = exc  # the shards not merged stay beside the store (``leftover_shards``)
             while self._queue.get() is not None:
