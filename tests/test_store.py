@@ -310,3 +310,45 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
         assert again.results_digest(again.find_image()) == digests[0]
     finally:
         again.close()
+
+
+def test_no_fork_while_a_thread_of_ours_is_inside_sqlite():
+    """``store.forking``: a fork waits until no thread of ours is inside SQLite (a child forked while one held
+    SQLite's process-wide mutexes hung in its first connect), and a thread enters again once it is made."""
+    import os
+    import threading
+    import time
+
+    from relocverify.store.forking import sqlite_work
+
+    inside, left = threading.Event(), []
+
+    def work():
+        with sqlite_work():
+            con = sqlite3.connect(":memory:")
+            con.execute("CREATE TABLE t (x)")
+            inside.set()
+            time.sleep(0.3)
+            con.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(1000)])
+            con.close()
+            left.append(time.monotonic())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    inside.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: SQLite answers here
+        try:
+            con = sqlite3.connect(":memory:")
+            con.execute("SELECT 1").fetchone()
+            with sqlite_work():
+                pass
+        finally:
+            os._exit(0)
+    forked = time.monotonic()
+    thread.join()
+    assert left and forked >= left[0]
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    with sqlite_work():  # the parent's threads enter again
+        pass

@@ -40,6 +40,7 @@ from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
 from ..proof.verdict import Finding, Verdict
 from ..store.cache import CachedFinding, ProofCache, merge_jump_entries
+from ..store.forking import sqlite_work
 from ..store.jump_rows import pack_jump_row
 from ..store.shard import leftover_shards
 from ..store.store import Store
@@ -818,11 +819,12 @@ class Behind(threading.Thread):
 
     def run(self) -> None:
         try:
-            cache = ProofCache(self._directory)
-            try:
-                self._keep(cache)
-            finally:
-                cache.close()
+            with sqlite_work():  # no worker is forked meanwhile (``store.forking``)
+                cache = ProofCache(self._directory)
+                try:
+                    self._keep(cache)
+                finally:
+                    cache.close()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread by join
             self._error = exc
 

@@ -66,6 +66,7 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from ..proof.verdict import Verdict
 from . import shard
+from .forking import sqlite_work
 from .jump_rows import JumpRow, pack_ids
 from .packed_rows import (
     FRESH_BIT,
@@ -993,11 +994,12 @@ class _Checkpoint(threading.Thread):
 
     def run(self) -> None:
         try:
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            try:
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            finally:
-                db.close()
+            with sqlite_work():
+                db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                finally:
+                    db.close()
         except sqlite3.Error:
             pass
 
@@ -1032,22 +1034,25 @@ class _Merger(threading.Thread):
     def run(self) -> None:
         db = None
         try:
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            db.execute("PRAGMA wal_autocheckpoint=0")
+            with sqlite_work():
+                db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+                db.execute("PRAGMA wal_autocheckpoint=0")
             while True:
                 paths = self._queue.get()
                 if paths is None:
                     return
-                self.final.update(shard.merge(db, paths)[1])
+                with sqlite_work():
+                    self.final.update(shard.merge(db, paths)[1])
         except BaseException as exc:  # noqa: BLE001 - raised in the owner's thread by ``finish``
             self._error = exc  # the shards not merged stay beside the store (``leftover_shards``)
             while self._queue.get() is not None:
                 pass
         finally:
             if db is not None:
-                db.close()
+                with sqlite_work():
+                    db.close()
 
 
 class _Transaction:
