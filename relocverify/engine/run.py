@@ -262,7 +262,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
             cache = session.findings(tag)[0]
             site_cache = cache if cache.enabled else None
-            sites = kept_sites(image, site_cache)
+            with paused():  # many objects, no reference cycles
+                sites = kept_sites(image, site_cache)
             missing = sites is None
         # A cold run's helper imports the SMT check on the second core while this process sets up; first, it finds
         # the sites the cache does not keep, while this process finds the functions and adds them to the store.

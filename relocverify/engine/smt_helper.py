@@ -55,13 +55,15 @@ class SmtHelper:
         self._ready = ready
         _ADDRESS[0] = self.address
 
-    def first_value(self) -> bytes | None:
-        """What ``first`` returned, once it is done; None when it raised, or the process died before it was
-        (the caller then does the work itself)."""
+    def first_value(self, timeout_s: float = 120.0) -> bytes | None:
+        """What ``first`` returned, once it is done; None when it raised, the process died before it was done, or
+        it took longer than ``timeout_s`` (the caller then does the work itself)."""
         if self._first is None:
             return None
         conn, self._first = self._first, None
         try:
+            if not conn.poll(timeout_s):
+                return None
             status, value = conn.recv()
         except (EOFError, OSError):
             return None

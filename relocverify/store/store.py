@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import socket
 import sqlite3
 import struct
@@ -1013,8 +1014,6 @@ class _Merger(threading.Thread):
 
     def __init__(self, path: str):
         super().__init__(name="relocverify-merge", daemon=True)
-        import queue
-
         self.path = path
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.final: dict[int, int] = {}
