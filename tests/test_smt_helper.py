@@ -174,3 +174,24 @@ def test_the_helpers_first_work_comes_back_or_is_left_to_the_caller():
     finally:
         for h in (done, failed, none):
             h.close()
+
+
+def test_a_helper_ended_at_once_ends_quietly(tmp_path):
+    """A run that fails at once (a busy store) ends the helper it has just forked: the helper, forked with SIGTERM
+    held until it has its own handlers, never meets the command line's handler (which raises KeyboardInterrupt,
+    and printed a traceback from the helper)."""
+    script = tmp_path / "parent.py"
+    script.write_text("import signal\n"
+                      "from relocverify.engine.smt_helper import SmtHelper\n"
+                      "def _terminate(signum, frame):\n"
+                      "    raise KeyboardInterrupt\n"
+                      "signal.signal(signal.SIGTERM, _terminate)  # as relocverify.cli.main installs it\n"
+                      "codes = []\n"
+                      "for _ in range(25):\n"
+                      "    h = SmtHelper(0.5, lambda: b'x')\n"
+                      "    h.close()\n"
+                      "    codes.append(h.process.exitcode)\n"
+                      "print(sorted(set(codes)))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr

@@ -48,7 +48,13 @@ class SmtHelper:
         self.process = ctx.Process(
             target=_serve, args=(self.address, os.getpid(), timeout_margin_s, told, first, first_end), daemon=True,
             name="relocverify-smt")
-        self.process.start()
+        # Forked with SIGTERM and SIGINT blocked, which the helper unblocks once it has its own handlers: a run that
+        # ends at once (a busy store) and ends its helper must not meet the CLI's handler, inherited, in it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         told.close()
         if first_end is not None:
             first_end.close()
@@ -101,9 +107,10 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection, first: 
            first_end: Connection | None = None) -> None:
     """The helper's loop: listen, do ``first`` and send its value, import the check, answer requests (number,
     arguments) with (number, ("ok", result) or ("raise", exception)); return when the parent is gone."""
-    _die_with(parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent ends it (``close``); not the CLI's handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the session
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # a SIGTERM held since the fork ends it now, quietly
+    _die_with(parent)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(16)
@@ -168,6 +175,7 @@ def _die_with(parent: int) -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_HELD = frozenset({signal.SIGTERM, signal.SIGINT})  # blocked from the fork until the helper has its handlers
 
 
 class HelperGone(RelocverifyError):
