@@ -31,7 +31,8 @@ _STATE = _State()
 
 @contextmanager
 def sqlite_work():
-    """Mark the calling thread as inside SQLite for the block: no fork of this process happens meanwhile."""
+    """Mark the calling thread as inside SQLite for the block: no fork of this process happens meanwhile (so
+    the block itself must not fork, or start a process: its fork would wait for it)."""
     state = _STATE
     with state.cond:
         while state.forking:
