@@ -242,15 +242,18 @@ def test_a_merges_log_is_checkpointed_behind_and_nothing_is_lost(tmp_path, small
     monkeypatch.setattr(store_module._Checkpoint, "run", lambda self: None)  # never checkpointed behind
     never = tmp_path / "never.sqlite"
     run(image, str(never), RunOptions(TRAMP, 2, 10.0, None, True, None))
-    digests = []
-    for path in (db, behind, never):
-        s = Store(str(path))
-        try:
-            s.check_integrity()
-            digests.append(s.results_digest(s.find_image()))
-        finally:
-            s.close()
+    digests = [_checked_digest(path) for path in (db, behind, never)]
     assert digests[0] == digests[1] == digests[2]
+
+
+def _checked_digest(path) -> str:
+    """The store's results digest, once SQLite's integrity check has passed on it."""
+    store = Store(str(path))
+    try:
+        store.check_integrity()
+        return store.results_digest(store.find_image())
+    finally:
+        store.close()
 
 
 def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses_nothing(tmp_path, small_store,
@@ -281,12 +284,7 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
         path = tmp_path / f"rounds-{rounds}.sqlite"
         assert run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))["totals_add_up"]
         assert (False in threads) == (rounds > 1)  # a round merged behind, off the main thread
-        with_store = Store(str(path))
-        try:
-            with_store.check_integrity()
-            digests.append(with_store.results_digest(with_store.find_image()))
-        finally:
-            with_store.close()
+        digests.append(_checked_digest(path))
     assert digests[0] == digests[1]
 
     def fail_behind(con, paths):
@@ -304,12 +302,7 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
     monkeypatch.setattr(shard_module, "merge", real_merge)
     assert run(image, str(broken), RunOptions(TRAMP, 2, 10.0, None, True, None))["totals_add_up"]
     assert not leftover_shards(str(broken))
-    again = Store(str(broken))
-    try:
-        again.check_integrity()
-        assert again.results_digest(again.find_image()) == digests[0]
-    finally:
-        again.close()
+    assert _checked_digest(broken) == digests[0]
 
 
 def test_no_fork_while_a_thread_of_ours_is_inside_sqlite():

@@ -557,37 +557,37 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     # kernel's proofs in address order took about 8% longer).
     items = [(k, raw, a) for k, (raw, a) in sorted(misses.items())]
     prove_chunks = _chunks(items, PROVE_CHUNK)
-    # The worker that proved each key (a shared task's tag is its worker); None once a worker died while proving:
-    # the fresh one lacks what the dead one proved, so every worker is sent every finding.
-    by: dict[bytes, int] | None = {}
+    # What each worker will be sent (``_wanted``: the findings of its keys that another worker proved), made as
+    # the findings come in (made after the last proof, the second worker waited 0.2-0.3 s for its message).
+    # ``traced`` False: a worker died while proving (the fresh one lacks what the dead one proved) or a task came
+    # back without its worker's index, so each worker is sent every finding of its keys instead.
+    outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
+    traced = True
 
     def crashed_key(task, at, pid):
-        nonlocal by
+        nonlocal traced
         key, raw, address = task.args[0][at]
         why = "worker crashed while proving this instruction"
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
         learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
-        by = None
+        traced = False
         rest = task.args[0][at + 1:]
         return [Task("prove", (rest,))] if rest else []
 
     base = pool.items_done()
     progress.phase("proofs", len(items), "distinct instance keys")
 
-    # What each worker will be sent (``_wanted``), made as the findings come in: the parent waits on the workers
-    # here, and made after the last proof, worker 1 waited 0.2-0.3 s for its message between the phases.
-    outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
-
     def proved(task, value):
-        nonlocal by
+        nonlocal traced
         learned.update(value)
-        if task.tag is None:
-            by = None  # who proved it is not known: every worker is sent every finding
-        if by is not None:
-            by.update(dict.fromkeys(value, task.tag))
+        traced = traced and task.tag is not None
+        if traced:
             for w in range(pool.n):
                 if w != task.tag:
-                    _add_wanted(outbox[w], value, owned[w])
+                    _wanted(value, owned[w], outbox[w])
+
+    def sent(w: int) -> dict[bytes, Learned]:
+        return outbox[w] if traced else _wanted(learned, owned[w])
 
     pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
              tick=lambda: progress.update(pool.items_done() - base), shared=True)
@@ -598,10 +598,9 @@ def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: 
     if pool.pinned:
         # Each worker takes its findings as the first task of its queue: one starts on its rows while the
         # parent makes the other's message (sent as a broadcast first, both workers waited 0.1-0.2 s).
-        queues = [[Task("accept", (), w, late=lambda w=w: (_sent(outbox, learned, owned, by, w),))]
-                  for w in range(pool.n)]
+        queues = [[Task("accept", (), w, late=lambda w=w: (sent(w),))] for w in range(pool.n)]
     else:
-        pool.broadcast("accept", lambda w: (_sent(outbox, learned, owned, by, w),))
+        pool.broadcast("accept", lambda w: (sent(w),))
         queues = [[] for _ in range(pool.n)]
     pool.remember("accept", (learned,))  # a worker forked in a dead one's place is given every finding
     # The proof cache is written behind (``Behind``) once every worker has its findings: started before, the
@@ -759,33 +758,18 @@ def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | N
     return out
 
 
-def _wanted(learned: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]], by: dict[bytes, int] | None,
-            w: int) -> dict[bytes, Learned]:
-    """What worker ``w`` is sent of the proofs' findings: those of the keys its functions hold that another
-    worker proved (``by``; None: every one); the representative's own finding (its counterexample, its fresh mark) only when the
-    representative is in ``w``'s functions (``owned``: its first instance of each key), as no other instance
-    is that one.  (Sending every finding to every worker cost a cold kernel run 0.65 s between its phases.)"""
-    out = {}
-    for k, (_, address) in owned.items():
-        hit = learned.get(k)
-        if hit is not None and (by is None or by.get(k) != w):
-            out[k] = hit if hit.address == address else Learned(hit.cached)
-    return out
-
-
-def _add_wanted(out: dict[bytes, Learned], value: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]]) -> None:
-    """``_wanted`` of one task's findings, ``value``, proved by another worker than ``owned``'s: added to ``out``."""
-    for k, hit in value.items():
+def _wanted(found: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]],
+            out: dict[bytes, Learned] | None = None) -> dict[bytes, Learned]:
+    """The findings of ``found`` that a worker is sent, added to ``out``: those of the keys its functions hold
+    (``owned``: its first instance of each key), the representative's own finding (its counterexample, its
+    fresh mark) only when the representative is that instance, as no other instance is that one.  (Sending
+    every finding to every worker cost a cold kernel run 0.65 s between its phases.)"""
+    out = {} if out is None else out
+    for k, hit in found.items():
         mine = owned.get(k)
         if mine is not None:
             out[k] = hit if hit.address == mine[1] else Learned(hit.cached)
-
-
-def _sent(outbox: list[dict[bytes, Learned]], learned: dict[bytes, Learned], owned: list[dict], by: dict | None,
-          w: int) -> dict[bytes, Learned]:
-    """Worker ``w``'s findings from the others: its outbox, made as the proofs came in; every finding it
-    needs when a worker died while proving (``by`` None: who proved what is lost)."""
-    return outbox[w] if by is not None else _wanted(learned, owned[w], None, w)
+    return out
 
 
 def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False,
