@@ -120,6 +120,13 @@ def _accesses(ins: iced.Instruction) -> list:
     return [m for m in _INFO.info(ins).used_memory() if m.access != iced.OpAccess.NO_MEM_ACCESS]
 
 
+def access_spans(raw: bytes, address: int, regs: dict[str, int]) -> list[tuple[int, int]]:
+    """(address, bytes) of each memory access ``raw`` at ``address`` makes from ``regs``, in iced's order
+    (implicit ones included): where a caller puts an operand's value after ``place``."""
+    ins = iced.Decoder(64, raw, ip=address).decode()
+    return [(_address(m, regs), max(iced.MemorySizeExt.size(m.memory_size), 1)) for m in _accesses(ins)]
+
+
 def _address(m, regs: dict) -> int:
     base, index = _family(m.base), _family(m.index)
     if m.base == iced.Register.RIP:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import iced_x86 as iced
 
 from ..concrete import cpu, states as ST
+from ..concrete import edge_operands as EO  # issue 41: every validation runs its class's edge operands
 from ..concrete.outcome import MachineState, Outcome
 from ..processes import pool_worker
 from ..proof import evaluation as EV
@@ -243,8 +244,10 @@ class FormResult:
 
 
 def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8, seed: int = 0,
-                  max_variants: int = 12) -> FormResult:
-    """Run instances of ``form`` on the CPU and through the semantics; see the module doc."""
+                  max_variants: int = 12, edge_operands: bool = True) -> FormResult:
+    """Run instances of ``form`` on the CPU and through the semantics; see the module doc.  ``edge_operands``
+    (always, but in a test that shows what random states alone miss): the form's class's edge operands
+    too (``concrete.edge_operands``: its edge immediates as more variants, its edge states in each)."""
     rng = random.Random(f"{seed}:{form}")
     f = facts(instances[0])
     shown = tuple(r.hex() for r in instances[:4])
@@ -255,6 +258,8 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
         return FormResult(form, "failed", (why,), 0, shown)
     fp = is_floating_point(instances[0])
     variants = [v for raw in instances[:4] for v in instance_variants(raw, rng)][:max_variants]
+    if edge_operands and variants:  # edge operands (concrete.edge_operands), beyond max_variants: exact needs them
+        variants += [v for v in EO.edge_immediates(variants[0]) if v not in variants]
     categories: set[str] = set()
     total = edges = 0  # edges: the states placed so far (``states.place``'s ``fp_edge``)
     example = ""
@@ -269,6 +274,7 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
             if s is not None:
                 placed.append(s)
                 edges += 1
+        placed += EO.edge_states(raw, CODE_AT, rng) if edge_operands else []  # issue 41: the class's edge operands
         if not placed:
             continue
         try:
