@@ -78,7 +78,7 @@ def load_json(text: str, what: str) -> object:
 # ---------------------------------------------------------------------------
 
 #: The longest trampoline the planner builds, plus its slot.
-TRAMPOLINE_SPAN = 64
+TRAMPOLINE_SPAN = 72
 
 
 def is_canonical(address: int) -> bool:

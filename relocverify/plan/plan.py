@@ -96,7 +96,7 @@ class _Builder:
         self.code += b
 
     def jump(self, to: int) -> None:
-        self.emit(jump(self.here, to))
+        self.emit(jump(self.here, to, align_qword=True))
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def _scratch_rewrite(insn: Instruction, t: int, rule: str, reason: str, target: 
     restore = bytes([0x48, 0x8B, 0x05 | (num << 3)])
     b = _Builder(t)
     # Layout: save(7) movabs(10) insn restore(7) jump-back; then the 8-byte slot, 8-aligned.
-    back = jump(t + 7 + 10 + len(raw) + 7, _resume(insn, resume))
+    back = jump(t + 7 + 10 + len(raw) + 7, _resume(insn, resume), align_qword=True)
     code_len = 7 + 10 + len(raw) + 7 + len(back)
     slot = (t + code_len + 7) & ~7 & MASK64
     b.emit(save + struct.pack("<i", rel_from(t + 7, slot)))
@@ -209,7 +209,7 @@ def _loop_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: int
     b = _Builder(t)
     head = insn.raw[:insn.opcode_offset] + insn.opcode
     b.emit(head + b"\x02")  # taken: skip the short jmp below
-    to_target = jump(b.here + 2, target)
+    to_target = jump(b.here + 2, target, align_qword=True)
     b.emit(bytes([0xEB, len(to_target)]))  # not taken: skip the jump to the target
     b.emit(to_target)
     b.jump(_resume(insn, resume))
@@ -225,7 +225,7 @@ def _xbegin_rewrite(insn: Instruction, t: int, rule: str, reason: str, resume: i
         b.emit(head + struct.pack("<i", d))
         b.jump(_resume(insn, resume))
     else:
-        back = jump(t + len(head) + 4, _resume(insn, resume))
+        back = jump(t + len(head) + 4, _resume(insn, resume), align_qword=True)
         b.emit(head + struct.pack("<i", len(back)))
         b.emit(back)
         b.jump(target)
@@ -290,7 +290,7 @@ _STRATEGIES = {
 }
 
 
-TRAMPOLINE_MAX = 64  # the longest trampoline any strategy builds, save slot included
+TRAMPOLINE_MAX = 72  # the longest trampoline any strategy builds, save slot and qword alignment included
 
 
 def _overlaps(a: int, n: int, t: int) -> bool:

@@ -11,12 +11,13 @@ import iced_x86
 from ..plan.effects import AddRsp, Const, Jump, Let, Load, Push
 from ..plan.plan import Plan, PlanKind
 from ..plan.policy import RULES, classify
-from ..versions import versions_tag
+from ..versions import source_digest, versions_tag
 from ..x86.encoding import iter_code
 from ..x86.instruction import Decoded, Instruction
 from ..x86.registers import MASK64
 from . import form_table
 from .forms import IMMEDIATE_OPERANDS
+from .machine_model import Context
 from .verdict import ProofResult, Verdict
 
 
@@ -109,12 +110,14 @@ def policy_digest(rules=RULES) -> bytes:
 
 
 def cache_tag(rules=RULES) -> bytes:
-    """The versions of every tool (``versions.versions_tag``), the policy table's digest and the
-    CPU-validated form table's (``form_table.digest``): a verdict is reused only under all three.
+    """The versions of every tool (``versions.versions_tag``), the policy table's digest, the
+    CPU-validated form table's (``form_table.digest``) and relocverify's own source (``versions.source_digest``:
+    the checker and its machine model): a verdict is reused only under all four.
     Remembered by the table's identity (every proof asks; hashing its rows each time cost 5% of a proof)."""
     hit = _TAGS.get(id(rules))
     if hit is None or hit[0] is not rules:
-        hit = _TAGS[id(rules)] = (rules, versions_tag() + policy_digest(rules) + form_table.digest())
+        hit = _TAGS[id(rules)] = (rules, versions_tag() + policy_digest(rules) + form_table.digest()
+                                  + source_digest()[:8])
     return hit[1]
 
 
@@ -165,7 +168,7 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     """
     if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return None
-    tag = cache_tag()
+    tag = cache_tag() + _context(decoded.address, plan.tramp)
     if plan.kind is PlanKind.COPY and classify(decoded).strategy == "copy":
         form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
         return b"copy|" + tag + form + copy_shape(decoded)
@@ -198,6 +201,15 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
         sig.append(r)
     return (b"rel|" + tag + plan.rule.encode() + b"|" + shape_of(decoded.raw, ofields) + b"|"
             + shape_of(plan.trampoline, tfields) + b"|" + ",".join(sig).encode())
+
+
+def _context(a: int, t: int) -> bytes:
+    """What the machine model's verdict depends on beyond the shape: the context A runs in (CPL 0 or 3:
+    interrupt frames against signal frames, IBT, alignment checking), and at CPL 3 the alignment of T mod
+    16, which fixes the alignment of every tracer-memory access (row alignment-check)."""
+    if Context.of(a) is Context.KERNEL:
+        return b"k"
+    return b"u" + bytes([t % 16])
 
 
 def _effect_roles(e, roles):

@@ -44,6 +44,7 @@ verdict is ``unknown``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from ..concrete.outcome import Difference
 from ..plan.effects import Effect
@@ -55,6 +56,7 @@ from .lift import Gap
 from .unproved import gap_result
 from .admission import admit
 from .lift_gaps import opaque_lift_reason
+from .machine_model import MachineCheck, check_machine, one_step
 from .precondition import check_tracer_memory
 from .verdict import Counterexample, ProofResult, Verdict
 
@@ -62,16 +64,34 @@ DEFAULT_TIMEOUT_MS = 10_000
 
 
 def _outside_result(decoded: Instruction, code: bytes | None, tramp: int, method: str, what: str, reason: str,
-                    note: str, t0: float) -> ProofResult:
-    """A refutation by an obligation outside the sequential semantics (atomicity, memory ordering)."""
-    cex = Counterexample((), (), (Difference(what, "the original's", "the relocation's"),), decoded.raw.hex(),
+                    note: str, t0: float, machine: MachineCheck | None = None) -> ProofResult:
+    """A refutation by an obligation outside the sequential semantics (atomicity, memory ordering, the machine
+    model)."""
+    original, relocated = (machine.original, machine.relocated) if machine else ("the original's", "the relocation's")
+    cex = Counterexample((), (), (Difference(what, original, relocated),), decoded.raw.hex(),
                          decoded.address, tramp, code.hex() if code else "", replayed=None, replay_note=note)
     return ProofResult(Verdict.REFUTED, reason, method, cex, time.perf_counter() - t0)
 
 
 def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
            tracer_ranges, timeout_ms: int) -> ProofResult:
+    """The verdict, with the machine model's preconditions attached to a proof (``machine_model``)."""
     t0 = time.perf_counter()
+    machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges))
+    if machine.problem is not None:
+        if machine.refutes:
+            return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
+                                   "the machine model's difference is not observable in a sequential replay "
+                                   "(docs/soundness.md, \"The machine\")", t0, machine)
+        return ProofResult(Verdict.UNKNOWN, machine.problem, "machine-model", seconds=time.perf_counter() - t0)
+    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0)
+    if result.verdict is Verdict.PROVED and machine.assumes:
+        return replace(result, assumes=machine.assumes)
+    return result
+
+
+def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
+                     tracer_ranges, timeout_ms: int, t0: float) -> ProofResult:
     lock = check_atomicity(decoded, code, tramp, tracer_ranges)
     if lock is not None:
         cex = Counterexample((), (), (Difference("lock", "locked" if atomic(decoded) else "unlocked",
@@ -93,7 +113,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
                                "fast-path", seconds=time.perf_counter() - t0)
     except Gap as gap:
         return gap_result(decoded, code, tramp, gap.reason, t0)
-    if trusted and code is not None:
+    if trusted and code is not None and one_step(code, tramp):
         try:
             if fast_path(decoded.raw, decoded.address, code, tramp):
                 return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",

@@ -72,6 +72,17 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """The instruction boundary before the instruction at ``address``: the stack pointer there, and how
+    many memory events came before it (``events[:before]``).  An interrupt at CPL 0 can arrive at any
+    boundary and push its frame below ``rsp`` (``machine_model``, row interrupt-frame)."""
+
+    address: int
+    rsp: object  # BV64
+    before: int
+
+
+@dataclass(frozen=True)
 class WayOut:
     """One way out of a piece of code: the state when control left it."""
 
@@ -84,6 +95,7 @@ class WayOut:
     events: tuple = ()  # Event, in program order
     fault: object = None  # BV8: FAULT_CODES of the first fault on the way, 0 for none
     insns: tuple = ()  # addresses of the instructions executed on the way, in order
+    boundaries: tuple = ()  # Boundary before each instruction executed, in order
 
     @property
     def fences(self) -> tuple[str, ...]:
@@ -101,10 +113,11 @@ class _Path:
     faults: list = field(default_factory=list)  # (condition, code), in program order
     insns: list = field(default_factory=list)
     facts: InsnFacts | None = None  # the instruction being interpreted
+    boundaries: list = field(default_factory=list)  # Boundary, one per instruction started
 
     def fork(self, guard) -> "_Path":
         return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps),
-                     list(self.events), list(self.faults), list(self.insns), self.facts)
+                     list(self.events), list(self.faults), list(self.insns), self.facts, list(self.boundaries))
 
 
 class _CCallState:
@@ -316,6 +329,9 @@ def _as_type(v, ty: str):
     return v
 
 
+_RSP = REG_BY_NAME["rsp"][0]
+
+
 class _Interp:
     """The IR interpreter.  ``code`` placed at ``base`` is what VEX lifts: at each instruction
     boundary (IMark) the interpreter decodes those bytes as the CPU does (``forms.facts``) and
@@ -337,6 +353,8 @@ class _Interp:
             raise Gap(f"VEX lifts {length} bytes at {address:#x} that the CPU does not decode as one instruction")
         path.facts = f
         path.insns.append(address)
+        path.boundaries.append(Boundary(address, _get_reg(self.world, path, _RSP, 8, self.start_pc),
+                                        len(path.events)))
         for i in f.zeroes_upper:
             _put_reg(path, REG_BY_NAME[ZMM_HI[i]][0], claripy.BVV(0, 256))
 
@@ -553,7 +571,7 @@ def _finish(p: _Path, target, jk: str) -> WayOut:
     for condition, fault in reversed(p.faults):
         code = claripy.If(condition, claripy.BVV(fault, 8), code)
     return WayOut(p.guard, dict(p.regs), tuple(p.writes), tuple(p.reads), target, jk, tuple(p.events), code,
-                   tuple(p.insns))
+                  tuple(p.insns), tuple(p.boundaries))
 
 
 # ---------------------------------------------------------------------------

@@ -202,6 +202,19 @@ def _not_tracer(world, x):
             for lo, n in world.tracer_ranges]
 
 
+def first_satisfiable(world, conditions, timeout_ms, precondition=()):
+    """The first of ``conditions`` ((condition, what it means), ...) some input satisfies, as (solver with a
+    model, what it means), or None."""
+    for condition, why in conditions:
+        solver = claripy.Solver(timeout=timeout_ms)
+        for c in world.constraints() + list(precondition):
+            solver.add(c)
+        solver.add(condition)
+        if solver.satisfiable():
+            return solver, why
+    return None
+
+
 def solve(world, items, read_conds, x, timeout_ms, extra=(), precondition=()):
     """None if the negated obligation is unsatisfiable (a proof); else a solver holding a model.
 
@@ -272,3 +285,53 @@ def replay(cex: Counterexample, decoded: Instruction, reloc: bytes | None, effec
     note = ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in rep.differences[:4])
     return rep.differ, note or "unicorn saw no difference"
 
+
+
+def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: int, allowance: int,
+                   stack_range: tuple[int, int]):
+    """Rows interrupt-frame and signal-frame of ``machine_model``: conditions, each with what it means, under
+    which an interrupt (at CPL 0, ``red_zone`` 0) or a signal (at CPL 3, ``red_zone`` 128) arriving at a
+    boundary *inside* the relocation (after its first instruction started, before its last one ended)
+    changes what it computes.  The handler's frame overwrites everything below ``rsp - red_zone`` there.
+    With offsets from the entry rsp (``d``: at the boundary, ``f``: the original's rsp at its end):
+
+    * ``d - red_zone > f``: bytes the original keeps live at its end (at or above its final rsp) were below
+      the relocation's exposed top at the boundary: an interrupt there loses them;
+    * a read after the boundary of a byte in ``[0, d) - red_zone``: a byte not exposed on entry (where an
+      interrupt before the original could equally have hit it), exposed at the boundary;
+    * ``d < min(0, f) - allowance``: the stack pointer leaves the stack the tracer's own trap frame used,
+      or is not the stack at all: the frame itself would fault.
+
+    Offsets are exact integers (66-bit), so no wrap-around of the address space makes or hides a case.  The
+    original's stack is a stack: its rsp on entry and at its end lie in ``stack_range`` (the context's half
+    of the canonical address space, a page from either end); the relocation's rsp is not assumed anything."""
+    def z(v):  # addresses as exact integers: 66-bit two's complement holds every difference of two of them
+        return v.zero_extend(2)
+
+    entry = world.initial_register("rsp", tramp)
+    final = _merge(orig_outs, lambda o: S.register_value(world, o.regs, "rsp", at))
+    lo, hi = stack_range
+    valid = claripy.And(claripy.UGE(entry, lo), claripy.ULT(entry, hi), claripy.UGE(final, lo), claripy.ULT(final, hi))
+    rsp0 = z(entry)
+    f = z(final) - rsp0
+    zero = claripy.BVV(0, 66)
+    floor = claripy.BVV(-red_zone & ((1 << 66) - 1), 66)  # the exposed top on entry, as an offset
+    low = claripy.If(claripy.SLT(f, zero), f, zero) - allowance
+    found = []
+    for o in reloc_outs:
+        for b in o.boundaries[1:]:
+            d = z(b.rsp) - rsp0
+            top = d - red_zone
+            where = f"T+{b.address - tramp:#x}"
+            found.append((claripy.And(o.guard, claripy.SGT(top, f)),
+                          f"at the boundary before {where} the original's live stack is below rsp"))
+            found.append((claripy.And(o.guard, claripy.SLT(d, low)),
+                          f"at the boundary before {where} rsp is not within the tracer's stack"))
+            for e in o.events[b.before:]:
+                if e.kind != "R" or (e.address.op == "BVV" and world.in_tracer(e.address.args[0])):
+                    continue
+                da = z(e.address) - rsp0
+                hit = claripy.And(claripy.SLT(floor, top), claripy.SLT(da, top), claripy.SGT(da + e.size, floor))
+                found.append((claripy.And(o.guard, e.guard, hit),
+                              f"a read after the boundary before {where} reads stack exposed there"))
+    return [(claripy.And(valid, c), why) for c, why in found if not claripy.is_false(c)]

@@ -14,7 +14,9 @@ from ..x86.instruction import Instruction
 from . import semantics as S
 from . import smt
 from .admission import Admission, reexecutes
+from ..concrete.outcome import Difference
 from .lifter_checks import flag_names, unaffected_flags
+from .machine_model import RED_ZONE, ROWS, STACK_ALLOWANCE, Context
 from .unproved import gap_result
 from .verdict import Counterexample, ProofResult, Verdict
 
@@ -33,6 +35,10 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
             reloc = S.execute_relocated(world, code, tramp, decoded.address)
         else:
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
+        if code is not None:
+            exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0)
+            if exposed is not None:
+                return exposed
         x = claripy.BVS("x", 64, explicit_name=True)
         items = smt.items(world, orig, reloc, decoded.address, tramp, x)
         read_conds = smt.event_conditions(world, orig, reloc)
@@ -88,3 +94,24 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
                            + (f"; {why}" if why else ""), "smt", cex, time.perf_counter() - t0)
     what = ", ".join(d.what for d in cex.differences) or "reads"
     return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
+
+
+def _stack_exposure(world, decoded: Instruction, orig, reloc, tramp: int, timeout_ms: int, t0: float):
+    """A refutation by the machine model's rows interrupt-frame and signal-frame (``smt.stack_exposure``),
+    or None.  Not replayed on unicorn, which runs no interrupt between instructions; ``relocverify selftest``
+    judges the class on the CPU by writing a frame at each boundary."""
+    context = Context.of(decoded.address)
+    row = ROWS["interrupt-frame" if context is Context.KERNEL else "signal-frame"]
+    conditions = smt.stack_exposure(world, orig, reloc, decoded.address, tramp,
+                                    0 if context is Context.KERNEL else RED_ZONE, STACK_ALLOWANCE, context.stack_range)
+    hit = smt.first_satisfiable(world, conditions, timeout_ms, smt.private_tracer_memory(world, orig))
+    if hit is None:
+        return None
+    solver, why = hit
+    regs, mem = smt.model_state(world, solver)
+    cex = Counterexample(regs, mem, (Difference(f"an {'interrupt' if context is Context.KERNEL else 'signal'} "
+                                                f"at {context.value}", "nothing lost", why),),
+                         decoded.raw.hex(), decoded.address, tramp, "", replayed=None,
+                         replay_note="an interrupt between instructions is not part of a sequential replay")
+    return ProofResult(Verdict.REFUTED, f"{why}: {row.what}; {row.reason} ({row.source})", "machine-model", cex,
+                       time.perf_counter() - t0)

@@ -133,20 +133,28 @@ class ProofResult:
     counterexample: Counterexample | None = None
     seconds: float = 0.0
     obligations: tuple[str, ...] = field(default=())  # which obligations were discharged
+    #: The machine model's preconditions this verdict depends on (``proof.machine_model``: rows treated as
+    #: preconditions), printed with it; empty for verdicts that claim nothing.
+    assumes: tuple[str, ...] = field(default=())
 
     def as_json(self) -> dict:
-        return {
+        out = {
             "verdict": self.verdict.value,
             "reason": self.reason,
             "method": self.method,
             "counterexample": None if self.counterexample is None else self.counterexample.as_json(),
         }
+        if self.assumes:
+            out["assumes"] = list(self.assumes)
+        return out
 
     def render(self) -> str:
         text = f"verdict: {self.verdict.value}"
         if self.method:
             text += f" [{self.method}]"
         text += f": {self.reason}\n"
+        for a in self.assumes:
+            text += f"  assumes: {a}\n"
         if self.counterexample is not None:
             text += self.counterexample.render()
         return text

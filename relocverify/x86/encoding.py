@@ -25,12 +25,17 @@ def rel_from(end: int, target: int) -> int:
     return signed64(target - end)
 
 
-def jump(at: int, to: int) -> bytes:
-    """``jmp rel32`` if ``to`` is in reach from ``at``, else ``jmp *0(%rip); .quad to``."""
+def jump(at: int, to: int, align_qword: bool = False) -> bytes:
+    """``jmp rel32`` if ``to`` is in reach from ``at``, else ``jmp *0(%rip); .quad to``.  With
+    ``align_qword``, NOPs before the absolute jump put its qword on an 8-byte boundary: in user space with
+    RFLAGS.AC set, the jump's misaligned load would raise #AC where the original raised nothing
+    (``proof.machine_model``, row alignment-check).  The tracers' own models (``tracers/``) keep the
+    unaligned form their tracers emit."""
     d = rel_from(at + 5, to)
     if fits_s32(d):
         return b"\xe9" + struct.pack("<i", d)
-    return ABS_JUMP + struct.pack("<Q", to & MASK64)
+    pad = -(at + len(ABS_JUMP)) % 8 if align_qword else 0
+    return b"\x90" * pad + ABS_JUMP + struct.pack("<Q", to & MASK64)
 
 
 def patch_disp(raw: bytes, off: int, disp: int) -> bytes:
