@@ -128,10 +128,18 @@ def test_a_rep_inside_the_block_is_proved_from_where_it_restarts():
     assert result.verdict is Verdict.PROVED and "from instructions 2" in result.reason
 
 
-def test_a_far_trampoline_uses_absolute_exits_and_still_proves():
-    b = block("488b0510000000 4801c3", tramp=0x7FFF00000000)  # rip-relative out of reach: scratch register
-    assert b.plans[0].rule == "rip-scratch" and b.plans[0].save_slot is not None
+def test_a_far_trampoline_uses_absolute_exits_and_still_proves_in_user_space():
+    b = plan_block(decode_run("488b0510000000 4801c3", 0x401000), 0x7FFF00000000)  # out of reach: scratch
+    assert isinstance(b, BlockPlan) and b.plans[0].rule == "rip-scratch" and b.plans[0].save_slot is not None
     assert prove_block(b, use_fast_path=False).verdict is Verdict.PROVED
+
+
+def test_a_far_trampoline_of_a_kernel_block_is_not_proved_under_ibt():
+    """Its absolute exits are indirect jumps the original does not make: on an IBT kernel their targets
+    must be endbr64 (``proof.machine_model``, row ibt-kernel)."""
+    b = block("488b0510000000 4801c3", tramp=0x7FFF00000000)
+    result = prove_block(b, use_fast_path=False)
+    assert result.verdict is Verdict.UNKNOWN and "IBT" in result.reason
 
 
 # --- mutants -------------------------------------------------------------------------------------------

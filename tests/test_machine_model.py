@@ -297,3 +297,14 @@ def test_the_fast_path_is_for_one_step_relocations_only():
     assert one_step(with_jump_back(b"\x5b", b"\x5b"), T)
     assert one_step(b"\x5b\x90\x90" + jmp_back(A, T + 3, A + 1), T)
     assert not one_step(with_jump_back(b"\x5b", lea_rsp(8) + mov_load_rsp(3, -8)), T)
+
+
+@SETTINGS
+@given(REGS, st.integers(1, 3))
+def test_a_push_after_other_instructions_is_still_equivalent(reg, nops):
+    """The bytes a push makes live are exposed before it, but written by it: nothing is lost.  (An earlier
+    version of the check refuted this: a false refutation.)"""
+    orig = push(reg)
+    reloc = with_jump_back(orig, b"\x48\x89\xc0" * nops + orig)  # mov %rax,%rax: no flag, no memory
+    r = verdict(orig, reloc)
+    assert r.verdict is Verdict.PROVED, r.render()

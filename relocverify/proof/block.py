@@ -73,6 +73,7 @@ from .fast_path import pure_jump_target
 from .lifted import lifted, lifted_one
 from .lift_gaps import opaque_lift_reason
 from .admission import admit, reexecutes
+from .machine_model import check_machine, one_step
 from .lifter_checks import flag_names, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
@@ -322,8 +323,8 @@ def piece_proved(block: BlockPlan, i: int) -> bool:
     its piece, and the fast path's IR identity (``_same_ir``).
 
     Composition: if it holds for every i, ``prove_block(block)`` is PROVED by the fast path with
-    ``FAST_PATH_REASON``.  Atomicity, the lift gaps and the IR identity are checked per instruction
-    there too.  Admission of the whole block is implied by admission of each piece: the block's
+    ``FAST_PATH_REASON``.  Atomicity, the machine model, the lift gaps and the IR identity are checked per
+    instruction there too.  Admission of the whole block is implied by admission of each piece: the block's
     features beyond the original's are the union of the pieces' (``reloc - orig`` of unions lies in
     the union of the differences), its hazard signature is the concatenation of the pieces' (equal
     when each is), and the per-instruction status checks are the same loop.  The converse need not
@@ -331,6 +332,10 @@ def piece_proved(block: BlockPlan, i: int) -> bool:
     ``prove_block`` itself."""
     insn = block.instructions[i]
     if check_atomicity(insn, block.piece(i), block.starts[i], block.tracer_memory) is not None:
+        return False
+    piece = block.piece(i)
+    if not one_step(piece, block.starts[i], block.tracer_memory) or \
+            check_machine(insn.raw, insn.address, piece, (), block.starts[i], block.tracer_memory).problem:
         return False
     if opaque_lift_reason(insn) is not None:
         return False
@@ -494,6 +499,32 @@ def _elapsed(t0: float) -> float:
     return time.perf_counter() - t0
 
 
+def _machine(block: BlockPlan, t0: float) -> ProofResult | None:
+    """The machine model (``proof.machine_model``), piece by piece: each piece against its instruction, as
+    ``prove.py`` checks one relocation; and every piece one step (``one_step``), so that every boundary in the
+    trampoline is the image of one in the original (rows interrupt-frame and signal-frame hold piece by
+    piece, as they do for the original's own boundaries).  None: nothing found."""
+    for i, insn in enumerate(block.instructions):
+        piece, start = block.piece(i), block.starts[i]
+        check = check_machine(insn.raw, insn.address, piece, (), start, block.tracer_memory)
+        where = f"instruction {i} ({insn.text})"
+        if check.problem is not None and check.refutes:
+            cex = Counterexample((), (), (Difference(check.what, check.original, check.relocated),),
+                                 _run_bytes(block).hex(), block.address, block.tramp, block.trampoline.hex(),
+                                 replayed=None, replay_note="the machine model's difference is not observable in a "
+                                                            "sequential replay")
+            return ProofResult(Verdict.REFUTED, f"{where}: {check.problem}", "machine-model", cex, _elapsed(t0))
+        if check.problem is not None:
+            return ProofResult(Verdict.UNKNOWN, f"{where}: {check.problem}", "machine-model", seconds=_elapsed(t0))
+        if not one_step(piece, start, block.tracer_memory):
+            return ProofResult(Verdict.UNKNOWN, f"not proved: {where}'s relocation has more than one instruction "
+                                                f"that moves rsp or touches memory, and a block's boundaries are "
+                                                f"checked against the machine model (interrupt frames below rsp) "
+                                                f"only one such step a piece",
+                               "machine-model", seconds=_elapsed(t0))
+    return None
+
+
 def _lock_result(block: BlockPlan, i: int, reason: str, t0: float) -> ProofResult:
     insn = block.instructions[i]
     cex = Counterexample((), (), (Difference("lock", "locked" if atomic(insn) else "unlocked",
@@ -584,6 +615,9 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
         lock = check_atomicity(insn, block.piece(i), block.starts[i], block.tracer_memory)
         if lock is not None:
             return _lock_result(block, i, lock, t0)
+    machine = _machine(block, t0)
+    if machine is not None:
+        return machine
     for i, insn in enumerate(insns):
         gap = opaque_lift_reason(insn)
         if gap is not None:

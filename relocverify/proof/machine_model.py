@@ -419,25 +419,34 @@ def tracer_alignment(reloc, context: Context, tramp: int) -> MachineCheck | None
     return None
 
 
-def one_step(code: bytes, tramp: int) -> bool:
-    """Whether the relocation runs at most one instruction besides jumps and NOPs: then every boundary inside
-    it is before that instruction (the entry state) or after it (its final state, up to jumps), so the rows
-    that look between instructions (``interrupt-frame``, ``signal-frame``) hold by construction.  The IR
-    identity fast path is sound for the machine only then; other relocations go to the symbolic check,
-    which computes the stack pointer at every boundary (``smt.stack_exposure``)."""
+def one_step(code: bytes, tramp: int, tracer_ranges: tuple[tuple[int, int], ...] = ()) -> bool:
+    """Whether at most one of the relocation's reachable instructions is a *step*: one that writes rsp or
+    accesses memory outside tracer memory (``tracer_ranges``, else the code itself).  Then at every boundary
+    before the step the stack pointer and every byte outside tracer memory are the entry's, and at every
+    boundary after it they are the step's final ones: an interrupt or signal there sees what it would see
+    just before or just after the original, and the rows that look between instructions
+    (``interrupt-frame``, ``signal-frame``) hold by construction.  The other instructions touch only
+    registers (which an interrupt handler saves and restores) and tracer memory.  The IR identity fast path
+    is sound for the machine only then; other relocations go to the symbolic check, which computes the
+    stack pointer at every boundary (``smt.stack_exposure``)."""
     walk = reachable(code, tramp)
     if walk.problem is not None:
         return False
+    ranges = tuple(tracer_ranges) or ((tramp, len(code)),)
     steps = 0
     for address, raw in walk.instructions:
         if raw == ABS_JUMP:
             continue
         ins = _decoded(raw, address)
-        if ins.mnemonic == iced.Mnemonic.NOP or (ins.flow_control == iced.FlowControl.UNCONDITIONAL_BRANCH
-                                                 and ins.op0_kind in _NEAR):
-            continue
-        steps += 1
+        if machine_classes(raw, address, ranges).accesses or _writes_rsp(ins):
+            steps += 1
     return steps <= 1
 
 
-_NEAR = (iced.OpKind.NEAR_BRANCH16, iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64)
+_RSP_REGS = frozenset({iced.Register.RSP, iced.Register.ESP, iced.Register.SP, iced.Register.SPL})
+_WRITE = frozenset({iced.OpAccess.WRITE, iced.OpAccess.COND_WRITE, iced.OpAccess.READ_WRITE,
+                    iced.OpAccess.READ_COND_WRITE})
+
+
+def _writes_rsp(ins) -> bool:
+    return any(r.register in _RSP_REGS and r.access in _WRITE for r in _INFO.info(ins).used_registers())

@@ -113,7 +113,7 @@ def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Ef
                                "fast-path", seconds=time.perf_counter() - t0)
     except Gap as gap:
         return gap_result(decoded, code, tramp, gap.reason, t0)
-    if trusted and code is not None and one_step(code, tramp):
+    if trusted and code is not None and one_step(code, tramp, tuple(tracer_ranges)):
         try:
             if fast_path(decoded.raw, decoded.address, code, tramp):
                 return ProofResult(Verdict.PROVED, "the relocated IR is the original's up to A <-> T",

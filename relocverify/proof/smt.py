@@ -292,14 +292,16 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
     """Rows interrupt-frame and signal-frame of ``machine_model``: conditions, each with what it means, under
     which an interrupt (at CPL 0, ``red_zone`` 0) or a signal (at CPL 3, ``red_zone`` 128) arriving at a
     boundary *inside* the relocation (after its first instruction started, before its last one ended)
-    changes what it computes.  The handler's frame overwrites everything below ``rsp - red_zone`` there.
-    With offsets from the entry rsp (``d``: at the boundary, ``f``: the original's rsp at its end):
+    changes what it computes.  The handler's frame may overwrite every byte below ``rsp - red_zone`` there
+    (its *exposed* bytes).  With offsets from the entry rsp (``d``: at the boundary, ``f``: the original's
+    rsp at its end), some byte ``y``:
 
-    * ``d - red_zone > f``: bytes the original keeps live at its end (at or above its final rsp) were below
-      the relocation's exposed top at the boundary: an interrupt there loses them;
-    * a read after the boundary of a byte in ``[0, d) - red_zone``: a byte not exposed on entry (where an
-      interrupt before the original could equally have hit it), exposed at the boundary;
-    * ``d < min(0, f) - allowance``: the stack pointer leaves the stack the tracer's own trap frame used,
+    * exposed at the boundary, at or above ``f`` (the original keeps it live at its end), and written by no
+      later store of the relocation: the interrupt's value survives where the original's does not;
+    * exposed at the boundary but not on entry (``y >= -red_zone``: below that, an interrupt before the
+      original could equally have written it), read later, and written by no store between the boundary
+      and the read;
+    * or ``d < min(0, f) - allowance``: the stack pointer leaves the stack the tracer's own trap frame used,
       or is not the stack at all: the frame itself would fault.
 
     Offsets are exact integers (66-bit), so no wrap-around of the address space makes or hides a case.  The
@@ -317,21 +319,32 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
     zero = claripy.BVV(0, 66)
     floor = claripy.BVV(-red_zone & ((1 << 66) - 1), 66)  # the exposed top on entry, as an offset
     low = claripy.If(claripy.SLT(f, zero), f, zero) - allowance
+    y = claripy.BVS("exposed_byte", 66, explicit_name=True)
+
+    def unwritten(events):
+        """``y`` is written by none of ``events``' stores."""
+        return [claripy.Not(claripy.And(e.guard, claripy.SLE(z(e.address) - rsp0, y),
+                                        claripy.SLT(y, z(e.address) - rsp0 + e.size)))
+                for e in events if e.kind == "W"]
+
     found = []
     for o in reloc_outs:
         for b in o.boundaries[1:]:
             d = z(b.rsp) - rsp0
             top = d - red_zone
             where = f"T+{b.address - tramp:#x}"
-            found.append((claripy.And(o.guard, claripy.SGT(top, f)),
-                          f"at the boundary before {where} the original's live stack is below rsp"))
+            after = o.events[b.before:]
+            found.append((claripy.And(o.guard, claripy.SLE(f, y), claripy.SLT(y, top), *unwritten(after)),
+                          f"at the boundary before {where} stack the original keeps is exposed, and not written "
+                          f"again"))
             found.append((claripy.And(o.guard, claripy.SLT(d, low)),
                           f"at the boundary before {where} rsp is not within the tracer's stack"))
-            for e in o.events[b.before:]:
+            for k, e in enumerate(after):
                 if e.kind != "R" or (e.address.op == "BVV" and world.in_tracer(e.address.args[0])):
                     continue
                 da = z(e.address) - rsp0
-                hit = claripy.And(claripy.SLT(floor, top), claripy.SLT(da, top), claripy.SGT(da + e.size, floor))
+                hit = claripy.And(claripy.SLE(floor, y), claripy.SLT(y, top), claripy.SLE(da, y),
+                                  claripy.SLT(y, da + e.size), *unwritten(after[:k]))
                 found.append((claripy.And(o.guard, e.guard, hit),
                               f"a read after the boundary before {where} reads stack exposed there"))
     return [(claripy.And(valid, c), why) for c, why in found if not claripy.is_false(c)]
