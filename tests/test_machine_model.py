@@ -308,3 +308,17 @@ def test_a_push_after_other_instructions_is_still_equivalent(reg, nops):
     reloc = with_jump_back(orig, b"\x48\x89\xc0" * nops + orig)  # mov %rax,%rax: no flag, no memory
     r = verdict(orig, reloc)
     assert r.verdict is Verdict.PROVED, r.render()
+
+
+@SETTINGS
+@given(st.integers(0, 15))
+def test_a_kernel_relocation_may_not_use_a_vector_register_as_scratch(xmm):
+    """At CPL 0 a vector register outside kernel_fpu_begin holds a task's user state; an interrupt that
+    uses the FPU saves it as that state (row kernel-vector-state)."""
+    orig = b"\x48\x8b\x03"  # mov (%rbx), %rax
+    r = rex(1, xmm)[0]
+    load = bytes([0x66, r, 0x0F, 0x6E, 0x03 | ((xmm & 7) << 3)])  # movq (%rbx), %xmmN via 66 REX.W 0f 6e
+    to_rax = bytes([0x66, r, 0x0F, 0x7E, 0xC0 | ((xmm & 7) << 3)])  # movq %xmmN, %rax
+    result = verdict(orig, with_jump_back(orig, load + to_rax))
+    assert result.verdict is not Verdict.PROVED and result.method == "machine-model", result.render()
+    assert "xmm" in result.reason or "zmm" in result.reason

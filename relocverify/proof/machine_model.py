@@ -161,6 +161,10 @@ MACHINE_MODEL: tuple[Row, ...] = (
     Row("shadow-stack-emulation", "an emulated call or ret and the shadow stack", BOTH, P, "the tracer",
         "Linux uprobes: shstk_push/shstk_pop in call and ret emulation",
         "the tracer's emulation pushes or pops the shadow stack too where one is enabled"),
+    Row("kernel-vector-state", "vector, mask and x87 registers at CPL 0", (Context.KERNEL,), O,
+        "machine_model.added_vector_writes", "Linux arch/x86/kernel/fpu/core.c (kernel_fpu_begin, irq_fpu_usable)",
+        "outside kernel_fpu_begin/end they hold a task's user state: an interrupt that uses the FPU saves them "
+        "as that state, so a relocation may write none the original does not write"),
     Row("cpl-change", "far transfers, interrupts, system calls, privileged and I/O instructions", BOTH, U,
         "policy (unclassified-flow) and the form table (never validated in user mode)", "SDM Vol. 2",
         "their effects on CS, SS, the IDT and the privilege level are outside the semantics"),
@@ -177,7 +181,12 @@ ROWS = {r.key: r for r in MACHINE_MODEL}
 # ---------------------------------------------------------------------------
 
 _INFO = iced.InstructionInfoFactory()
-_SEGMENT = {iced.Register.SS: "ss", iced.Register.FS: "fs", iced.Register.GS: "gs"}
+_RSP_REGS = frozenset({iced.Register.RSP, iced.Register.ESP, iced.Register.SP, iced.Register.SPL})
+_WRITE = frozenset({iced.OpAccess.WRITE, iced.OpAccess.COND_WRITE, iced.OpAccess.READ_WRITE,
+                    iced.OpAccess.READ_COND_WRITE})
+#: The segment classes a fault tells apart: a non-canonical address through SS raises #SS, through any other
+#: segment (fs and gs included: their bases are added first) #GP.
+_SEGMENT = {iced.Register.SS: "ss"}
 _KIND = {iced.OpAccess.READ: "r", iced.OpAccess.COND_READ: "r", iced.OpAccess.WRITE: "w",
          iced.OpAccess.COND_WRITE: "w", iced.OpAccess.READ_WRITE: "rw", iced.OpAccess.READ_COND_WRITE: "rw"}
 #: Instructions whose effect lands on the next instruction (rows single-step-set, interrupt-shadow).
@@ -190,9 +199,9 @@ _SHADOW_MANAGEMENT = frozenset("incsspd incsspq rdsspd rdsspq saveprevssp rstors
 
 @dataclass(frozen=True)
 class Access:
-    """One memory access as the fault it can raise sees it: the segment class (``ss``, ``fs``, ``gs`` or
-    ``flat``: #SS against #GP for a non-canonical address), the kind (``r``, ``w``, ``rw``: the page-fault
-    error code's W bit) and the width."""
+    """One memory access as the fault it can raise sees it: the segment class (``ss`` or ``flat``: #SS against
+    #GP for a non-canonical address), the kind (``r``, ``w``, ``rw``: the page-fault error code's W bit) and
+    the width."""
 
     segment: str
     kind: str
@@ -210,6 +219,14 @@ class MachineClasses:
     shadow: str | None  # "push", "pop", "far", "manage"
     indirect: str | None  # "jmp" or "call", with " notrack" when 0x3e prefixes it
     tracer_accesses: tuple[tuple[int, int], ...]  # (address, size) of accesses at constant tracer addresses
+    vector_writes: frozenset[str] = frozenset()  # vector, mask, MMX and x87 registers written (full names)
+
+
+_RE = iced.RegisterExt
+_REGISTER_NAMES = {v: k.lower() for k, v in vars(iced.Register).items() if k.isupper() and isinstance(v, int)}
+#: Instructions that load x87 or SSE control and status state, which iced lists as no register.
+_X87_CONTROL = frozenset("ldmxcsr vldmxcsr fldcw fldenv frstor fxrstor fxrstor64 xrstor xrstor64 xrstors "
+                         "xrstors64 fninit finit fnclex fclex emms femms vzeroupper vzeroall".split())
 
 
 @lru_cache(maxsize=65536)
@@ -252,7 +269,19 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
         if ins.segment_prefix == iced.Register.DS:
             indirect += " notrack"
     return MachineClasses(tuple(sorted(accesses, key=lambda a: (a.segment, a.kind, a.size))), deferred, shadow,
-                          indirect, tuple(tracer))
+                          indirect, tuple(tracer), _vector_writes(ins))
+
+
+def _vector_writes(ins) -> frozenset[str]:
+    out = set()
+    for r in _INFO.info(ins).used_registers():
+        reg = r.register
+        if r.access in _WRITE and (_RE.is_vector_register(reg) or _RE.is_k(reg) or _RE.is_mm(reg) or _RE.is_st(reg)):
+            full = _RE.full_register(reg) if _RE.is_vector_register(reg) else reg
+            out.add(_REGISTER_NAMES.get(full, str(full)))
+    if MNEMONIC_NAMES.get(ins.mnemonic, "") in _X87_CONTROL:
+        out.add("x87/mxcsr control")
+    return frozenset(out)
 
 
 def effect_classes(effects: tuple[Effect, ...]) -> tuple[Access, ...]:
@@ -260,9 +289,7 @@ def effect_classes(effects: tuple[Effect, ...]) -> tuple[Access, ...]:
     out = []
 
     def address_segment(a: Address) -> str:
-        if a.segment:
-            return a.segment
-        return "ss" if a.base in ("rsp", "rbp") else "flat"
+        return "ss" if not a.segment and a.base in ("rsp", "rbp") else "flat"
 
     def visit(v) -> None:
         if isinstance(v, Load):
@@ -327,6 +354,7 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
             return MachineCheck(f"not proved: the relocation's instruction at T+{address - tramp:#x} has an effect on "
                                 f"the next instruction ({row.what}); {row.reason} ({row.source})")
     found = (compare_shadow_stacks(orig, [c for _, c in reloc])
+             or added_vector_writes(orig, [c for _, c in reloc], context)
              or added_indirect_branches(orig, reloc, tramp, context, assumes)
              or compare_accesses(orig.accesses, tuple(a for _, c in reloc for a in c.accesses))
              or tracer_alignment(reloc, context, tramp))
@@ -358,6 +386,19 @@ def compare_shadow_stacks(orig: MachineClasses, reloc: list[MachineClasses]) -> 
     return _difference(f"shadow stack: {row.reason} ({row.source})", "shadow stack",
                        show.get(orig.shadow, "no shadow-stack operation"),
                        ", ".join(show[o] for o in ops) or "no shadow-stack operation")
+
+
+def added_vector_writes(orig: MachineClasses, reloc: list[MachineClasses], context: Context) -> MachineCheck | None:
+    """Row kernel-vector-state: at CPL 0 the relocation writes no vector, mask, MMX or x87 register (nor their
+    control state) that the original does not write."""
+    if context is not Context.KERNEL:
+        return None
+    extra = set().union(*(c.vector_writes for c in reloc)) - orig.vector_writes if reloc else set()
+    if not extra:
+        return None
+    row = ROWS["kernel-vector-state"]
+    return MachineCheck(f"not proved: the relocation writes {', '.join(sorted(extra))}, which the original does not; "
+                        f"{row.reason} ({row.source})")
 
 
 def added_indirect_branches(orig: MachineClasses, reloc, tramp: int, context: Context, assumes: list) -> MachineCheck | None:
@@ -402,7 +443,7 @@ def compare_accesses(orig: tuple[Access, ...], reloc: tuple[Access, ...]) -> Mac
 
 
 def _fault_names(accesses: tuple[Access, ...]) -> str:
-    names = {"ss": "#SS(0)", "fs": "#GP(0) (fs)", "gs": "#GP(0) (gs)", "flat": "#GP(0)"}
+    names = {"ss": "#SS(0)", "flat": "#GP(0)"}
     return ", ".join(names[a.segment] for a in accesses) or "none"
 
 
@@ -443,9 +484,6 @@ def one_step(code: bytes, tramp: int, tracer_ranges: tuple[tuple[int, int], ...]
     return steps <= 1
 
 
-_RSP_REGS = frozenset({iced.Register.RSP, iced.Register.ESP, iced.Register.SP, iced.Register.SPL})
-_WRITE = frozenset({iced.OpAccess.WRITE, iced.OpAccess.COND_WRITE, iced.OpAccess.READ_WRITE,
-                    iced.OpAccess.READ_COND_WRITE})
 
 
 def _writes_rsp(ins) -> bool:
