@@ -2,8 +2,9 @@
 
 A random state (``concrete.states``) meets the operand value where a VEX
 flag helper or a lifter is wrong only by chance: ``rcl al, cl`` takes its
-count masked to 5 bits and then mod 9, and a helper wrong for CL = 27 alone
-is met in about one random state in fifty.  This module says, for each
+count masked to 5 bits and then mod 9: a helper wrong where the count
+masks to 27 is met in about one random state in fifty, one wrong for CL = 27
+alone in about one in 400.  This module says, for each
 instruction class (``EDGE_CLASSES``: one row per class, chosen by
 mnemonic, with what it draws and why), which operand values matter, and
 draws every one of them in every validation of a form of that class:
@@ -20,7 +21,10 @@ draws every one of them in every validation of a form of that class:
   at the word its offset selects, so offsets past the operand reach other
   words of the arena), RFLAGS' arithmetic flags are the case's;
 * ``edge_immediates(raw)``: copies of ``raw`` whose count or ALU immediate
-  takes the class's edge values.  Only classes whose mnemonics' immediates
+  takes the class's edge values (beside such an immediate an operand takes
+  the few ``core_values``).  Form validation runs the edge states once per
+  immediate value of a form (``immediate_of``): its instances differ only in
+  register numbers and displacements.  Only classes whose mnemonics' immediates
   the form leaves out (``proof.forms.IMMEDIATE_BLIND``; tests check it)
   have them: any other immediate is part of the form and is not varied.
 
@@ -50,7 +54,7 @@ BOTH_WAYS = (ARITHMETIC, 0)
 #: Carry-in both ways with the other flags both ways too: rcl/rcr, adc/sbb.
 CARRY_WAYS = (0, CF, ARITHMETIC & ~CF, ARITHMETIC)
 #: adcx reads CF, adox OF: each both ways, with the other both ways.
-CARRY_OVERFLOW_WAYS = (0, CF, OF, CF | OF, ARITHMETIC, ARITHMETIC & ~CF, ARITHMETIC & ~OF, AF | ZF)
+CARRY_OVERFLOW_WAYS = (0, CF, OF, CF | OF)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,14 @@ def values(w: int) -> tuple[int, ...]:
             out += [m & ~((1 << low) - 1), 1 << low, (1 << (low - 1)) - 1, 1 << (low - 1), (1 << low) - 1]
     out.append(m // 3)  # 0x55..
     return tuple(dict.fromkeys(v & m for v in out))
+
+
+def core_values(w: int) -> tuple[int, ...]:
+    """The values an operand takes beside an immediate that is itself varied (``edge_immediates``: each
+    of its edge values is a variant with these): 0, 1, all-ones, 0x7f.., 0x80.., 0x80..01, all-ones with
+    the low byte zero (8 bits: 0xfe), 0x55.."""
+    m, top = (1 << w) - 1, 1 << (w - 1)
+    return tuple(dict.fromkeys((0, 1, m, top - 1, top, top + 1, m & ~0xFF if w > 8 else m - 1, m // 3)))
 
 
 def counts(w: int, through_carry: bool = False) -> tuple[int, ...]:
@@ -179,11 +191,12 @@ def _shift_cases(s: Shape) -> list[Case]:
     ways = CARRY_WAYS if carry else BOTH_WAYS
     vs = values(s.width)
     count = "op2" if s.mnemonic in ("shld", "shrd") else "op1"
+    if count not in s.present and s.mnemonic in ("shld", "shrd"):  # an imm8 count is part of the form
+        return _alternate("op0", vs) + [Case((("op1", v),), BOTH_WAYS[i % 2]) for i, v in enumerate(vs)]
     if count not in s.present:  # an imm8 or the constant 1: edge_immediates varies it
-        out = _every_way("op0", vs, ways) if carry else _alternate("op0", vs)
-        if s.mnemonic in ("shld", "shrd"):
-            out += [Case((("op1", v),), ways[i % 2]) for i, v in enumerate(vs)]
-        return out
+        core = core_values(s.width)
+        return [Case((("op0", v),), ways[(2 * i + j) % len(ways)]) for i, v in enumerate(core) for j in (0, 1)] \
+            if carry else _alternate("op0", core)
     out = []
     for i, c in enumerate(counts(s.width, carry)):
         for j, f in enumerate(ways):
@@ -198,7 +211,7 @@ def _shift_cases(s: Shape) -> list[Case]:
 def _bit_test_cases(s: Shape) -> list[Case]:
     vs = values(s.width)
     if "op1" not in s.present:  # an imm8 offset: edge_immediates
-        return _alternate("op0", vs)
+        return _alternate("op0", core_values(s.width))
     offsets = _bit_offsets(s.width, s.memory)
     return [Case((("op0", vs[i % len(vs)]), ("op1", o)), BOTH_WAYS[i % 2]) for i, o in enumerate(offsets)]
 
@@ -206,11 +219,11 @@ def _bit_test_cases(s: Shape) -> list[Case]:
 def _alu_cases(s: Shape, ways=BOTH_WAYS) -> list[Case]:
     """Pairs, or with an immediate second operand the first operand's values; for adc/sbb (``ways``
     CARRY_WAYS) each with the carry in both ways."""
-    if "op1" not in s.present:
+    if "op1" not in s.present:  # neg, or an immediate edge_immediates varies
+        vs = values(s.width) if s.operands == 1 else core_values(s.width)
         if ways is BOTH_WAYS:
-            return _alternate("op0", values(s.width))
-        return [Case((("op0", v),), ways[(2 * i + j) % len(ways)]) for i, v in enumerate(values(s.width))
-                for j in (0, 1)]
+            return _alternate("op0", vs)
+        return [Case((("op0", v),), ways[(2 * i + j) % len(ways)]) for i, v in enumerate(vs) for j in (0, 1)]
     if ways is BOTH_WAYS:
         return [Case((("op0", a), ("op1", b)), ways[i % 2]) for i, (a, b) in enumerate(pairs(s.width))]
     # both carry-ins for every pair; the other flags set in one pair, clear in the next
@@ -219,10 +232,9 @@ def _alu_cases(s: Shape, ways=BOTH_WAYS) -> list[Case]:
 
 
 def _carry_cases(s: Shape) -> list[Case]:
-    if s.mnemonic in ("adcx", "adox"):
-        out = [Case((("op0", a), ("op1", b)), f) for (a, b) in pairs(s.width)[:8] for f in CARRY_OVERFLOW_WAYS[:4]]
-        return out + [Case((("op0", a), ("op1", b)), f) for (a, b) in pairs(s.width)[8:]
-                      for f in CARRY_OVERFLOW_WAYS[4:6]]
+    if s.mnemonic in ("adcx", "adox"):  # CF and OF in all four ways for every pair, the other flags in turn
+        return [Case((("op0", a), ("op1", b)), f | (ARITHMETIC & ~(CF | OF) if i % 2 else 0))
+                for i, (a, b) in enumerate(pairs(s.width)) for f in CARRY_OVERFLOW_WAYS]
     return _alu_cases(s, CARRY_WAYS)
 
 
@@ -232,7 +244,7 @@ def _multiply_cases(s: Shape) -> list[Case]:
     elif s.operands == 1:
         roles = ("lo", "op0")  # al/ax/eax/rax times the operand
     elif s.operands == 3:  # imul r, r/m, imm: the immediate is edge_immediates'
-        return _alternate("op1", values(s.width))
+        return _alternate("op1", core_values(s.width))
     else:
         roles = ("op0", "op1")
     return [Case(((roles[0], a), (roles[1], b)), BOTH_WAYS[i % 2]) for i, (a, b) in enumerate(products(s.width))]
@@ -351,85 +363,92 @@ _CONDITIONS = _words(" ".join(f"j{c} cmov{c} set{c}" for c in _CC.split()))
 
 EDGE_CLASSES = (
     EdgeClass("shift", _words("shl sal shr sar"),
-              "counts 0, 1, 2, w-1, w, w+1, 2w, 3w, 31, 32, 63, 64, 65, 127, 128, 255 (CL and imm8), each with "
-              "two operand values; the operand's values; flags both ways",
+              "counts(w): in CL each twice (two of values(w) in the operand, the flags set and clear); as an "
+              "imm8 a variant each, with core(w) in the operand (the flags set and clear in turn)",
               _shift_cases, lambda w, size: counts(w),
               "VEX masks the count and keeps the flags for a masked count of 0; the helpers compute CF/OF from "
               "the count-1 shift: wrong at one count, right on random ones"),
     EdgeClass("rotate", _words("rol ror"),
-              "as shift, and every multiple of w up to 31 (an 8/16-bit rotate by 8, 16, 24 rotates by 0 but "
-              "sets CF)",
+              "as shift; counts(w) holds every multiple of w up to 31 (8, 16, 24; 16): such a count rotates by 0 "
+              "yet writes CF",
               _shift_cases, lambda w, size: counts(w),
               "the count is masked to 5/6 bits, then taken mod w: a nonzero masked count that rotates by 0 "
               "still writes CF and OF"),
     EdgeClass("rotate through carry", _words("rcl rcr"),
-              "as rotate, and every multiple of w+1 up to 31 (9, 18, 27; 17); each count and value with CF "
-              "both ways and the other flags both ways",
+              "as rotate, and every multiple of w+1 up to 31 (9, 18, 27; 17); in CL each count four times (CF in "
+              "and the other flags, each set and clear); beside an imm8 each of core(w) with CF set and clear",
               _shift_cases, lambda w, size: counts(w, True),
               "the count is taken mod 9 or 17 (amd64g_calculate_RCL/RCR): CF in and the count's residue "
               "decide every output"),
     EdgeClass("double shift", _words("shld shrd"),
-              "as shift for the count in CL, with both operands' values; with an imm8 count (part of the "
-              "form) both operands' values",
+              "counts(w) in CL, each twice (values(w) in both operands, the flags set and clear); an imm8 "
+              "count is part of the form: values(w) in each operand",
               _shift_cases, None,
               "a count at or past the width leaves the result undefined for 16 bits and masks for 32/64"),
     EdgeClass("bit test", _words("bt bts btr btc"),
               "register offsets 0, 1, w-1, w, w+1, 2w-1, 2w, 255, 256, -1, -w, MIN; a bit string in memory: "
-              "0, 1, w-1, w, w+1, 2w-1, 2w, -1, -w, -w-1, 512, -513, 0x7fff, -0x8000 (its word written); "
-              "imm8 0, 1, w-1, w, w+1, 2w-1, 127, 128, 255",
+              "0, 1, w-1, w, w+1, 2w-1, 2w, -1, -w, -w-1, 512, -513, 0x7fff, -0x8000 (the word it selects "
+              "written); imm8 0, 1, w-1, w, w+1, 2w-1, 127, 128, 255; values(w) in the operand (core(w) "
+              "beside an imm8)",
               _bit_test_cases, lambda w, size: tuple(dict.fromkeys(
                   (0, 1, w - 1, w, w + 1, 2 * w - 1, 127, 128, 255))),
               "a register offset is taken mod w, a memory one selects another word (signed): both at and past "
               "the width"),
-    EdgeClass("carry arithmetic", _words("adc sbb adcx adox"),
-              "operand pairs at the carry, overflow, AF and zero boundaries, each with CF in both ways (adcx: "
-              "CF, adox: OF, both ways, with the other flag both ways); immediates' sign boundaries",
+    EdgeClass("carry arithmetic", _words("adc sbb"),
+              "pairs(w), each with CF set and clear (the other flags set for one pair, clear for the next); "
+              "with an immediate core(w) so, and the immediate at its sign boundaries",
               _carry_cases, lambda w, size: _immediate_edges(size),
               "the carry in is an input of every output; a helper wrong for all-ones + CF shows only there"),
+    EdgeClass("carry chain", _words("adcx adox"),
+              "pairs(w) with CF and OF in all four ways (adcx reads and writes CF, adox OF; the other flags "
+              "set for one pair, clear for the next)",
+              _carry_cases, None,
+              "each keeps every flag but its own: the other carry must come out as it went in"),
     EdgeClass("add and logic", _words("add sub cmp and or xor test neg"),
-              "operand pairs at the carry, overflow, AF and zero boundaries; immediates' sign boundaries "
-              "(0x7f, 0x80, 0xff, 0x7fff.., 0x80..); flags both ways",
+              "pairs(w) (the flags set and clear in turn); with an immediate core(w), and the immediate at its "
+              "sign boundaries (0x7f, 0x80, 0xff and 0x7fff.., 0x80.., 0xff.. of its size); neg: values(w)",
               _alu_cases, lambda w, size: _immediate_edges(size),
               "OF, CF and AF differ from a wrong helper only at the sign and nibble boundaries"),
     EdgeClass("increment and not", _words("inc dec not"),
-              "the operand's values, each with the flags both ways (inc/dec keep CF, not keeps every flag)",
+              "values(w), each with every flag set and clear (inc/dec keep CF, not keeps every flag)",
               _unary_cases, None,
               "a flag the instruction keeps must come out as it went in, both ways"),
     EdgeClass("multiply", _words("mul imul mulx"),
-              "factor pairs at the unsigned and signed overflow boundaries (2^(w/2) squared, "
-              "(2^(w/2)-1)(2^(w/2)+1), MIN*-1, 0x40..*2, -1*-1, zero); immediates' sign boundaries",
+              "products(w) in al/ax/eax/rax and the operand, both operands of imul r, r/m, or rdx and the "
+              "source of mulx; imul r, r/m, imm: core(w), and the immediate at its sign boundaries",
               _multiply_cases, lambda w, size: _immediate_edges(size),
               "CF and OF say whether the high half is significant: only at those boundaries does a wrong "
               "helper show"),
     EdgeClass("divide", _words("div idiv"),
-              "(rdx:rax or ax, divisor): zero divisor, the largest quotient that fits and the first that does "
-              "not, MIN/-1, MIN/1, -1/-1 (#DE compared with the fault model's)",
+              "quotients(w) in ah:al, dx:ax, edx:eax or rdx:rax and the divisor (#DE compared with the fault "
+              "model's: SIGFPE)",
               _divide_cases, None,
               "#DE (SIGFPE) for a zero divisor or a quotient that does not fit: the fault model's boundary"),
     EdgeClass("bit scan and count", _words("bsf bsr lzcnt tzcnt popcnt"),
-              "the source's values and single bits at 0, 7, 8, 15, 16, 31, 32, 63; a zero source with the "
-              "destination all-ones and zero",
+              "values(w) and the single bits 0, 7, 8, 15, 16, 31, 32, 63 below w in the source; a zero source "
+              "with the destination all-ones and zero",
               _scan_cases, None,
               "a zero source sets ZF (CF for lzcnt/tzcnt) and leaves bsf/bsr's destination as it was"),
     EdgeClass("exchange", _words("cmpxchg xadd"),
-              "cmpxchg: the accumulator equal to the destination and not, at every value; xadd: as add",
+              "cmpxchg: each of values(w) in the accumulator, the destination equal to it and not; xadd: "
+              "pairs(w)",
               _exchange_cases, None,
               "the comparison's two ways write different registers and memory"),
     EdgeClass("wide exchange", _words("cmpxchg8b cmpxchg16b"),
-              "edx:eax (rdx:rax) equal to the memory operand, or differing in one half only, at the values "
-              "of a half",
+              "each of values(w/2): edx:eax (rdx:rax) equal to the memory operand, or differing in one half "
+              "only; ecx:ebx (rcx:rbx) from values(w/2)",
               _wide_exchange_cases, None,
               "ZF and the write-back depend on both halves"),
     EdgeClass("byte swap", _words("bswap"),
-              "the operand's values", _swap_cases, None,
+              "values(w)", _swap_cases, None,
               "bswap r16 is undefined: its values at the byte boundaries show it"),
     EdgeClass("bmi count", _words("shlx shrx sarx bzhi bextr"),
-              "the count, index or start/length byte at 0, 1, w-1, w, w+1, 255 (and 0x100: bits above "
-              "ignored), each with a value",
+              "the count (shlx/shrx/sarx) or index (bzhi) at 0, 1, w-1, w, w+1, 255, 0x100, 0x100+w-1, "
+              "2w-1, all-ones; bextr's start and length each at 0, 1, w-1, w, w+1, 255; values(w) in the source",
               _bmi_count_cases, None,
               "the count is masked (shlx) or saturated (bzhi, bextr) past the width"),
     EdgeClass("bmi logic", _words("andn blsi blsmsk blsr pdep pext rorx"),
-              "the operands' values, in pairs for two sources",
+              "values(w) in the source; pairs(w) in andn's, pdep's and pext's two sources",
               _bmi_logic_cases, None,
               "CF and ZF of blsi/blsr/blsmsk depend on a zero source"),
     EdgeClass("condition", _CONDITIONS,
@@ -543,6 +562,11 @@ def _signed(v: int, bits: int) -> int:
 def edge_states(raw: bytes, address: int, rng: random.Random) -> list[MachineState]:
     """One placed state per edge case of ``raw`` at ``address`` (see the module doc); a case no
     placement fits is left out."""
+    return [state for _, state in edge_cases_placed(raw, address, rng)]
+
+
+def edge_cases_placed(raw: bytes, address: int, rng: random.Random) -> list[tuple[Case, MachineState]]:
+    """``edge_states`` with the case each state was made from (what a report of a difference names)."""
     ins = _decode(raw, address)
     where = locations(ins)
     bit_string = _MNEMONIC[ins.mnemonic] in ("bt", "bts", "btr", "btc") and "op1" in where \
@@ -566,10 +590,10 @@ def edge_states(raw: bytes, address: int, rng: random.Random) -> list[MachineSta
         if bit_string:
             spans = _bit_string_word(raw, address, regs, where["op1"], dict(case.values).get("op1"))
         for bits, value in memory_values:
-            at, size = next(((a, n) for a, n in spans if 8 * n == bits), spans[0])
+            at, _ = next(((a, n) for a, n in spans if 8 * n == bits), spans[0])
             for k in range(bits // 8):
                 memory[at + k] = value >> (8 * k) & 0xFF
-        out.append(MachineState(regs, memory))
+        out.append((case, MachineState(regs, memory)))
     return out
 
 
@@ -587,6 +611,17 @@ def _bit_string_word(raw: bytes, address: int, regs: dict[str, int], offset_at: 
         offset = regs[offset_at.family] >> offset_at.shift & ((1 << offset_at.bits) - 1)
     bits = 8 * size
     return [(ea + (_signed(offset, offset_at.bits) >> (bits.bit_length() - 1)) * size, size)]
+
+
+def immediate_of(raw: bytes) -> int | None:
+    """``raw``'s immediate (None: it has none): the variants of a form that get its edge states are one per
+    immediate value (its instances differ only in register numbers and displacements)."""
+    dec = iced.Decoder(64, raw)
+    ins = dec.decode()
+    offsets = dec.get_constant_offsets(ins)
+    if not offsets.has_immediate or offsets.immediate_size == 0:
+        return None
+    return int.from_bytes(raw[offsets.immediate_offset:offsets.immediate_offset + offsets.immediate_size], "little")
 
 
 def edge_immediates(raw: bytes) -> list[bytes]:

@@ -247,7 +247,7 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
                   max_variants: int = 12, edge_operands: bool = True) -> FormResult:
     """Run instances of ``form`` on the CPU and through the semantics; see the module doc.  ``edge_operands``
     (always, but in a test that shows what random states alone miss): the form's class's edge operands
-    too (``concrete.edge_operands``: its edge immediates as more variants, its edge states in each)."""
+    too (``concrete.edge_operands``: its edge immediates as more variants, its edge states once per immediate)."""
     rng = random.Random(f"{seed}:{form}")
     f = facts(instances[0])
     shown = tuple(r.hex() for r in instances[:4])
@@ -260,6 +260,7 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
     variants = [v for raw in instances[:4] for v in instance_variants(raw, rng)][:max_variants]
     if edge_operands and variants:  # edge operands (concrete.edge_operands), beyond max_variants: exact needs them
         variants += [v for v in EO.edge_immediates(variants[0]) if v not in variants]
+    edged: set[int | None] = set()  # the immediates whose variant has run the edge states: each once
     categories: set[str] = set()
     total = edges = 0  # edges: the states placed so far (``states.place``'s ``fp_edge``)
     example = ""
@@ -274,7 +275,9 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
             if s is not None:
                 placed.append(s)
                 edges += 1
-        placed += EO.edge_states(raw, CODE_AT, rng) if edge_operands else []  # issue 41: the class's edge operands
+        if edge_operands and EO.immediate_of(raw) not in edged:  # issue 41: the class's edge operands
+            edged.add(EO.immediate_of(raw))
+            placed += EO.edge_states(raw, CODE_AT, rng)
         if not placed:
             continue
         try:
