@@ -88,8 +88,14 @@ def test_check_exit_codes(hex_, kind, code):
 
 
 def test_check_far_tramp_uses_scratch():
-    code, doc = check_json("48 8b 05 10 00 00 00", "--tramp", "0x00007f0000000000")
+    code, doc = check_json("48 8b 05 10 00 00 00", "--at", "0x401000", "--tramp", "0x00007f0000000000")
     assert doc["plan"]["rule"] == "rip-scratch" and code == cli.EXIT_CLEAN
+    assert any("IBT" in a for a in doc["assumes"]), "user space: no IBT, said with the verdict"
+
+
+def test_check_far_tramp_at_a_kernel_address_is_not_proved_under_ibt():
+    code, doc = check_json("48 8b 05 10 00 00 00", "--tramp", "0x00007f0000000000")
+    assert doc["plan"]["rule"] == "rip-scratch" and doc["verdict"] == "unknown" and "IBT" in doc["reason"]
 
 
 def test_check_text_output():

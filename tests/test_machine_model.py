@@ -281,8 +281,10 @@ def test_an_original_whose_effect_lands_on_the_next_instruction_cannot_be_copied
 @pytest.mark.parametrize("added", [b"\x9c\x9d", b"\xfb", b"\x8c\xd0\x8e\xd0"])
 def test_a_relocation_with_an_effect_on_its_next_instruction_is_not_proved(added):
     orig = b"\x48\x8b\x03"
-    r = verdict(orig, with_jump_back(orig, orig + added))
-    assert r.verdict is not Verdict.PROVED and r.method == "machine-model", r.render()
+    reloc = with_jump_back(orig, orig + added)
+    assert verdict(orig, reloc).verdict is not Verdict.PROVED
+    check = check_machine(orig, A, reloc, (), T)
+    assert check.problem is not None and "next instruction" in check.problem
 
 
 def test_a_proof_prints_what_it_assumes():
@@ -319,6 +321,8 @@ def test_a_kernel_relocation_may_not_use_a_vector_register_as_scratch(xmm):
     r = rex(1, xmm)[0]
     load = bytes([0x66, r, 0x0F, 0x6E, 0x03 | ((xmm & 7) << 3)])  # movq (%rbx), %xmmN via 66 REX.W 0f 6e
     to_rax = bytes([0x66, r, 0x0F, 0x7E, 0xC0 | ((xmm & 7) << 3)])  # movq %xmmN, %rax
-    result = verdict(orig, with_jump_back(orig, load + to_rax))
-    assert result.verdict is not Verdict.PROVED and result.method == "machine-model", result.render()
-    assert "xmm" in result.reason or "zmm" in result.reason
+    reloc = with_jump_back(orig, load + to_rax)
+    assert verdict(orig, reloc).verdict is not Verdict.PROVED
+    check = check_machine(orig, A, reloc, (), T)
+    assert check.problem is not None and "zmm" in check.problem and not check.refutes
+    assert check_machine(orig, USER_A, reloc, (), T).problem is None

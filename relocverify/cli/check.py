@@ -80,13 +80,15 @@ def command(args, out: TextIO) -> int:
 
     from ..engine.one_instruction import verify_instruction
     from ..environment import default_proof_cache_dir
-    from ..proof.verdict import ProofResult, verdict_exit_code
+    from ..proof.prove import plan_assumptions
+    from ..proof.verdict import ProofResult, Verdict, verdict_exit_code
 
     image, sites = (index.image, index.sites) if index is not None else (None, None)
     cache_dir = None if args.no_cache else default_proof_cache_dir()
     checked = verify_instruction(decoded, args.tramp, args.timeout, cache_dir, image, sites)
     plan, finding = checked.plan, checked.finding
-    result = ProofResult(finding.verdict, finding.reason, finding.method, finding.counterexample)
+    assumes = plan_assumptions(decoded, plan) if finding.verdict is Verdict.PROVED else ()
+    result = ProofResult(finding.verdict, finding.reason, finding.method, finding.counterexample, assumes=assumes)
     where = locate.describe(loc)
     if args.json:
         doc = {

@@ -73,6 +73,10 @@ RULES: tuple[Rule, ...] = (
          "popf can set IF (and TF) inside the probe handler, breaking the same barrier as sti (kinst refuses it)"),
     Rule("int3", _op("int3"), "reject",
          "int3 at T traps into the probe handler at an address no probe owns (kprobes refuses it)"),
+    Rule("endbr", _op("endbr64", "endbr32"), "reject",
+         "endbr64 is an IBT landing pad: on a kernel built with IBT (Debian 6.12: CONFIG_X86_KERNEL_IBT) an "
+         "indirect call or jump to A finds the probe's int3 instead and raises #CP before the int3 runs (SDM "
+         "Vol. 1 §18.3); kprobes moves such probes past it (arch_adjust_kprobe_addr): probe A+4"),
     Rule("int", _op("int", "int1", "into"), "reject",
          "a software interrupt saves T+len as the return RIP: its handler sees the trampoline, not A+len"),
     Rule("iret", _op("iret", "iretd", "iretq"), "reject",
@@ -133,10 +137,14 @@ RULES: tuple[Rule, ...] = (
 
 
 def _user_rows() -> tuple[Rule, ...]:
-    """The user-space table (fasttrap, uprobes): the kernel's, with the rows user mode changes."""
+    """The user-space table (fasttrap, uprobes): the kernel's, with the rows user mode changes (sti and
+    endbr go: Linux enables no user-mode IBT, ``proof.machine_model`` row ibt-user)."""
     changed = {
-        "popf": Rule("popf", _op("popf", "popfq", "popfd"), "copy",
-                     "in user mode popf cannot change IF or IOPL, and a copy of it is position-independent"),
+        "popf": Rule("popf", _op("popf", "popfq", "popfd"), "reject",
+                     "in user mode popf cannot change IF or IOPL, but it can set TF: the single-step trap then "
+                     "follows the copy's jump back instead of A+len's instruction (SDM Vol. 3 §17.3.1.4; "
+                     "proof.machine_model, row single-step-set); uprobes single-steps it and sets TF again "
+                     "(UPROBE_FIX_SETF)"),
         "syscall": Rule("syscall", _op("syscall", "sysenter"), "reject",
                         "syscall saves the next RIP in rcx: the kernel would return to T+len and the process "
                         "would see a trampoline address in rcx (uprobes single-steps it instead)"),
@@ -148,7 +156,7 @@ def _user_rows() -> tuple[Rule, ...]:
     privileged = Rule("privileged", lambda i: i.privileged, "reject",
                       "a privileged instruction raises #GP in user mode; the SIGSEGV would report the trampoline's "
                       "address instead of A")
-    return (privileged,) + tuple(changed.get(r.name, r) for r in RULES if r.name not in ("sti",))
+    return (privileged,) + tuple(changed.get(r.name, r) for r in RULES if r.name not in ("sti", "endbr"))
 
 
 USER_RULES: tuple[Rule, ...] = _user_rows()

@@ -503,26 +503,28 @@ def _machine(block: BlockPlan, t0: float) -> ProofResult | None:
     """The machine model (``proof.machine_model``), piece by piece: each piece against its instruction, as
     ``prove.py`` checks one relocation; and every piece one step (``one_step``), so that every boundary in the
     trampoline is the image of one in the original (rows interrupt-frame and signal-frame hold piece by
-    piece, as they do for the original's own boundaries).  None: nothing found."""
+    piece, as they do for the original's own boundaries).  A refutation if any piece has one, else the first
+    reason for ``unknown``, else None."""
+    unknown = None
     for i, insn in enumerate(block.instructions):
         piece, start = block.piece(i), block.starts[i]
         check = check_machine(insn.raw, insn.address, piece, (), start, block.tracer_memory)
         where = f"instruction {i} ({insn.text})"
-        if check.problem is not None and check.refutes:
+        if check.refutes:
             cex = Counterexample((), (), (Difference(check.what, check.original, check.relocated),),
                                  _run_bytes(block).hex(), block.address, block.tramp, block.trampoline.hex(),
                                  replayed=None, replay_note="the machine model's difference is not observable in a "
                                                             "sequential replay")
             return ProofResult(Verdict.REFUTED, f"{where}: {check.problem}", "machine-model", cex, _elapsed(t0))
-        if check.problem is not None:
-            return ProofResult(Verdict.UNKNOWN, f"{where}: {check.problem}", "machine-model", seconds=_elapsed(t0))
-        if not one_step(piece, start, block.tracer_memory):
-            return ProofResult(Verdict.UNKNOWN, f"not proved: {where}'s relocation has more than one instruction "
-                                                f"that moves rsp or touches memory, and a block's boundaries are "
-                                                f"checked against the machine model (interrupt frames below rsp) "
-                                                f"only one such step a piece",
-                               "machine-model", seconds=_elapsed(t0))
-    return None
+        if unknown is None and check.problem is not None:
+            unknown = f"{where}: {check.problem}"
+        if unknown is None and not one_step(piece, start, block.tracer_memory):
+            unknown = (f"not proved: {where}'s relocation has more than one instruction that moves rsp or touches "
+                       f"memory, and a block's boundaries are checked against the machine model (interrupt frames "
+                       f"below rsp) only one such step a piece")
+    if unknown is None:
+        return None
+    return ProofResult(Verdict.UNKNOWN, unknown, "machine-model", seconds=_elapsed(t0))
 
 
 def _lock_result(block: BlockPlan, i: int, reason: str, t0: float) -> ProofResult:
@@ -616,7 +618,7 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
         if lock is not None:
             return _lock_result(block, i, lock, t0)
     machine = _machine(block, t0)
-    if machine is not None:
+    if machine is not None and machine.verdict is Verdict.REFUTED:
         return machine
     for i, insn in enumerate(insns):
         gap = opaque_lift_reason(insn)
@@ -631,7 +633,7 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
         return ProofResult(Verdict.REFUTED, admission.refutation, "memory-model", cex, _elapsed(t0))
     untrusted = [] if admission.trusted else [(None, admission.reason)]
     try:
-        if use_fast_path and not untrusted and block_fast_path(block):
+        if use_fast_path and not untrusted and machine is None and block_fast_path(block):
             return ProofResult(Verdict.PROVED, FAST_PATH_REASON, "fast-path", seconds=_elapsed(t0))
         todo, done = [0], set()
         while todo:
@@ -662,6 +664,8 @@ def prove_block(block: BlockPlan, timeout_ms: int = DEFAULT_TIMEOUT_MS, use_fast
             why = (f"not proved: instruction {i} ({insns[i].text}) {why}, and its relocation does not re-execute it, "
                    f"so VEX's values for it are not the CPU's")
         return ProofResult(Verdict.UNKNOWN, why, "smt", seconds=_elapsed(t0))
+    if machine is not None:  # what the machine model cannot decide turns a proof into unknown
+        return machine
     starts = f" (and from instructions {', '.join(map(str, sorted(done - {0})))})" if len(done) > 1 else ""
     return ProofResult(Verdict.PROVED, f"z3: the negated obligation is unsatisfiable{starts}", "smt",
                        seconds=_elapsed(t0))

@@ -78,16 +78,16 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     """The verdict, with the machine model's preconditions attached to a proof (``machine_model``)."""
     t0 = time.perf_counter()
     machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges))
-    if machine.problem is not None:
-        if machine.refutes:
-            return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
-                                   "the machine model's difference is not observable in a sequential replay "
-                                   "(docs/soundness.md, \"The machine\")", t0, machine)
-        return ProofResult(Verdict.UNKNOWN, machine.problem, "machine-model", seconds=time.perf_counter() - t0)
+    if machine.refutes:
+        return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
+                               "the machine model's difference is not observable in a sequential replay "
+                               "(docs/soundness.md, \"The machine\")", t0, machine)
     result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0)
-    if result.verdict is Verdict.PROVED and machine.assumes:
-        return replace(result, assumes=machine.assumes)
-    return result
+    if result.verdict is not Verdict.PROVED:
+        return result  # a difference the semantics finds stands whatever the machine model cannot decide
+    if machine.problem is not None:
+        return ProofResult(Verdict.UNKNOWN, machine.problem, "machine-model", seconds=time.perf_counter() - t0)
+    return replace(result, assumes=machine.assumes) if machine.assumes else result
 
 
 def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
@@ -167,3 +167,13 @@ def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
     return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms))
 
+
+
+def plan_assumptions(decoded: Decoded, plan: Plan) -> tuple[str, ...]:
+    """The machine model's preconditions a proof of ``plan`` depends on (``ProofResult.assumes``), for a
+    verdict read back from a store or the proof cache, which keep the verdict, not its preconditions."""
+    if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
+        return ()
+    code = plan.trampoline if plan.kind is not PlanKind.EMULATE else None
+    return check_machine(decoded.raw, decoded.address, code, plan.effects, plan.tramp,
+                         tuple(plan.tracer_memory)).assumes
