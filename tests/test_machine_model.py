@@ -9,6 +9,7 @@ instructions whose effect lands on the next instruction."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 import struct
 
 import pytest
@@ -326,3 +327,9 @@ def test_a_kernel_relocation_may_not_use_a_vector_register_as_scratch(xmm):
     check = check_machine(orig, A, reloc, (), T)
     assert check.problem is not None and "zmm" in check.problem and not check.refutes
     assert check_machine(orig, USER_A, reloc, (), T).problem is None
+
+
+def test_docs_machine_lists_every_row():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "machine.md").read_text()
+    missing = [r.key for r in MACHINE_MODEL if f"| `{r.key}` |" not in text]
+    assert not missing, f"docs/machine.md lacks the rows {missing}"

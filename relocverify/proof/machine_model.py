@@ -21,7 +21,7 @@ instruction (Operation, Flags Affected, 64-Bit Mode Exceptions), Vol. 3 §4.7 (p
 §8.4-8.9 and §15; Linux ``arch/x86/entry/entry_64.S`` (a kernel-mode interrupt pushes its frame and
 ``pt_regs`` on the interrupted stack; NMI, #DB, #MC and #DF alone switch to an IST stack) and
 ``arch/x86/kernel/cet.c`` (kernel IBT: ``MSR_IA32_S_CET = CET_ENDBR_EN``, so ``notrack`` is not honoured);
-docs/references.md gives the list.
+docs/machine.md gives the table and how each row is checked.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     if machine.refutes:
         return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
                                "the machine model's difference is not observable in a sequential replay "
-                               "(docs/soundness.md, \"The machine\")", t0, machine)
+                               "(docs/machine.md)", t0, machine)
     result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0)
     if result.verdict is not Verdict.PROVED:
         return result  # a difference the semantics finds stands whatever the machine model cannot decide
