@@ -333,3 +333,13 @@ def test_docs_machine_lists_every_row():
     text = (Path(__file__).resolve().parent.parent / "docs" / "machine.md").read_text()
     missing = [r.key for r in MACHINE_MODEL if f"| `{r.key}` |" not in text]
     assert not missing, f"docs/machine.md lacks the rows {missing}"
+
+
+@SETTINGS
+@given(REGS, st.sampled_from([8, 16, 64]))
+def test_a_value_kept_below_rsp_across_a_boundary_is_lost(reg, depth):
+    """``mov %reg, -d(%rsp)`` then ``mov -d(%rsp), %reg``: an interrupt between the two overwrites it."""
+    orig = b"\x48\x89\xc0"  # mov %rax, %rax
+    reloc = with_jump_back(orig, mov_store_rsp(reg, -depth) + mov_load_rsp(reg, -depth))
+    r = verdict(orig, reloc)
+    assert r.verdict is not Verdict.PROVED, r.render()

@@ -298,9 +298,9 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
 
     * exposed at the boundary, at or above ``f`` (the original keeps it live at its end), and written by no
       later store of the relocation: the interrupt's value survives where the original's does not;
-    * exposed at the boundary but not on entry (``y >= -red_zone``: below that, an interrupt before the
-      original could equally have written it), read later, and written by no store between the boundary
-      and the read;
+    * exposed at the boundary, not exposed on entry (``y >= -red_zone``: below that, an interrupt before the
+      original could equally have written it) or written by the relocation before the boundary, read later,
+      and written by no store between the boundary and the read;
     * or ``d < min(0, f) - allowance``: the stack pointer leaves the stack the tracer's own trap frame used,
       or is not the stack at all: the frame itself would fault.
 
@@ -321,11 +321,16 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
     low = claripy.If(claripy.SLT(f, zero), f, zero) - allowance
     y = claripy.BVS("exposed_byte", 66, explicit_name=True)
 
+    def covers(e):
+        return claripy.And(e.guard, claripy.SLE(z(e.address) - rsp0, y), claripy.SLT(y, z(e.address) - rsp0 + e.size))
+
     def unwritten(events):
         """``y`` is written by none of ``events``' stores."""
-        return [claripy.Not(claripy.And(e.guard, claripy.SLE(z(e.address) - rsp0, y),
-                                        claripy.SLT(y, z(e.address) - rsp0 + e.size)))
-                for e in events if e.kind == "W"]
+        return [claripy.Not(covers(e)) for e in events if e.kind == "W"]
+
+    def written(events):
+        """``y`` is written by one of ``events``' stores."""
+        return claripy.Or(claripy.false(), *(covers(e) for e in events if e.kind == "W"))
 
     found = []
     for o in reloc_outs:
@@ -343,8 +348,9 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
                 if e.kind != "R" or (e.address.op == "BVV" and world.in_tracer(e.address.args[0])):
                     continue
                 da = z(e.address) - rsp0
-                hit = claripy.And(claripy.SLE(floor, y), claripy.SLT(y, top), claripy.SLE(da, y),
-                                  claripy.SLT(y, da + e.size), *unwritten(after[:k]))
+                meaningful = claripy.Or(claripy.SLE(floor, y), written(o.events[:b.before]))
+                hit = claripy.And(meaningful, claripy.SLT(y, top), claripy.SLE(da, y), claripy.SLT(y, da + e.size),
+                                  *unwritten(after[:k]))
                 found.append((claripy.And(o.guard, e.guard, hit),
                               f"a read after the boundary before {where} reads stack exposed there"))
     return [(claripy.And(valid, c), why) for c, why in found if not claripy.is_false(c)]
