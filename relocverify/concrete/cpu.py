@@ -23,6 +23,18 @@ data bytes whose value changed; ``fault`` is the signal that killed the
 child ("signal SIGSEGV", ...) or "timeout" (the program ran past
 ``STEP_SECONDS``).  After a fault the remaining states run in a new child.
 
+Only the state this CPU has is loaded, stored and reported (``state_names``):
+the judge reads XCR0 and CPUID (``identity``).  Without AVX-512 an outcome
+has no ``zmm16``-``zmm31`` and no ``k0``-``k7`` (absent, not 0), and
+``zmm0``-``zmm15`` hold ``XsaveLayout.vector_bits`` = 256 bits (128 without
+AVX); a state's bits beyond these are not loaded (``trim_state``).  The
+feature mask ``RELOCVERIFY_CPU_FEATURES`` (``concrete.cpu_identity``) makes
+the judge behave so on a CPU that has the hidden features: xsave and xrstor
+get a requested-feature bitmap without their components, so the CPU neither
+loads nor stores that state, and ``Program.check`` refuses a program that
+can reach an instruction needing a hidden feature (or one the CPU lacks)
+rather than run it.
+
 What this judge cannot see (say so wherever its answer is used): the order and
 width of memory accesses (only final bytes), other CPUs, the instruction
 pointer at a fault, the x87 FIP/FDP/FOP fields, and state no user-mode
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import struct
 from dataclasses import dataclass, field
@@ -41,7 +54,9 @@ from functools import lru_cache
 import iced_x86 as iced
 
 from ..x86.registers import GPR64, MASK64
-from .native import child_fault, in_child, send
+from .cpu_identity import (AVX512_STATE, AVX_STATE, FEATURE_MASK_ENV, CpuIdentity, current_mask, judge_flag,
+                           unseen_state)
+from .native import child_fault, cpu_flags, in_child, missing_features, send
 from .outcome import MachineState, Outcome
 
 PAGE = 0x1000
@@ -70,7 +85,8 @@ RFLAGS_FIXED = 0x2
 
 @dataclass(frozen=True)
 class XsaveLayout:
-    """XCR0 and the standard-format offset of each XSAVE component this CPU enables (CPUID leaf 0Dh)."""
+    """The XSAVE components the judge loads and stores (XCR0 less a feature mask's: the requested-feature
+    bitmap of its xsave/xrstor) and the standard-format offset of each (CPUID leaf 0Dh)."""
 
     xcr0: int
     size: int
@@ -78,11 +94,16 @@ class XsaveLayout:
 
     @property
     def avx(self) -> bool:
-        return bool(self.xcr0 & 4)
+        return bool(self.xcr0 & AVX_STATE)
 
     @property
     def avx512(self) -> bool:
-        return self.xcr0 & 0xE0 == 0xE0
+        return self.xcr0 & AVX512_STATE == AVX512_STATE
+
+    @property
+    def vector_bits(self) -> int:
+        """The width of zmm0-15 the judge loads and compares: 512, 256 (no AVX-512) or 128 (no AVX)."""
+        return 512 if self.avx512 else 256 if self.avx else 128
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -116,29 +137,91 @@ def cpuid(leaf: int, subleaf: int = 0) -> tuple[int, int, int, int]:
     return tuple(out)
 
 
-@lru_cache(maxsize=1)
 def vendor() -> str:
     """'AMD', 'Intel' or the raw vendor string of this CPU."""
-    _, b, c, d = cpuid(0)
-    raw = struct.pack("<III", b, d, c).decode(errors="replace")
+    raw = _signature()[0]
     return {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(raw, raw)
 
 
 @lru_cache(maxsize=1)
-def xsave_layout() -> XsaveLayout:
-    """XCR0 (xgetbv 0) and the component offsets; requires XSAVE (every x86-64 CPU since 2011)."""
+def xcr0() -> int:
+    """XCR0 (xgetbv 0): the state components the OS enabled; requires XSAVE (every x86-64 CPU since 2011)."""
     out = (ctypes.c_uint32 * 2)()
     # mov ecx,edi; xgetbv; mov [rsi],eax; mov [rsi+4],edx; ret
     _run_snippet(bytes.fromhex("89f9 0f01d0 8906 895604 c3"), (ctypes.c_uint32, ctypes.c_void_p), None, 0,
                  ctypes.addressof(out))
-    xcr0 = out[0] | (out[1] << 32)
+    return out[0] | (out[1] << 32)
+
+
+def xsave_layout() -> XsaveLayout:
+    """The judge's XSAVE layout: XCR0 less the current feature mask's components (``cpu_identity``)."""
+    return _layout(current_mask().xcr0(xcr0()))
+
+
+@lru_cache(maxsize=8)
+def _layout(enabled: int) -> XsaveLayout:
     offsets = {0: 0, 1: 160}
     for i in range(2, 10):
-        if xcr0 & (1 << i):
+        if enabled & (1 << i):
             size, offset, _, _ = cpuid(0xD, i)
             offsets[i] = offset
     size = cpuid(0xD, 0)[1]
-    return XsaveLayout(xcr0, size, offsets)
+    return XsaveLayout(enabled, size, offsets)
+
+
+@lru_cache(maxsize=1)
+def _signature() -> tuple[str, int, int, int]:
+    """CPUID's vendor string and display family, model and stepping (leaf 1, SDM Vol. 2A CPUID)."""
+    _, b, c, d = cpuid(0)
+    raw = struct.pack("<III", b, d, c).decode(errors="replace")
+    eax = cpuid(1)[0]
+    family, model, stepping = (eax >> 8) & 0xF, (eax >> 4) & 0xF, eax & 0xF
+    if family in (0x6, 0xF):
+        model |= ((eax >> 16) & 0xF) << 4
+    if family == 0xF:
+        family += (eax >> 20) & 0xFF
+    return raw, family, model, stepping
+
+
+def identity() -> CpuIdentity:
+    """This CPU as the judge sees it now (the current feature mask applied); see ``cpu_identity``."""
+    mask = current_mask()
+    raw, family, model, stepping = _signature()
+    flags = {f for f in cpu_flags() if judge_flag(f)}
+    if has_fsgsbase():
+        flags.add("fsgsbase")
+    features = tuple(sorted(mask.flags(frozenset(flags))))
+    return CpuIdentity(raw, family, model, stepping, features, mask.xcr0(xcr0()), mask.hidden)
+
+
+def state_names() -> tuple[str, ...]:
+    """The registers an outcome of ``run_on_cpu`` holds on this CPU, under the current mask."""
+    layout = xsave_layout()
+    names = GPR64 + ("rflags",) + (("fs_base", "gs_base") if has_fsgsbase() else ()) + X87_FIELDS + ("mxcsr",)
+    names += VECTOR_NAMES if layout.avx512 else VECTOR_NAMES[:16]
+    return names + (MASK_NAMES if layout.avx512 else ())
+
+
+def unseen() -> tuple[str, ...]:
+    """The register state this CPU (under the current mask) neither loads nor compares, in words."""
+    return unseen_state(xsave_layout().xcr0)
+
+
+def trim_state(state: MachineState) -> MachineState:
+    """``state`` with only the vector and mask state this CPU loads: zmm0-15 (and their xmm/ymm names) cut
+    to ``vector_bits`` and no zmm16-31 or k0-7 without AVX-512 (what an input means on this CPU); other
+    names as they are."""
+    layout = xsave_layout()
+    if layout.avx512:
+        return state
+    keep = (1 << layout.vector_bits) - 1
+    regs = {}
+    for name, value in state.registers.items():
+        vector_name = _VECTOR_NAME.match(name)
+        if name in MASK_NAMES or vector_name and int(vector_name.group(1)) >= 16:
+            continue
+        regs[name] = value & keep if vector_name else value
+    return MachineState(regs, state.memory)
 
 
 @lru_cache(maxsize=1)
@@ -164,6 +247,7 @@ def has_fsgsbase() -> bool:
 X87_FIELDS = ("fcw", "fsw", "ftw") + tuple(f"st{i}" for i in range(8))
 VECTOR_NAMES = tuple(f"zmm{i}" for i in range(32))
 MASK_NAMES = tuple(f"k{i}" for i in range(8))
+_VECTOR_NAME = re.compile(r"[xyz]mm(\d+)$")
 FCW_DEFAULT = 0x037F
 MXCSR_DEFAULT = 0x1F80
 
@@ -258,6 +342,8 @@ _GPR_REGS = (_R.RAX, _R.RCX, _R.RDX, _R.RBX, _R.RSP, _R.RBP, _R.RSI, _R.RDI,
              _R.R8, _R.R9, _R.R10, _R.R11, _R.R12, _R.R13, _R.R14, _R.R15)
 _CALLEE_SAVED = (_R.RBX, _R.RBP, _R.R12, _R.R13, _R.R14, _R.R15)
 _C = iced.Code
+_FEATURE_NAMES = {v: k for k, v in vars(iced.CpuidFeature).items() if k.isupper()}
+_NEAR_BRANCHES = (iced.OpKind.NEAR_BRANCH16, iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64)
 
 
 def _mem(base, disp: int = 0, size: int = 8) -> iced.MemoryOperand:
@@ -273,14 +359,16 @@ def _assemble(instructions: list[iced.Instruction], ip: int) -> bytes:
     return out
 
 
-def _xstate(code, base) -> list[iced.Instruction]:
-    """``mov eax,-1; mov edx,-1; <code> [base]``: xsave64/xrstor64 with every XCR0 component."""
-    return [iced.Instruction.create_reg_i32(_C.MOV_R32_IMM32, _R.EAX, -1),
-            iced.Instruction.create_reg_i32(_C.MOV_R32_IMM32, _R.EDX, -1),
+def _xstate(code, base, rfbm: int = -1) -> list[iced.Instruction]:
+    """``mov eax,rfbm; mov edx,rfbm>>32; <code> [base]``: xsave64/xrstor64 of the requested-feature bitmap's
+    components (-1: every XCR0 component)."""
+    low, high = (-1, -1) if rfbm == -1 else (rfbm & 0xFFFFFFFF, rfbm >> 32)
+    return [iced.Instruction.create_reg_u32(_C.MOV_R32_IMM32, _R.EAX, low & 0xFFFFFFFF),
+            iced.Instruction.create_reg_u32(_C.MOV_R32_IMM32, _R.EDX, high & 0xFFFFFFFF),
             iced.Instruction.create_mem(code, base)]
 
 
-def _prologue(fsgs: bool) -> list[iced.Instruction]:
+def _prologue(fsgs: bool, rfbm: int) -> list[iced.Instruction]:
     I = iced.Instruction
     out = [I.create_reg(_C.PUSH_R64, r) for r in _CALLEE_SAVED]
     out.append(I.create_reg_u64(_C.MOV_R64_IMM64, _R.RCX, CTX))
@@ -289,7 +377,7 @@ def _prologue(fsgs: bool) -> list[iced.Instruction]:
         out += [I.create_reg(_C.RDFSBASE_R64, _R.RAX), I.create_mem_reg(_C.MOV_RM64_R64, _mem(_R.RCX, HOST_FS), _R.RAX),
                 I.create_reg(_C.RDGSBASE_R64, _R.RAX), I.create_mem_reg(_C.MOV_RM64_R64, _mem(_R.RCX, HOST_GS), _R.RAX)]
     out += _xstate(_C.XSAVE64_MEM, _mem(_R.RCX, HOST_XSAVE))
-    out += _xstate(_C.XRSTOR64_MEM, _mem(_R.RCX, IN_XSAVE))
+    out += _xstate(_C.XRSTOR64_MEM, _mem(_R.RCX, IN_XSAVE), rfbm)
     if fsgs:
         out += [I.create_reg_mem(_C.MOV_R64_RM64, _R.RAX, _mem(_R.RCX, IN_FS)), I.create_reg(_C.WRFSBASE_R64, _R.RAX),
                 I.create_reg_mem(_C.MOV_R64_RM64, _R.RAX, _mem(_R.RCX, IN_GS)), I.create_reg(_C.WRGSBASE_R64, _R.RAX)]
@@ -305,7 +393,7 @@ def _prologue(fsgs: bool) -> list[iced.Instruction]:
     return out
 
 
-def _epilogue(fsgs: bool) -> list[iced.Instruction]:
+def _epilogue(fsgs: bool, rfbm: int) -> list[iced.Instruction]:
     """Entered with rax saved and rax = CTX; the state's other registers still live."""
     I = iced.Instruction
     out = [I.create_mem_reg(_C.MOV_RM64_R64, _mem(_R.RAX, OUT_GPR + 8 * k), reg)
@@ -319,7 +407,7 @@ def _epilogue(fsgs: bool) -> list[iced.Instruction]:
                 I.create_reg_mem(_C.MOV_R64_RM64, _R.RCX, _mem(_R.RAX, HOST_FS)), I.create_reg(_C.WRFSBASE_R64, _R.RCX),
                 I.create_reg_mem(_C.MOV_R64_RM64, _R.RCX, _mem(_R.RAX, HOST_GS)), I.create_reg(_C.WRGSBASE_R64, _R.RCX)]
     out.append(I.create_reg_reg(_C.MOV_R64_RM64, _R.RCX, _R.RAX))
-    out += _xstate(_C.XSAVE64_MEM, _mem(_R.RCX, OUT_XSAVE))
+    out += _xstate(_C.XSAVE64_MEM, _mem(_R.RCX, OUT_XSAVE), rfbm)
     out += _xstate(_C.XRSTOR64_MEM, _mem(_R.RCX, HOST_XSAVE))
     out += [I.create_i32(_C.PUSHQ_IMM8, 2), I.create(_C.POPFQ)]  # clean flags for the host (DF, AC clear)
     out += [I.create_reg(_C.POP_R64, r) for r in reversed(_CALLEE_SAVED)]
@@ -330,15 +418,16 @@ def _epilogue(fsgs: bool) -> list[iced.Instruction]:
 STUB_SIZE = 40
 
 
-@lru_cache(maxsize=2)
-def harness_page(fsgs: bool) -> tuple[bytes, int, int]:
-    """(page bytes, offset of the first exit stub, offset of the epilogue)."""
+@lru_cache(maxsize=8)
+def harness_page(fsgs: bool, rfbm: int = -1) -> tuple[bytes, int, int]:
+    """(page bytes, offset of the first exit stub, offset of the epilogue).  ``rfbm``: the components the
+    state's xrstor loads and the outcome's xsave stores (the host's are saved and restored whole)."""
     page = bytearray(b"\xcc" * PAGE)
-    prologue = _assemble(_prologue(fsgs), HARNESS)
+    prologue = _assemble(_prologue(fsgs, rfbm), HARNESS)
     page[:len(prologue)] = prologue
     stubs = (len(prologue) + 63) & ~63
     epilogue_at = stubs + STUB_SIZE * MAX_EXITS
-    epilogue = _assemble(_epilogue(fsgs), HARNESS + epilogue_at)
+    epilogue = _assemble(_epilogue(fsgs, rfbm), HARNESS + epilogue_at)
     if epilogue_at + len(epilogue) > PAGE:
         raise AssertionError("harness page overflow")
     page[epilogue_at:epilogue_at + len(epilogue)] = epilogue
@@ -373,7 +462,9 @@ class Program:
     pad, which must not overlap code); ``data``: (address, size) ranges
     mapped read+write, initialised from a state's memory (0 elsewhere), whose
     changed bytes are the outcome's writes.  Every address must be a
-    canonical user-space address away from ``CTX``/``HARNESS``."""
+    canonical user-space address away from ``CTX``/``HARNESS``, and no
+    instruction the program can reach may need a feature the judge lacks
+    (``lacking``)."""
 
     code: tuple[tuple[int, bytes], ...]
     entry: int
@@ -396,6 +487,46 @@ class Program:
         for p in code_pages | data_pages:
             if not 0x10000 <= p < 0x7FFF_FFFF_0000:
                 raise ValueError(f"page {p:#x} is not in user space")
+        lacking = self.lacking()
+        if lacking:
+            raise ValueError(lacking)
+
+    def lacking(self) -> str:
+        """'' when this CPU, under the current feature mask, has every CPUID feature the instructions the
+        program can reach need (``reachable``); else which instruction needs what.  (A CPU without the
+        feature would raise #UD; a masked one would run it on state the judge does not load: neither is
+        the behaviour asked about.)"""
+        for ins in self.reachable():
+            missing = missing_features(_FEATURE_NAMES[f] for f in ins.cpuid_features())
+            if missing:
+                mask = current_mask()
+                why = f" (hidden by {FEATURE_MASK_ENV}={mask.describe()})" if mask.hidden else ""
+                return f"{ins} at {ins.ip:#x} needs {', '.join(missing)}, which this CPU lacks{why}"
+        return ""
+
+    def reachable(self) -> list[iced.Instruction]:
+        """The instructions of the code regions that control can reach from ``entry``: fall-through and direct
+        branch targets, to the first int3, return, indirect or undecodable one (bytes after an
+        unconditional jump are data until a branch lands there)."""
+        seen: dict[int, iced.Instruction] = {}
+        todo = [self.entry]
+        while todo:
+            at = todo.pop()
+            region = next(((a, bytes(raw)) for a, raw in self.code if a <= at < a + len(raw)), None)
+            while region is not None and at not in seen and at < region[0] + len(region[1]):
+                ins = iced.Decoder(64, region[1][at - region[0]:], ip=at).decode()
+                if ins.code == _C.INVALID or at + ins.len > region[0] + len(region[1]):
+                    break
+                seen[at] = ins
+                flow = ins.flow_control
+                if flow in (iced.FlowControl.UNCONDITIONAL_BRANCH, iced.FlowControl.CONDITIONAL_BRANCH,
+                            iced.FlowControl.CALL) and ins.op_count and ins.op0_kind in _NEAR_BRANCHES:
+                    todo.append(ins.near_branch_target)
+                if flow not in (iced.FlowControl.NEXT, iced.FlowControl.CONDITIONAL_BRANCH, iced.FlowControl.CALL,
+                                iced.FlowControl.INDIRECT_CALL):
+                    break
+                at += ins.len
+        return [seen[a] for a in sorted(seen)]
 
 
 def _pages(spans) -> set[int]:
@@ -422,7 +553,7 @@ def _child(program: Program, states: list[MachineState], w: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
     fsgs = has_fsgsbase()
     layout = xsave_layout()
-    page, stubs, _ = harness_page(fsgs)
+    page, stubs, _ = harness_page(fsgs, layout.xcr0)
     _map(CTX, CTX_SIZE)
     _map(HARNESS, PAGE)
     ctypes.memmove(HARNESS, page, PAGE)

@@ -56,6 +56,7 @@ import iced_x86 as iced
 from ..x86.instruction import Instruction
 from ..x86.registers import GPR64, MASK64, reg_family
 from . import native_harness as H
+from .cpu_identity import current_mask
 from .outcome import CF, DF, OF, PF, SF, ZF, AF, RFLAGS_FIXED, MachineState, Outcome
 
 ARENA = 0x10000000
@@ -156,7 +157,8 @@ REFUSED: tuple[RefusedClass, ...] = (
     RefusedClass("absolute address", _memory_outside_arena,
                  "an absolute memory address outside the arena: no register choice can move it"),
     RefusedClass("cpu lacks", lambda f: bool(_missing_features(f)),
-                 "needs a CPUID feature this CPU does not have (/proc/cpuinfo flags)"),
+                 "needs a CPUID feature this CPU does not have (/proc/cpuinfo flags, less those "
+                 "RELOCVERIFY_CPU_FEATURES hides)"),
     RefusedClass("x87/mmx", lambda f: _uses("st", "mm")(f) or any(n in _X87_FEATURES for n in f.features()),
                  "x87 or MMX: the harness neither loads nor reads back the x87 stack or the mm registers"),
     RefusedClass("wide vector", _uses("ymm", "zmm", "k"),
@@ -236,7 +238,8 @@ _FLAG_OF = {"SSE3": "pni", "LZCNT": "abm", "CMPXCHG16B": "cx16", "CX8": "cx8", "
             "SHA": "sha_ni", "PREFETCHW": "3dnowprefetch", "RDTSC": "tsc", "FXSR": "fxsr", "MONITOR": "monitor",
             "LAHFSAHF": "lahf_lm", "SYSCALL": "syscall", "D3NOW": "3dnow", "MMXEXT": "mmxext",
             "FPU": "fpu", "FPU287": "fpu", "FPU387": "fpu", "SSE4_1": "sse4_1", "SSE4_2": "sse4_2",
-            "AVX512F": "avx512f", "VMX": "vmx", "SMX": "smx", "SVM": "svm", "PCLMULQDQ": "pclmulqdq"}
+            "AVX512F": "avx512f", "VMX": "vmx", "SMX": "smx", "SVM": "svm", "PCLMULQDQ": "pclmulqdq",
+            "AVX512_IFMA": "avx512ifma", "AVX512_VBMI": "avx512vbmi"}
 
 
 @lru_cache(maxsize=1)
@@ -249,9 +252,15 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def missing_features(names) -> list[str]:
+    """The iced CPUID feature names among ``names`` that this CPU lacks, or that the feature mask
+    (``RELOCVERIFY_CPU_FEATURES``, ``cpu_identity``) hides."""
+    flags = current_mask().flags(cpu_flags())
+    return [n for n in names if n not in _ALWAYS and _FLAG_OF.get(n, n.lower()) not in flags]
+
+
 def _missing_features(f: Facts) -> list[str]:
-    flags = cpu_flags()
-    return [n for n in f.features() if n not in _ALWAYS and _FLAG_OF.get(n, n.lower()) not in flags]
+    return missing_features(f.features())
 
 
 # ---------------------------------------------------------------------------

@@ -7,10 +7,14 @@ and the relocation at ``tramp`` on the CPU (``concrete.cpu``), and compares
 everything the judge can see: the exit (the original's successor, under
 A <-> T), the fault class, the 16 GPRs, RFLAGS (CF PF AF ZF SF OF DF AC),
 fs/gs bases, MXCSR, zmm0-31, k0-7, the x87 control, status and tag words and
-stack, and every byte written outside tracer memory.  While the relocation
-runs, the original's first byte is int3, as under a probe.  When the
-original faults, only the fault class is compared (registers at a fault are
-the tracer's to restore).
+stack, and every byte written outside tracer memory; of the vector and mask
+state, only what this CPU has under the feature mask (``cpu.state_names``,
+``cpu.unseen``: without AVX-512, not zmm16-31, k0-7 or zmm bits 511:256).
+A program with an instruction this CPU lacks a feature for is not run
+(``Program.check``): the judgement is then no difference, with why.  While
+the relocation runs, the original's first byte is int3, as under a probe.
+When the original faults, only the fault class is compared (registers at a
+fault are the tracer's to restore).
 
 Candidates of the concurrency classes (memory ordering, store width and
 tearing) are judged by ``memory_model.compare`` instead: a sequential run
@@ -85,7 +89,10 @@ def difference(o: Outcome, r: Outcome, tracer_memory) -> str:
         return f"exit: original {o.next_rip:#x}, relocation {r.next_rip:#x}"
     if (o.registers["rflags"] ^ r.registers["rflags"]) & RFLAGS_COMPARED:
         return f"rflags: original {o.registers['rflags']:#x}, relocation {r.registers['rflags']:#x}"
+    has = frozenset(cpu.state_names())
     for name in COMPARED:
+        if name not in has:  # state this CPU lacks (or the feature mask hides): neither side has it
+            continue
         a, b = o.registers.get(name), r.registers.get(name)
         if a != b:
             return f"{name}: original {a:#x}, relocation {b:#x}" if a is not None and b is not None else name
