@@ -7,12 +7,21 @@ import random
 
 import pytest
 
+from relocverify.concrete.cpu_identity import FEATURE_MASK_ENV
 from relocverify.proof import form_table
 from relocverify.proof import semantics as S
 from relocverify.proof.forms import facts
 from relocverify.selftest.form_validation import validate_form
 
 on_x86 = pytest.mark.skipif(platform.machine() != "x86_64", reason="validates forms on an x86-64 CPU")
+
+
+@pytest.fixture(params=["", "-avx512"], ids=["this-cpu", "no-avx512"])
+def judge_mask(request, monkeypatch):
+    """Validation as on this CPU, and as on a CPU without AVX-512 (the judge's feature mask), whatever CPU
+    runs the suite: a form is not loose for state the CPU does not have."""
+    monkeypatch.setenv(FEATURE_MASK_ENV, request.param)
+    return request.param
 
 
 def test_the_table_covers_the_kernel_and_says_where_it_was_made():
@@ -27,9 +36,9 @@ def test_the_table_covers_the_kernel_and_says_where_it_was_made():
 
 
 @on_x86
-def test_a_sample_of_the_table_validates_again_on_this_cpu():
+def test_a_sample_of_the_table_validates_again_on_this_cpu(judge_mask):
     """Rows drawn at random (a new sample each run): an exact row must still be exact here, a loose one
-    must not have become failed."""
+    must not have become failed.  A form needing a feature this CPU lacks is not run here (no reading)."""
     table = form_table.load()
     rng = random.Random()
     seed = rng.getrandbits(32)
@@ -38,6 +47,8 @@ def test_a_sample_of_the_table_validates_again_on_this_cpu():
     loose = [r for r in table.rows.values() if r.status == "loose"]
     for row in rng.sample(exact, 25) + rng.sample(loose, 8):
         again = validate_form(row.form, [bytes.fromhex(h) for h in row.instances], 8, seed)
+        if again.lacks:
+            continue
         if row.status == "exact":
             assert again.status == "exact", (seed, row.form, again.loose, again.example)
         else:
@@ -45,7 +56,7 @@ def test_a_sample_of_the_table_validates_again_on_this_cpu():
 
 
 @on_x86
-def test_a_wrong_flag_helper_is_caught(monkeypatch):
+def test_a_wrong_flag_helper_is_caught(monkeypatch, judge_mask):
     """Class 6's mechanism: validation compares every flag with the CPU.  Break angr's flag helper (CF
     flipped) and an add that validates exact no longer does."""
     raw = bytes.fromhex("4801d8")
@@ -143,7 +154,7 @@ def test_a_float_conversion_of_a_nan_in_memory_is_loose():
 
 
 @on_x86
-def test_the_floating_point_forms_validated_exact_stay_exact_with_edge_operands():
+def test_the_floating_point_forms_validated_exact_stay_exact_with_edge_operands(judge_mask):
     """Every row the table calls exact that computes floating point (int-to-double conversions, which no
     input can make inexact or invalid) validates exact again with edge values in its memory operands."""
     from relocverify.selftest.form_validation import is_floating_point

@@ -18,6 +18,14 @@ point``, ``mxcsr status``, ``memory``, ``fault``), ``failed`` when the control
 flow differed, the semantics has no answer, the form cannot run in user mode
 (privileged, x87/MMX, segment registers, nondeterministic), or no state could
 be placed.
+
+Only the state this CPU has is compared (``concrete.cpu``: under a feature
+mask, the state it hides): without AVX-512, zmm16-31, k0-7 and zmm0-15 above
+bit 255 are neither loaded (``cpu.trim_state``) nor compared, and a result
+says so in ``unseen``.  A form needing a CPUID feature this CPU lacks (or the
+mask hides) is not run: its result is ``failed`` with ``lacks`` set, and is
+no reading of the form (``selftest.form_merge`` keeps the table's row as it
+was).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import iced_x86 as iced
 
 from ..concrete import cpu, states as ST
 from ..concrete import edge_operands as EO  # issue 41: every validation runs its class's edge operands
+from ..concrete.cpu_identity import FEATURE_MASK_ENV, current_mask
+from ..concrete.native import missing_features
 from ..concrete.outcome import MachineState, Outcome
 from ..processes import pool_worker
 from ..proof import evaluation as EV
@@ -193,22 +203,25 @@ def compare(cpu_out: Outcome, sem: Outcome, state: MachineState, raw: bytes, f: 
             diffs.add("mxcsr status")
         if changed & ~0x3F:
             diffs.add("mxcsr control")
+    layout = cpu.xsave_layout()  # the state this CPU has (under the feature mask): nothing else is compared
+    seen = (1 << layout.vector_bits) - 1
     for i in range(16):
         s = sregs[f"zmm{i}"]
         c = cregs[f"zmm{i}"]
         if s is None:
             diffs.add("unspecified" if not fp else "floating point")
             continue
-        if (c ^ s) & ((1 << 256) - 1):
+        if (c ^ s) & seen & ((1 << 256) - 1):
             diffs.add("floating point" if fp else "vector")
-        if (c ^ s) >> 256:
+        if ((c ^ s) & seen) >> 256:
             diffs.add("zmm upper")
-    for i in range(16, 32):
-        if cregs.get(f"zmm{i}") != cpu.vector(inputs, i):
-            diffs.add("avx-512 state")
-    for i in range(8):
-        if cregs.get(f"k{i}") != inputs.get(f"k{i}", 0):
-            diffs.add("avx-512 state")
+    if layout.avx512:
+        for i in range(16, 32):
+            if cregs.get(f"zmm{i}") != cpu.vector(inputs, i):
+                diffs.add("avx-512 state")
+        for i in range(8):
+            if cregs.get(f"k{i}") != inputs.get(f"k{i}", 0):
+                diffs.add("avx-512 state")
     for name in ("fcw", "fsw", "ftw") + tuple(f"st{i}" for i in range(8)):
         if cregs.get(name) != inputs.get(name, cpu.FCW_DEFAULT if name == "fcw" else 0):
             diffs.add("x87 state")
@@ -233,6 +246,8 @@ class FormResult:
     states: int
     instances: tuple[str, ...]
     example: str = ""  # one differing state, for the record
+    lacks: tuple[str, ...] = ()  # CPUID features the form needs that this CPU lacks: not run, no reading
+    unseen: tuple[str, ...] = ()  # the state this CPU has not, so not compared (``cpu.unseen``)
 
     def as_json(self) -> dict:
         row = {"status": self.status, "states": self.states, "instances": list(self.instances)}
@@ -256,6 +271,13 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
     why = not_run(f)
     if why is not None:
         return FormResult(form, "failed", (why,), 0, shown)
+    lacking = missing_features(sorted(f.features))
+    if lacking:
+        mask = current_mask()
+        hidden = f" (hidden by {FEATURE_MASK_ENV}={mask.describe()})" if mask.hidden else ""
+        return FormResult(form, "failed", (f"not run: needs {', '.join(lacking)}, which this CPU lacks{hidden}",),
+                          0, shown, lacks=tuple(lacking))
+    unseen = cpu.unseen()
     fp = is_floating_point(instances[0])
     variants = [v for raw in instances[:4] for v in instance_variants(raw, rng)][:max_variants]
     if edge_operands and variants:  # edge operands (concrete.edge_operands), beyond max_variants: exact needs them
@@ -280,6 +302,7 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
             placed += EO.edge_states(raw, CODE_AT, rng)
         if not placed:
             continue
+        placed = [cpu.trim_state(s) for s in placed]  # the state this CPU loads, for both sides
         try:
             first = EV.evaluate(raw, CODE_AT, placed)
             sem = [_iterate(raw, s, o) if o.next_rip == CODE_AT and not o.fault else o for s, o in zip(placed, first)]
@@ -295,12 +318,14 @@ def validate_form(form: str, instances: list[bytes], states_per_variant: int = 8
                 example = f"{raw.hex()}: {', '.join(sorted(d))}"
             categories |= d
     if total == 0:
-        return FormResult(form, "failed", ("no state places every memory access in the arena",), 0, shown)
+        return FormResult(form, "failed", ("no state places every memory access in the arena",), 0, shown,
+                          unseen=unseen)
     if "control flow" in categories:
-        return FormResult(form, "failed", ("the control flow differs from the CPU's",), total, shown, example)
+        return FormResult(form, "failed", ("the control flow differs from the CPU's",), total, shown, example,
+                          unseen=unseen)
     if categories:
-        return FormResult(form, "loose", tuple(sorted(categories)), total, shown, example)
-    return FormResult(form, "exact", (), total, shown)
+        return FormResult(form, "loose", tuple(sorted(categories)), total, shown, example, unseen=unseen)
+    return FormResult(form, "exact", (), total, shown, unseen=unseen)
 
 
 def _iterate(raw: bytes, state: MachineState, out: Outcome, limit: int = 64) -> Outcome:
