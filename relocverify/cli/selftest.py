@@ -26,8 +26,9 @@ def add_parser(sub, types: dict) -> None:
     s.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes (default: CPUs)")
     s.add_argument("--json", action="store_true", help="print the tallies and false proofs as JSON")
     s.add_argument("--validate-forms", action="store_true",
-                   help="instead: run every instruction form of the sources below on this CPU and write the "
-                        "validated-form table (relocverify/proof/validated_forms.json, or --output)")
+                   help="instead: run every instruction form of the sources below on this CPU and merge the "
+                        "readings into the validated-form table (relocverify/proof/validated_forms.json, or "
+                        "--output): another CPU's readings stay, and a form read differently is not exact")
     s.add_argument("--kernel", action="append", default=None, metavar="NAME",
                    help="with --validate-forms: a Debian kernel's vmlinux (and --modules); repeatable")
     s.add_argument("--modules", action="store_true", help="with --validate-forms: the kernels' modules too")
@@ -105,9 +106,11 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     import json as _json
     import os
 
+    from ..concrete.cpu import identity
     from ..proof import form_table
     from ..selftest import form_sources as FS
-    from ..selftest.form_validation import table_json, validate_forms
+    from ..selftest.form_merge import merge_table
+    from ..selftest.form_validation import validate_forms
 
     forms, counts = FS.collect(FS.corpus_instructions())
     for name in args.kernel or ([] if args.elf and args.update else ["debian-6.1-cloud"]):
@@ -121,11 +124,11 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     out.write(f"{len(forms)} forms from {sum(counts.values())} instructions\n")
     target = args.output or os.path.join(os.path.dirname(form_table.__file__), form_table.TABLE_NAME)
     previous = {}
-    if args.update and os.path.exists(target):
+    if os.path.exists(target):  # merged into: another CPU's rows stay, this CPU's readings are added
         with open(target) as f:
             previous = _json.load(f)
     again = set((args.revalidate or "").split(",")) - {""}
-    old_rows = previous.get("forms", {})
+    old_rows = previous.get("forms", {}) if args.update else {}
     todo = {form: raws for form, raws in forms.items()
             if form not in old_rows or old_rows[form]["status"] in again}
     out.write(f"validating {len(todo)} forms ({len(forms) - len(todo)} kept from the current table)\n")
@@ -134,16 +137,9 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     sources = {"kernels": sorted(set(sources.get("kernels", [])) | set(args.kernel or [])),
                "modules": sources.get("modules", False) or args.modules,
                "elf": sorted(set(sources.get("elf", [])) | set(args.elf or [])), "corpora": True, "plans": True}
-    data = table_json(results, sources)
+    data = merge_table(previous, results, identity(), sources)
     for form, row in data["forms"].items():
-        row["seen"] = counts[form]
-    for form, row in old_rows.items():
-        if form not in data["forms"]:
-            data["forms"][form] = dict(row, seen=row.get("seen", 0) + counts.get(form, 0))
-    data["forms"] = dict(sorted(data["forms"].items()))
-    data["counts"] = {}
-    for row in data["forms"].values():
-        data["counts"][row["status"]] = data["counts"].get(row["status"], 0) + 1
+        row["seen"] = counts[form] if form in results else row.get("seen", 0) + counts.get(form, 0)
     tmp = target + ".tmp"
     with open(tmp, "w") as f:
         _json.dump(data, f, indent=0, sort_keys=True)

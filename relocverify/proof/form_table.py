@@ -22,8 +22,21 @@ and edge states, and compared output by output:
 ``failed`` the control flow differed, or no state could be placed: never trusted.
 
 A form with no row (``status`` None) was never run on a CPU: default deny.
-The table records the CPU it was made on; ``digest()`` enters every proof
-cache key, so a new table invalidates reused verdicts.
+``digest()`` enters every proof cache key, so a new table invalidates reused
+verdicts.
+
+Which CPUs: the top-level ``cpus`` list holds one ``CpuIdentity`` per CPU
+that validated rows (``concrete.cpu_identity``: vendor, family, model,
+stepping, the judge's features, XCR0, and what it did not compare), and each
+row's ``cpus`` the indices of those whose readings make the row.  When they
+all read the form alike the row is that reading; otherwise the row also
+keeps ``readings`` (each CPU's status and outputs), its status is the worst
+of them and ``loose`` adds ``DIFFERS``: a form whose reading differs between
+CPUs or vendors is never ``exact``.  Outputs a CPU cannot see (zmm upper
+halves and AVX-512 state without AVX-512, ``UNSEEN_WITHOUT_AVX512``) are no
+difference.  A row with no CPU (``cpus`` empty) was not run on any: the
+CPUs that met it lacked a feature it needs.  ``selftest.form_merge`` writes
+these fields.
 """
 
 from __future__ import annotations
@@ -34,7 +47,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from ..concrete.cpu_identity import CpuIdentity
+
 TABLE_NAME = "validated_forms.json"
+STATUS_ORDER = ("exact", "loose", "failed")  # worse to the right
+DIFFERS = "differs between CPUs"
+#: The outputs (``selftest.form_validation.compare``'s categories) a CPU without AVX-512 cannot see.
+UNSEEN_WITHOUT_AVX512 = frozenset({"zmm upper", "avx-512 state"})
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one CPU's validation of a form found: a status and, unless exact, which outputs or why."""
+
+    status: str
+    loose: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,16 +69,29 @@ class FormRow:
     form: str
     status: str  # 'exact' | 'loose' | 'failed'
     loose: tuple[str, ...]  # for 'loose': the outputs that differed; for 'failed': why
-    states: int  # states compared
+    states: int  # states compared (by the last validation)
     instances: tuple[str, ...]  # hex of the instances run (real kernel or corpus bytes)
+    cpus: tuple[int, ...] = ()  # indices into ``FormTable.cpus`` of the CPUs whose readings make the row
+    readings: tuple[tuple[int, Reading], ...] = ()  # each CPU's reading, kept only when they differ
+
+    def reading_of(self, cpu: int) -> Reading | None:
+        """CPU ``cpu``'s reading of this form (None: it did not validate it)."""
+        if cpu not in self.cpus:
+            return None
+        return dict(self.readings).get(cpu, Reading(self.status, self.loose))
 
 
 @dataclass(frozen=True)
 class FormTable:
     rows: dict
-    cpu: str
+    cpus: tuple[CpuIdentity, ...]
     generated: str
     digest: bytes
+
+    @property
+    def cpu(self) -> str:
+        """The CPUs the table was made on, in words ('none' for an empty table)."""
+        return "; ".join(c.describe() for c in self.cpus) or "none"
 
     def row(self, form: str) -> FormRow | None:
         return self.rows.get(form)
@@ -60,10 +100,25 @@ class FormTable:
         row = self.rows.get(form)
         return None if row is None else row.status
 
+    def cpus_of(self, form: str) -> tuple[CpuIdentity, ...]:
+        """The CPUs that validated ``form`` (empty: none, or no row)."""
+        row = self.rows.get(form)
+        return () if row is None else tuple(self.cpus[i] for i in row.cpus)
+
+
+def _readings(r: dict) -> tuple[tuple[int, Reading], ...]:
+    return tuple((x["cpu"], Reading(x["status"], tuple(x.get("loose", ())))) for x in r.get("readings", ()))
+
 
 def _parse(data: dict) -> dict[str, FormRow]:
     return {form: FormRow(form, r["status"], tuple(r.get("loose", ())), r.get("states", 0),
-                          tuple(r.get("instances", ()))) for form, r in data.get("forms", {}).items()}
+                          tuple(r.get("instances", ())), tuple(r.get("cpus", ())),
+                          _readings(r) if "readings" in r else ()) for form, r in data.get("forms", {}).items()}
+
+
+def parse_cpus(data: dict) -> tuple[CpuIdentity, ...]:
+    """The table's CPUs; a table from before they were kept (one ``cpu`` string) gives none."""
+    return tuple(CpuIdentity.from_json(c) for c in data.get("cpus", ()))
 
 
 @lru_cache(maxsize=1)
@@ -80,9 +135,15 @@ def load() -> FormTable:
     """The table shipped with the package (an empty table, denying every form, if it is missing)."""
     text = _text()
     if text is None:
-        return FormTable({}, "none", "never", digest())
+        return FormTable({}, (), "never", digest())
+    return parse(text, digest())
+
+
+def parse(text: str, tag: bytes | None = None) -> FormTable:
+    """A table from its JSON text (``tag``: its digest, by default the hash of ``text``)."""
     data = json.loads(text)
-    return FormTable(_parse(data), data.get("cpu", "unknown"), data.get("generated", "unknown"), digest())
+    tag = hashlib.sha256(text.encode()).digest()[:8] if tag is None else tag
+    return FormTable(_parse(data), parse_cpus(data), data.get("generated", "unknown"), tag)
 
 
 @lru_cache(maxsize=1)

@@ -369,19 +369,5 @@ def validate_forms(forms: dict[str, list[bytes]], states_per_variant: int = 8, s
     return results
 
 
-def table_json(results: dict[str, FormResult], sources: dict) -> dict:
-    """The JSON the package ships as ``proof/validated_forms.json``."""
-    import datetime
-    import platform
-
-    counts = {}
-    for r in results.values():
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return {"about": "CPU-validated instruction forms: see relocverify/proof/form_table.py",
-            "cpu": f"{cpu.vendor()} {platform.processor() or ''}".strip() + f" (xcr0 {cpu.xsave_layout().xcr0:#x})",
-            "generated": datetime.date.today().isoformat(), "sources": sources, "counts": counts,
-            "forms": {form: results[form].as_json() for form in sorted(results)}}
-
-
 def _pack_check() -> None:  # keep struct and MASK64 used for readers of this module's helpers
     struct.pack("<Q", MASK64)
