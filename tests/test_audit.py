@@ -18,7 +18,7 @@ from relocverify.plan.plan import DEFAULT_TRAMP
 from relocverify.proof.prove import prove_effects, prove_relocation
 from relocverify.tracers import get_model
 from relocverify.tracers.judge import proof_key, prove_answer
-from relocverify.tracers.model import Context, Emulate, Refuse, Relocate, Unmodelled
+from relocverify.tracers.model import Context, Emulate, Refuse, Relocate, Unmodelled, machine_of
 from relocverify.x86.decode import decode
 
 
@@ -41,7 +41,7 @@ def _answer(model: str, hexbytes: str, tramp: int = T, context: Context = Contex
 
 def _verdict(model: str, hexbytes: str, tramp: int = T, context: Context = Context()):
     insn, ans = _answer(model, hexbytes, tramp, context)
-    return ans, prove_answer(insn, ans, tramp)
+    return ans, prove_answer(insn, ans, tramp, where=machine_of(get_model(model)))
 
 
 def _whats(result) -> set[str]:
@@ -94,9 +94,14 @@ def test_history_before_the_fix_is_refuted_like_the_corpus_and_the_fix_agrees(en
 
 
 def test_bug8_is_latent_with_kinst_s_own_trampoline_placement():
-    """kinst allocates its trampolines above KERNBASE: in reach, the same instruction is proved."""
+    """kinst allocates its trampolines above KERNBASE: in reach, the same instruction is proved, on
+    FreeBSD's kernel, which enforces no IBT (kinst's absolute jump back is an indirect branch): the proof
+    says so."""
     _, result = _verdict("kinst", ENTRIES["bug8-kinst-disp-truncated"]["hex"], T)
     assert result.verdict.value == "proved"
+    assert any("IBT" in a for a in result.assumes)
+    insn, ans = _answer("kinst", ENTRIES["bug8-kinst-disp-truncated"]["hex"], T)
+    assert prove_answer(insn, ans, T).verdict.value == "unknown", "on a kernel that may enforce IBT"
 
 
 def test_kinst_copies_xbegin_and_the_verdict_is_unknown_as_the_corpus_says():

@@ -73,7 +73,7 @@ from .fast_path import pure_jump_target
 from .lifted import lifted, lifted_one
 from .lift_gaps import opaque_lift_reason
 from .admission import admit, reexecutes
-from .machine_model import check_machine, one_step
+from .machine_model import Context, check_machine, one_step
 from .lifter_checks import flag_names, unaffected_flags
 from .verdict import Counterexample, ProofResult, Verdict
 
@@ -418,7 +418,8 @@ def block_key(block: BlockPlan) -> bytes | None:
             return None
         sig.append(role)
     layout = ",".join(str(x - t) for x in block.starts) + "|" + ",".join(str(x - t) for x, _ in _slots(block))
-    return (b"block|" + cache_tag() + shape_of(run, ofields) + b"|" + shape_of(block.trampoline, tfields) + b"|"
+    return (b"block|" + cache_tag() + (b"k" if Context.of(block.address) is Context.KERNEL else b"u")
+            + shape_of(run, ofields) + b"|" + shape_of(block.trampoline, tfields) + b"|"
             + ",".join(sig).encode() + b"|" + layout.encode())
 
 
@@ -486,7 +487,8 @@ def piece_key(block: BlockPlan, i: int, clearance: int = 1 << 20) -> bytes | Non
         else:
             return None
         tsig.append(role)
-    return (f"piece|{i}/{len(block.instructions)}|".encode() + shape_of(insn.raw, ofields) + b"|"
+    context = b"k" if Context.of(block.address) is Context.KERNEL else b"u"  # the machine model's rows differ
+    return (f"piece|{i}/{len(block.instructions)}|".encode() + context + shape_of(insn.raw, ofields) + b"|"
             + shape_of(piece, tfields) + b"|" + ",".join(osig).encode() + b"|" + ",".join(tsig).encode())
 
 

@@ -17,7 +17,7 @@ from ..x86.instruction import Decoded, Instruction
 from ..x86.registers import MASK64
 from . import form_table
 from .forms import IMMEDIATE_OPERANDS
-from .machine_model import Context
+from .machine_model import Context, Machine
 from .verdict import ProofResult, Verdict
 
 
@@ -124,7 +124,7 @@ def cache_tag(rules=RULES) -> bytes:
 _TAGS: dict[int, tuple[tuple, bytes]] = {}  # id of a policy table -> (the table, its tag)
 
 
-def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
+def cache_key(decoded: Decoded, plan: Plan, where: Machine | None = None) -> bytes | None:
     """The key under which a verdict for ``plan`` may be reused, or None.
 
     What a verdict depends on: the bytes, the plan, and how the addresses in
@@ -168,7 +168,7 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
     """
     if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return None
-    tag = cache_tag() + _context(decoded.address, plan.tramp)
+    tag = cache_tag() + _context(where or Machine.at(decoded.address), plan.tramp)
     if plan.kind is PlanKind.COPY and classify(decoded).strategy == "copy":
         form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
         return b"copy|" + tag + form + copy_shape(decoded)
@@ -203,13 +203,12 @@ def cache_key(decoded: Decoded, plan: Plan) -> bytes | None:
             + shape_of(plan.trampoline, tfields) + b"|" + ",".join(sig).encode())
 
 
-def _context(a: int, t: int) -> bytes:
-    """What the machine model's verdict depends on beyond the shape: the context A runs in (CPL 0 or 3:
-    interrupt frames against signal frames, IBT, alignment checking), and at CPL 3 the alignment of T mod
-    16, which fixes the alignment of every tracer-memory access (row alignment-check)."""
-    if Context.of(a) is Context.KERNEL:
-        return b"k"
-    return b"u" + bytes([t % 16])
+def _context(where: Machine, t: int) -> bytes:
+    """What the machine model's verdict depends on beyond the shape: the machine (CPL 0 or 3: interrupt
+    frames against signal frames, IBT, alignment checking; at CPL 0 whether the kernel may enforce IBT),
+    and at CPL 3 the alignment of T mod 16, which fixes the alignment of every tracer-memory access (row
+    alignment-check)."""
+    return where.key + (bytes([t % 16]) if where.context is Context.USER else b"")
 
 
 def _effect_roles(e, roles):

@@ -63,6 +63,32 @@ class Context(str, Enum):
         return (KERNEL_HALF, (1 << 64) - 0x1000) if self is Context.KERNEL else (0x1000, (1 << 47) - 0x1000)
 
 
+@dataclass(frozen=True)
+class Machine:
+    """The machine a relocation runs in: its context, and at CPL 0 whether the kernel may enforce IBT (every
+    Linux kernel may: Debian 6.12 does; FreeBSD, kinst's kernel, does not).  ``Machine.at(A)`` is the
+    default: the context of A's half of the address space.  A tracer model says its own (uprobes and
+    fasttrap run user code; kinst a kernel without IBT)."""
+
+    context: Context
+    kernel_ibt: bool = True
+
+    @classmethod
+    def at(cls, address: int) -> "Machine":
+        return cls(Context.of(address))
+
+    @property
+    def key(self) -> bytes:
+        """One byte for cache keys: k (CPL 0, IBT possible), K (CPL 0, no IBT), u (CPL 3)."""
+        if self.context is Context.USER:
+            return b"u"
+        return b"k" if self.kernel_ibt else b"K"
+
+
+USER = Machine(Context.USER)
+KERNEL_WITHOUT_IBT = Machine(Context.KERNEL, kernel_ibt=False)
+
+
 class Treatment(str, Enum):
     OBLIGATION = "obligation"
     PRECONDITION = "precondition"
@@ -152,6 +178,9 @@ MACHINE_MODEL: tuple[Row, ...] = (
         (Context.KERNEL,), O, "machine_model.added_indirect_branches", "SDM Vol. 1 §18.3; Linux arch/x86/kernel/cet.c",
         "the Debian 6.12 kernel enforces IBT: an indirect branch the original does not make has a target the "
         "checker cannot show to be endbr64"),
+    Row("ibt-kernel-off", "a kernel that enforces no IBT", (Context.KERNEL,), P, "machine_model.added_indirect_branches",
+        "FreeBSD amd64 (kinst's kernel): no kernel IBT",
+        "said by the caller (a tracer model of a kernel without IBT): an added indirect branch assumes IBT is off"),
     Row("ibt-user", "IBT at CPL 3", (Context.USER,), P, "machine_model.added_indirect_branches", "Linux 6.x: no user IBT",
         "Linux enables only shadow stacks for user space; an added indirect branch assumes user IBT is off"),
     Row("shadow-stack", "the shadow stack: near call pushes, near ret pops and compares", BOTH, O,
@@ -331,10 +360,12 @@ def _difference(problem: str, what: str, original: str, relocated: str, assumes=
 
 
 def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
-                  tracer_ranges: tuple[tuple[int, int], ...] = ()) -> MachineCheck:
+                  tracer_ranges: tuple[tuple[int, int], ...] = (), machine: Machine | None = None) -> MachineCheck:
     """The rows of ``MACHINE_MODEL`` decided from the instructions alone (the one that needs the symbolic
-    stack pointer at each boundary, ``interrupt-frame``, is ``smt.stack_exposure``)."""
-    context = Context.of(at)
+    stack pointer at each boundary, ``interrupt-frame``, is ``smt.stack_exposure``).  ``machine``: where the
+    code runs (default ``Machine.at(at)``)."""
+    machine = machine or Machine.at(at)
+    context, kernel_ibt = machine.context, machine.kernel_ibt
     orig = machine_classes(raw, at)
     if code is None:
         return _check_effects(orig, effects, context)
@@ -355,7 +386,7 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
                                 f"the next instruction ({row.what}); {row.reason} ({row.source})")
     found = (compare_shadow_stacks(orig, [c for _, c in reloc])
              or added_vector_writes(orig, [c for _, c in reloc], context)
-             or added_indirect_branches(orig, reloc, tramp, context, assumes)
+             or added_indirect_branches(orig, reloc, tramp, context, assumes, kernel_ibt)
              or compare_accesses(orig.accesses, tuple(a for _, c in reloc for a in c.accesses))
              or tracer_alignment(reloc, context, tramp))
     if found is not None:
@@ -401,12 +432,15 @@ def added_vector_writes(orig: MachineClasses, reloc: list[MachineClasses], conte
                         f"{row.reason} ({row.source})")
 
 
-def added_indirect_branches(orig: MachineClasses, reloc, tramp: int, context: Context, assumes: list) -> MachineCheck | None:
+def added_indirect_branches(orig: MachineClasses, reloc, tramp: int, context: Context, assumes: list,
+                            kernel_ibt: bool = True) -> MachineCheck | None:
+    """Rows ibt-kernel, ibt-kernel-off and ibt-user: an indirect jmp or call of the relocation that the
+    original does not make (another kind, or ``notrack`` added or dropped)."""
     for address, c in reloc:
         if c.indirect is None or c.indirect == orig.indirect:
             continue
-        if context is Context.USER:
-            assumes.append(ROWS["ibt-user"].reason)
+        if context is Context.USER or not kernel_ibt:
+            assumes.append(ROWS["ibt-user" if context is Context.USER else "ibt-kernel-off"].reason)
             continue
         row = ROWS["ibt-kernel"]
         return MachineCheck(f"not proved: the relocation's indirect {c.indirect} at T+{address - tramp:#x} is not "

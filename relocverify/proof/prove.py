@@ -56,7 +56,7 @@ from .lift import Gap
 from .unproved import gap_result
 from .admission import admit
 from .lift_gaps import opaque_lift_reason
-from .machine_model import MachineCheck, check_machine, one_step
+from .machine_model import Context, Machine, MachineCheck, check_machine, one_step
 from .precondition import check_tracer_memory
 from .verdict import Counterexample, ProofResult, Verdict
 
@@ -74,15 +74,17 @@ def _outside_result(decoded: Instruction, code: bytes | None, tramp: int, method
 
 
 def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
-           tracer_ranges, timeout_ms: int) -> ProofResult:
-    """The verdict, with the machine model's preconditions attached to a proof (``machine_model``)."""
+           tracer_ranges, timeout_ms: int, where: Machine | None = None) -> ProofResult:
+    """The verdict, with the machine model's preconditions attached to a proof (``machine_model``; ``where``
+    the code runs: by default the context of its address)."""
     t0 = time.perf_counter()
-    machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges))
+    where = where or Machine.at(decoded.address)
+    machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges), where)
     if machine.refutes:
         return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
                                "the machine model's difference is not observable in a sequential replay "
                                "(docs/machine.md)", t0, machine)
-    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0)
+    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0, where.context)
     if result.verdict is not Verdict.PROVED:
         return result  # a difference the semantics finds stands whatever the machine model cannot decide
     if machine.problem is not None:
@@ -91,7 +93,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
 
 
 def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
-                     tracer_ranges, timeout_ms: int, t0: float) -> ProofResult:
+                     tracer_ranges, timeout_ms: int, t0: float, context: Context) -> ProofResult:
     lock = check_atomicity(decoded, code, tramp, tracer_ranges)
     if lock is not None:
         cex = Counterexample((), (), (Difference("lock", "locked" if atomic(decoded) else "unlocked",
@@ -123,7 +125,7 @@ def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Ef
     checker = _SMT[0]
     if checker is None:  # claripy, angr's IR operations and z3: imported only when the fast path cannot decide
         from .smt_check import check_by_smt as checker
-    return checker(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0)
+    return checker(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0, context)
 
 
 _SMT: list = [None]  # ``delegate_smt``'s checker, or None
@@ -146,34 +148,36 @@ def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_M
 
 
 def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                     tracer_memory: tuple[tuple[int, int], ...] = ()) -> ProofResult:
+                     tracer_memory: tuple[tuple[int, int], ...] = (), where: Machine | None = None) -> ProofResult:
     """The verdict for relocated bytes made by any tool, run from ``tramp``.
 
     Tracer memory is the relocated bytes themselves, plus ``tracer_memory``:
-    (address, size) ranges the tool keeps its own data in (save slots).
+    (address, size) ranges the tool keeps its own data in (save slots).  ``where``: the machine the code
+    runs in (``machine_model.Machine``: a user-space tracer's, a kernel without IBT), by default the
+    context of the instruction's address.
     Raises ``InputError`` when those ranges make the precondition vacuous
     (``precondition.check_tracer_memory``)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
     check_tracer_memory(decoded, tramp, len(reloc), tuple(tracer_memory))
     ranges = ((tramp, len(reloc)),) + tuple(tracer_memory)
-    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms))
+    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms), where)
 
 
 def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
-                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
-    """The verdict for an emulation program made by any tool."""
+                  timeout_ms: int = DEFAULT_TIMEOUT_MS, where: Machine | None = None) -> ProofResult:
+    """The verdict for an emulation program made by any tool (``where``: as for ``prove_relocation``)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
-    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms))
+    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms), where)
 
 
 
-def plan_assumptions(decoded: Decoded, plan: Plan) -> tuple[str, ...]:
+def plan_assumptions(decoded: Decoded, plan: Plan, where: Machine | None = None) -> tuple[str, ...]:
     """The machine model's preconditions a proof of ``plan`` depends on (``ProofResult.assumes``), for a
     verdict read back from a store or the proof cache, which keep the verdict, not its preconditions."""
     if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return ()
     code = plan.trampoline if plan.kind is not PlanKind.EMULATE else None
     return check_machine(decoded.raw, decoded.address, code, plan.effects, plan.tramp,
-                         tuple(plan.tracer_memory)).assumes
+                         tuple(plan.tracer_memory), where).assumes

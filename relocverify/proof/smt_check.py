@@ -22,7 +22,8 @@ from .verdict import Counterexample, ProofResult, Verdict
 
 
 def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int, tracer_ranges,
-                 timeout_ms: int, admission: Admission, t0: float) -> ProofResult:
+                 timeout_ms: int, admission: Admission, t0: float, context: Context | None = None) -> ProofResult:
+    """``context``: CPL 0 or 3 (``machine_model.Context``), by default that of the original's address."""
     trusted = admission.trusted
     tracer_bytes = {}
     if code is not None:
@@ -36,7 +37,8 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
         else:
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
         if code is not None:
-            exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0)
+            exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0,
+                                      context or Context.of(decoded.address))
             if exposed is not None:
                 return exposed
         x = claripy.BVS("x", 64, explicit_name=True)
@@ -96,11 +98,11 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
     return ProofResult(Verdict.REFUTED, f"differs in {what}", "smt", cex, time.perf_counter() - t0)
 
 
-def _stack_exposure(world, decoded: Instruction, orig, reloc, tramp: int, timeout_ms: int, t0: float):
+def _stack_exposure(world, decoded: Instruction, orig, reloc, tramp: int, timeout_ms: int, t0: float,
+                    context: Context):
     """A refutation by the machine model's rows interrupt-frame and signal-frame (``smt.stack_exposure``),
     or None.  Not replayed on unicorn, which runs no interrupt between instructions; ``relocverify selftest``
     judges the class on the CPU by writing a frame at each boundary."""
-    context = Context.of(decoded.address)
     row = ROWS["interrupt-frame" if context is Context.KERNEL else "signal-frame"]
     conditions = smt.stack_exposure(world, orig, reloc, decoded.address, tramp,
                                     0 if context is Context.KERNEL else RED_ZONE, STACK_ALLOWANCE, context.stack_range)

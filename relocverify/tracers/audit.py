@@ -51,7 +51,7 @@ from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from . import linux_facts
 from .judge import proof_key, prove_answer
-from .model import Context, Refuse, RelocateBlock
+from .model import Context, Refuse, RelocateBlock, machine_of
 
 BUCKETS = ("agree", "tracer-wrong", "tracer-refuses-provable", "both-refuse", "unknown")
 EXAMPLES = 3  # instances kept per group
@@ -230,12 +230,13 @@ class Auditor:
                                  "our decoders do not agree on the original", json.dumps({"reason": insn.reason}))
         answer = model.answer(insn, self.tramp, Context(context.boundary, context.sites, context.function,
                                                         stream[:15]))
-        return self.judged(insn, answer)
+        return self.judged(insn, answer, machine_of(model))
 
-    def judged(self, insn: Instruction | None, answer) -> TracerOutcome:
+    def judged(self, insn: Instruction | None, answer, where=None) -> TracerOutcome:
         """An answer for the instruction ``insn`` judged: a refusal as it is; a relocation, an
         emulation or a block (whose first instruction stands for ``insn``) by its proof (``verdict``);
-        an unmodelled answer with no instruction our decoders agree on, ``unknown``."""
+        an unmodelled answer with no instruction our decoders agree on, ``unknown``.  ``where``: the
+        machine the tracer's relocations run in (``tracers.model.machine_of``)."""
         if isinstance(answer, Refuse):
             return TracerOutcome("refuse", "", answer.reason, "", _HEX.sub("N", answer.reason),
                                  json.dumps({"answer": answer.as_json()}))
@@ -245,7 +246,7 @@ class Auditor:
         if insn is None:
             return TracerOutcome(answer.kind, "unknown", answer.reason, "", f"{answer.kind}: {answer.reason}",
                                  json.dumps({"answer": answer.as_json()}))
-        verdict, reason, method, cex = self.verdict(insn, answer)
+        verdict, reason, method, cex = self.verdict(insn, answer, where)
         group = _group(insn, answer, verdict, reason, cex)
         run = block.instructions if block is not None else (insn,)
         detail = {"answer": answer.as_json(), "original": "; ".join(i.text for i in run),
@@ -255,16 +256,16 @@ class Auditor:
             detail["counterexample"] = cex
         return TracerOutcome(answer.kind, verdict, reason, method, group, json.dumps(detail))
 
-    def verdict(self, insn: Instruction, answer) -> tuple[str, str, str, dict | None]:
+    def verdict(self, insn: Instruction, answer, where=None) -> tuple[str, str, str, dict | None]:
         """(verdict, reason, method, counterexample) of a relocating answer: the proof stored under its
         proof key (shared with other tracers and the engine's plans), else the same obligation judged
         before (single instructions: blocks are remembered per function instead), else proved now."""
-        key = proof_key(insn, answer, self.tramp, self.rules)
+        key = proof_key(insn, answer, self.tramp, self.rules, where)
         hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
         if hit is not None:
             self.counts["proofs_shared"] += 1
             return hit.verdict, hit.reason, hit.method, None
-        same = None if isinstance(answer, RelocateBlock) else _obligation(insn, answer, self.tramp)
+        same = None if isinstance(answer, RelocateBlock) else _obligation(insn, answer, self.tramp, where)
         seen = None if same is None else self.verdicts.get(same)
         if seen is not None:  # this very obligation was judged before (another tracer, another model version)
             self.counts["proofs_shared"] += 1
@@ -273,7 +274,7 @@ class Auditor:
         t0 = time.perf_counter()
         result = self._composed(answer)
         if result is None:
-            result = prove_answer(insn, answer, self.tramp, self.timeout_s)
+            result = prove_answer(insn, answer, self.tramp, self.timeout_s, where)
             self.counts["proofs_made"] += 1
         verdict, reason, method = result.verdict.value, result.reason, result.method
         if key is not None and reusable(key, result):
@@ -356,7 +357,7 @@ class Auditor:
             context = Context(off not in gaps, sites, name)
             answer = model.answer_in(walk, data, off, self.tramp, context, extable, sites_at, image.entries)
             ours = walk.ours_at(data, off)
-            out.append(self.judged(ours if isinstance(ours, Instruction) else None, answer))
+            out.append(self.judged(ours if isinstance(ours, Instruction) else None, answer, machine_of(model)))
         self.counts["per_instance"] += len(rows)
         for o in out:
             details.setdefault(o.group, o.detail)
@@ -373,15 +374,15 @@ class Auditor:
         return not d.ok or not isinstance(ours, Instruction) or d.length != ours.length
 
 
-def _obligation(insn: Instruction, answer, tramp: int) -> bytes:
-    """The proof obligation itself: the original's bytes at A, and what runs from T.  The same
-    obligation under the same tools (the memo's tag) has the same verdict, whichever tracer or model
-    version produced it."""
+def _obligation(insn: Instruction, answer, tramp: int, where=None) -> bytes:
+    """The proof obligation itself: the original's bytes at A, what runs from T, and the machine it runs
+    in (``tracers.model.machine_of``).  The same obligation under the same tools (the memo's tag) has the same verdict,
+    whichever tracer or model version produced it."""
     doc = answer.as_json()
     body = json.dumps({k: doc.get(k) for k in ("kind", "code", "tracer_memory", "effects", "reason")},
                       sort_keys=True).encode()
-    return hashlib.blake2b(insn.raw + insn.address.to_bytes(8, "little") + tramp.to_bytes(8, "little") + body,
-                           digest_size=20).digest()
+    return hashlib.blake2b(insn.raw + insn.address.to_bytes(8, "little") + tramp.to_bytes(8, "little") + body
+                           + (b"" if where is None else b"|" + where.key), digest_size=20).digest()
 
 
 def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | None) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 
+from ..proof.machine_model import USER
 from ..plan.effects import Address, AddRsp, Branch, Const, Jump, Let, Load, Push, Reg, Temp
 from ..x86.encoding import ABS_JUMP
 from ..x86.instruction import Instruction
@@ -37,6 +38,7 @@ _OTHER_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF3, 0xF2})
 
 class Fasttrap:
     decoder = None
+    machine = USER  # DTrace's pid provider probes user code: its relocations run at CPL 3
     needs_boundary = False
     name = "fasttrap"
     source = f"freebsd/freebsd-src 039ea811636f {FASTTRAP}"

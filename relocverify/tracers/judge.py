@@ -17,6 +17,7 @@ import time
 from ..engine.pipeline import WATCHDOG_MARGIN_S, ProofTimeout, watchdog
 from ..plan.plan import Plan, PlanKind, make_plan
 from ..proof.cache_key import cache_key
+from ..proof.machine_model import Machine
 from ..proof.verdict import ProofResult, Verdict
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
@@ -41,7 +42,7 @@ def plan_of(insn: Instruction, answer: Answer, tramp: int, rules=None) -> Plan |
     return Plan(PlanKind.REWRITE, "tracer", "", insn.address, insn.length, tramp, answer.code, tracer_memory=memory)
 
 
-def proof_key(insn: Instruction, answer: Answer, tramp: int, rules=None) -> bytes | None:
+def proof_key(insn: Instruction, answer: Answer, tramp: int, rules=None, where: Machine | None = None) -> bytes | None:
     if isinstance(answer, RelocateBlock):
         if answer.entries:
             return None
@@ -49,12 +50,14 @@ def proof_key(insn: Instruction, answer: Answer, tramp: int, rules=None) -> byte
 
         return block_key(answer.block)
     plan = plan_of(insn, answer, tramp, rules)
-    return None if plan is None else cache_key(insn, plan)
+    return None if plan is None else cache_key(insn, plan, where)
 
 
-def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float = 10.0) -> ProofResult | None:
+def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float = 10.0,
+                 where: Machine | None = None) -> ProofResult | None:
     """The verdict on a relocating answer (None for a refusal), under a watchdog: anything that
-    hangs past the solver's timeout is ``unknown``."""
+    hangs past the solver's timeout is ``unknown``.  ``where``: the machine the tracer's relocations run
+    in (``tracers.model.machine_of``), by default the context of the address."""
     if isinstance(answer, Refuse):
         return None
     if isinstance(answer, Unmodelled):
@@ -71,9 +74,9 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
 
                 return prove_block(answer.block, timeout_ms=int(timeout_s * 1000))
             if isinstance(answer, Emulate):
-                return prove_effects(insn, answer.effects, tramp, timeout_ms=int(timeout_s * 1000))
+                return prove_effects(insn, answer.effects, tramp, timeout_ms=int(timeout_s * 1000), where=where)
             return prove_relocation(insn, answer.code, tramp, timeout_ms=int(timeout_s * 1000),
-                                    tracer_memory=answer.tracer_memory)
+                                    tracer_memory=answer.tracer_memory, where=where)
     except ProofTimeout:
         return ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {timeout_s:g} s", "timeout",
                            seconds=time.perf_counter() - t0)

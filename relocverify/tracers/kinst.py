@@ -28,6 +28,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from ..proof.machine_model import KERNEL_WITHOUT_IBT
 from ..plan.effects import Address, Const, Jump, Let, Load, Push, Reg, Temp
 from ..x86.encoding import ABS_JUMP
 from ..x86.instruction import Instruction
@@ -50,6 +51,9 @@ class KinstSource:
 
 class Kinst:
     decoder = None
+    #: FreeBSD amd64 enforces no kernel IBT: kinst's absolute jumps back (``jmp *0(%rip)``) are proved under
+    #: that precondition (``proof.machine_model``, row ibt-kernel-off), not refused as on an IBT kernel.
+    machine = KERNEL_WITHOUT_IBT
 
     def __init__(self, src: KinstSource):
         self.src = src

@@ -29,6 +29,7 @@ from typing import Protocol, Union
 
 from ..plan.block import BlockPlan
 from ..plan.effects import Effect, effect_json
+from ..proof.machine_model import Machine
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
@@ -168,10 +169,18 @@ class TracerModel(Protocol):
     name: str  # 'kprobes@6.1'
     decoder: str | None  # 'linux-insn@6.1' for the Linux models, None for our own decode
     source: str  # where the model was written from
+    # Optional ``machine``: the machine its relocations run in (``proof.machine_model.Machine``: user space
+    # for uprobes and fasttrap, a kernel without IBT for kinst); absent means the context of each
+    # instruction's address.  Read through ``machine_of(model)``.
 
     def answer(self, insn: Instruction, tramp: int, context: Context = NO_CONTEXT) -> Answer: ...
 
     def site_refusal(self, context: Context) -> Refuse | None: ...
+
+
+def machine_of(model) -> Machine | None:
+    """The machine ``model``'s relocations run in, or None for the context of each address."""
+    return getattr(model, "machine", None)
 
 
 def jump_back(tramp: int, code: bytes, to: int) -> bytes:

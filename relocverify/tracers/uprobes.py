@@ -32,6 +32,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from ..proof.machine_model import USER
 from ..plan.effects import Address, Branch, Const, Jump, Let, Load, Push, Reg, Temp
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
@@ -82,6 +83,7 @@ class UprobesSource:
 
 
 class Uprobes:
+    machine = USER  # uprobes probe user code: their relocations run at CPL 3
     needs_boundary = False
 
     def __init__(self, src: UprobesSource):
