@@ -159,6 +159,7 @@ IO = {
     "show": (("source", "system_map"), (), ()),
     "export": (("store",), ("output",), ()),
     "audit": (("image", "system_map", "module", "package", "dbg"), ("db", "summary_json"), ()),
+    "confirm": (("package", "dbg", "elf"), (), ()),
 }
 
 
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import audit as audit_command
 
     audit_command.add_parser(sub, TYPES)
+    from . import confirm as confirm_command
+
+    confirm_command.add_parser(sub, TYPES)
 
     return p
 

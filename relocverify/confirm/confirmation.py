@@ -1,0 +1,227 @@
+"""Confirmations: a tracer's probe placed at a site of the running kernel, and what it did.
+
+``confirm(request, guest)`` resolves every site (``sites.py``), chooses the accelerator once
+(``qemu.accel``: KVM only where a short boot ran a kernel-mode int3 under it), and per site boots
+the guest twice at once: without the probe and with it (``qemu.boot_all``), each running the same
+script (``script.RunPlan``) and trigger.  The boot without the probe is checked first: one that did
+not boot, a trigger that did not finish or that floods the console, a trigger that cannot run,
+is the user's input (``InputError``, exit 2), never a finding.  Then ``outcome.decide`` says what
+the probe did.  Both QEMUs are gone when ``confirm`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..errors import InputError
+from . import initramfs, qemu
+from .console import read_console
+from .guest import Guest, confirm_cache, is_static, run_initrd, scratch
+from .outcome import Decision, Outcome, Run, Site, decide
+from .probe import Probe
+from .script import RunPlan, run_script
+from .triggers import BY_NAME, Trigger, for_group
+
+#: Every boot's command line; the user's words (``--cmdline``) follow.
+BASE_CMDLINE = "console=ttyS0 panic=-1 quiet nokaslr"
+TRACERS = ("kprobes", "optprobes", "uprobes")
+
+
+@dataclass(frozen=True)
+class Request:
+    tracer: str  # kprobes | optprobes | uprobes
+    sites: tuple[str, ...]
+    cmdline: str = ""
+    trigger: tuple[str, ...] = ()  # () the shipped trigger; NAME [ARGS] a shipped one; PROGRAM [ARGS]
+    elf: str | None = None  # uprobes: the static program holding the sites (default: the shipped trigger's)
+    optimized: bool | None = None  # None: off for kprobes, on for optprobes
+    via: str = "events"
+    trigger_timeout_s: int = 20
+    boot_timeout_s: float = 90.0
+    accel: str = "auto"
+    causes: tuple[str | None, ...] = ()  # per site, the audit group's cause (chooses the shipped trigger)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    site: Site
+    tracer: str
+    via: str
+    optimized: bool
+    trigger: tuple[str, ...]
+    decision: Decision
+    baseline: Run
+    probed: Run
+    accel_why: str
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.decision.outcome
+
+    def as_json(self) -> dict:
+        d = self.decision
+        return {"site": self.site.text, "address": hex(self.site.address), "where": self.site.where,
+                "tracer": self.tracer, "via": self.via, "optimized": self.optimized,
+                "probe": self.site.probe_target, "outcome": d.outcome.label, "evidence": d.evidence,
+                "console": list(d.excerpt), "hits": d.hits, "missed": d.missed,
+                "listed_optimized": d.optimized,
+                "file_bytes": self.site.file_bytes.hex(), "live_bytes": None if d.live is None else d.live.hex(),
+                "live_variant": d.live_variant, "variants": [[n, b.hex()] for n, b in self.site.variants],
+                "trigger": list(self.trigger),
+                "trigger_report": {name: None if run.console.trigger is None else {
+                    "status": run.console.trigger.status, "code": run.console.trigger.code,
+                    "digest": run.console.trigger.digest, "bytes": run.console.trigger.bytes}
+                    for name, run in (("without_probe", self.baseline), ("with_probe", self.probed))},
+                "accel": self.probed.accel, "accel_why": self.accel_why, "cmdline": self.probed.cmdline,
+                "boot_seconds": {"without_probe": self.baseline.seconds, "with_probe": self.probed.seconds},
+                "guest_uptime_at_init": {"without_probe": self.baseline.console.uptime,
+                                         "with_probe": self.probed.console.uptime}}
+
+
+def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=None) -> list[Confirmation]:
+    """See the module doc."""
+    from .sites import resolve_kernel_site, resolve_user_site
+
+    binary = qemu.find_qemu()
+    if request.tracer not in TRACERS:
+        raise InputError(f"--tracer {request.tracer}: choose one of {', '.join(TRACERS)}")
+    kind = "uprobes" if request.tracer == "uprobes" else "kprobes"
+    optimized = request.optimized if request.optimized is not None else request.tracer == "optprobes"
+    if kind == "uprobes" and optimized:
+        raise InputError("--optimized on is for kprobes: uprobes are never optimized")
+    cmdline = " ".join([BASE_CMDLINE] + request.cmdline.split())
+    results = []
+    accel, why = None, ""
+    for k, text in enumerate(request.sites):
+        cause = request.causes[k] if k < len(request.causes) else None
+        trigger, extra = _trigger(request, guest, kind, cause)
+        if kind == "uprobes":
+            elf_host, elf_guest, extra_elf = _elf(request, guest, trigger, extra)
+            site = resolve_user_site(text, elf_host, elf_guest)
+            extra = extra + extra_elf
+        else:
+            site = resolve_kernel_site(text, guest.vmlinux, guest.system_map)
+        if accel is None:
+            accel, why = qemu.accel(request.accel, str(confirm_cache(cache_dir)),
+                                    lambda: _try_kvm(guest, binary, cache_dir), binary)
+            if say:
+                say(f"accelerator: {accel} ({why})")
+        probe = Probe(kind, site.probe_target, optimized, request.via)
+        modules = _modules(guest, trigger, request.via)
+        live = ((site.address, len(site.file_bytes)),) if kind == "kprobes" else ()
+        base = RunPlan(None, trigger.argv, request.trigger_timeout_s, live, modules)
+        mine = RunPlan(probe, trigger.argv, request.trigger_timeout_s, live, modules)
+        if say:
+            say(f"{site.where}: booting without and with the probe ({accel}) ...")
+        baseline, probed = _boot_pair(guest, base, mine, extra, cmdline, accel, request, binary, cache_dir)
+        _check_baseline(baseline, request, trigger)
+        decision = decide(site, kind, baseline, probed, probe.placement_file)
+        results.append(Confirmation(site, request.tracer, request.via, optimized, trigger.argv, decision,
+                                    baseline, probed, why))
+    return results
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    argv: tuple[str, ...]  # in the guest
+    row: Trigger | None  # a shipped trigger, or None for the user's program
+
+
+def _trigger(request: Request, guest: Guest, kind: str, cause: str | None) -> tuple[_Chosen, list]:
+    """The trigger's argv in the guest, and the entries a user's program adds to the run's initramfs."""
+    if not request.trigger:
+        row = for_group(kind, cause)
+        return _Chosen((f"/rv/bin/{row.program}",) + row.args, row), []
+    name, args = request.trigger[0], tuple(request.trigger[1:])
+    if name in BY_NAME:
+        row = BY_NAME[name]
+        return _Chosen((f"/rv/bin/{row.program}",) + (args or row.args), row), []
+    if not os.path.isfile(name):
+        raise InputError(f"--trigger {name}: neither a shipped trigger ({', '.join(sorted(BY_NAME))}) nor a file")
+    if not is_static(name):
+        raise InputError(f"--trigger {name}: not a statically linked x86-64 ELF (the guest has no libc: "
+                         f"build it with gcc -static)")
+    guest_path = f"/rv/bin/user-{os.path.basename(name)}"
+    with open(name, "rb") as handle:
+        data = handle.read()
+    return _Chosen((guest_path,) + args, None), [initramfs.file(guest_path.lstrip("/"), data)]
+
+
+def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple[str, str, list]:
+    """uprobes: (host path, guest path, initramfs entries) of the program holding the site."""
+    if request.elf is None:
+        if trigger.row is None:
+            raise InputError("--tracer uprobes with a --trigger of your own needs --elf PROGRAM: the static "
+                             "program the site is in")
+        return os.path.join(guest.directory, trigger.row.program), f"/rv/bin/{trigger.row.program}", []
+    if not os.path.isfile(request.elf) or not is_static(request.elf):
+        raise InputError(f"--elf {request.elf}: not a statically linked x86-64 ELF (build it with gcc -static)")
+    for entry in extra:  # the trigger is the ELF itself
+        if os.path.basename(entry.path) == f"user-{os.path.basename(request.elf)}":
+            return request.elf, "/" + entry.path, []
+    guest_path = f"/rv/bin/user-{os.path.basename(request.elf)}"
+    with open(request.elf, "rb") as handle:
+        return request.elf, guest_path, [initramfs.file(guest_path.lstrip("/"), handle.read())]
+
+
+def _modules(guest: Guest, trigger: _Chosen, via: str) -> tuple[str, ...]:
+    if trigger.row is None or not trigger.row.modules:
+        return ()
+    return tuple(guest.modules)  # in load order; the guest carries exactly what the shipped triggers need
+
+
+def _boot_pair(guest: Guest, base: RunPlan, mine: RunPlan, extra: list, cmdline: str, accel: str,
+               request: Request, binary: str, cache_dir: str | None) -> tuple[Run, Run]:
+    with scratch(cache_dir) as work:
+        specs = []
+        for name, plan in (("without", base), ("with", mine)):
+            directory = os.path.join(work, name)
+            os.mkdir(directory)
+            entries = extra + [initramfs.file("rv/run.sh", run_script(plan).encode())]
+            specs.append(qemu.BootSpec(guest.kernel, run_initrd(guest, entries, directory), cmdline))
+        limit = request.boot_timeout_s + request.trigger_timeout_s
+        boots = qemu.boot_all(specs, accel, limit, qemu=binary)
+    return tuple(Run(b.accel, b.cmdline, b.seconds, b.ended, read_console(b.console)) for b in boots)
+
+
+def _check_baseline(run: Run, request: Request, trigger: _Chosen) -> None:
+    """InputError when the boot without the probe did not give a trigger report to compare with."""
+    con = run.console
+    last = next((line.strip() for line in reversed(con.lines) if line.strip()), "(nothing)")
+    if run.ended == "flood":
+        raise InputError(f"without the probe the console passed {qemu.CONSOLE_CAP >> 20} MiB: the trigger "
+                         f"({' '.join(trigger.argv)}) floods the console")
+    if con.trigger is not None and con.trigger.status == "timeout":
+        raise InputError(f"without the probe the trigger ({' '.join(trigger.argv)}) did not finish in "
+                         f"{request.trigger_timeout_s} s: give one that ends, or a longer --trigger-timeout")
+    if con.trigger is not None and con.trigger.status == "exit" and con.trigger.code == 127 and \
+            any(line.startswith("cannot run") for line in con.trigger.output):
+        raise InputError(f"the guest cannot run the trigger: {con.trigger.output[0]}")
+    if not con.reached("end") or con.trigger is None:
+        how = {"timeout": f"did not finish within {request.boot_timeout_s + request.trigger_timeout_s:.0f} s",
+               "exit": "ended early"}.get(run.ended, run.ended)
+        raise InputError(f"the guest without the probe {how} ({run.accel}, {run.seconds:.1f} s); its console's "
+                         f"last line: {last[:200]}")
+
+
+def _try_kvm(guest: Guest, binary: str, cache_dir: str | None) -> tuple[bool, str]:
+    """One short KVM boot that places a kprobe (an int3 in kernel mode), hits it and runs user programs
+    (xrstor): (whether it finished with hits, why)."""
+    from .sites import resolve_kernel_site
+
+    site = resolve_kernel_site("iterate_dir+0x5", guest.vmlinux, guest.system_map)
+    plan = RunPlan(Probe("kprobes", site.probe_target), ("/rv/bin/syscalls", "readdir"), 10)
+    with scratch(cache_dir) as work:
+        initrd = run_initrd(guest, [initramfs.file("rv/run.sh", run_script(plan).encode())], work)
+        t0 = time.monotonic()
+        boot = qemu.boot(guest.kernel, initrd, BASE_CMDLINE, "kvm", 30.0, qemu=binary)
+    con = read_console(boot.console)
+    from .probe import hits
+
+    count, _ = hits(con.listed("profile"), "kprobes")
+    if con.reached("end") and count and not con.faults:
+        return True, f"a KVM boot ran a kernel-mode int3 ({count} hits) in {time.monotonic() - t0:.1f} s"
+    return False, (f"a KVM boot did not run a kernel-mode int3 and user programs to the end "
+                   f"({boot.ended} after {boot.seconds:.1f} s): TCG")

@@ -1,0 +1,68 @@
+"""The guest's scripts: ``/init`` (in the cached guest) and ``/rv/run.sh`` (one per boot).
+
+``/init`` mounts proc, sys, devtmpfs, debugfs and tracefs, raises the console log level to 8 (so
+an oops prints whole on the serial console under ``quiet``), reports the uptime, runs
+``/rv/run.sh`` and powers off.  ``run_script(plan)`` writes ``/rv/run.sh`` for one boot, in phases
+the console reader follows (``console.PHASES``):
+
+  begin    modules loaded, the site's live bytes read from /proc/kcore (before any probe)
+  probe    the probe placed and enabled (``probe.Probe.place``), the live bytes read again
+  trigger  the trigger run by ``rvctl run`` with its time limit
+  after    the probe's hit count
+
+A boot without a probe runs the same phases with an empty ``probe`` phase, so both boots run the
+trigger in the same state.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .probe import RVCTL, Probe
+
+INIT = """#!/bin/busybox sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t tracefs tracefs /sys/kernel/tracing
+dmesg -n 8
+echo "RVC:up $(cat /proc/uptime)"
+[ -f /rv/run.sh ] && sh /rv/run.sh
+echo "RVC:phase end"
+poweroff -f
+"""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one boot does."""
+
+    probe: Probe | None
+    trigger: tuple[str, ...]  # the guest path of the program, then its arguments
+    trigger_timeout_s: int
+    live: tuple[tuple[int, int], ...] = ()  # (kernel address, length) read from /proc/kcore
+    modules: tuple[str, ...] = ()  # /rv/modules/NAME.ko loaded first, in this order
+
+
+def run_script(plan: RunPlan) -> str:
+    lines = ["echo 'RVC:phase begin'"]
+    for name in plan.modules:
+        lines.append(f"insmod /rv/modules/{name}.ko && echo 'RVC:module loaded {name}' || "
+                     f"echo 'RVC:module failed {name}'")
+    lines += _peeks(plan)
+    lines.append("echo 'RVC:phase probe'")
+    if plan.probe is not None:
+        lines += plan.probe.place()
+        lines += _peeks(plan)
+    lines.append("echo 'RVC:phase trigger'")
+    lines.append(f"{RVCTL} run {plan.trigger_timeout_s} {' '.join(shlex.quote(a) for a in plan.trigger)}")
+    lines.append("echo 'RVC:phase after'")
+    if plan.probe is not None:
+        lines += plan.probe.report()
+    return "\n".join(lines) + "\n"
+
+
+def _peeks(plan: RunPlan) -> list[str]:
+    return [f"{RVCTL} peek {address:#x} {length}" for address, length in plan.live]

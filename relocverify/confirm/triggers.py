@@ -1,0 +1,61 @@
+"""Triggers as data: the programs that make the guest execute a probed site, one row each.
+
+A trigger is a C program in ``programs/`` built statically into the cached guest as
+``/rv/bin/NAME``, with the arguments it runs with, the kernel modules it needs (loaded in both
+boots, before any probe), the tracer and audit groups it is the shipped trigger of, and why it
+reaches them.  ``--trigger NAME`` names a row; ``--trigger PROGRAM [ARGS...]`` runs a statically
+linked program of the user's instead (copied into that boot's initramfs).  Every shipped trigger
+prints only what the kernel's answers decide (no PIDs, no times), so the boot without the probe
+and the boot with it print the same bytes unless the probe changed what ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Trigger:
+    name: str
+    program: str  # programs/<program>.c
+    args: tuple[str, ...]
+    modules: tuple[str, ...]  # kernel modules (by name) it needs, their dependencies found from .modinfo
+    tracer: str  # the tracer whose sites it is shipped for
+    groups: tuple[str, ...]  # audit group causes (``for_group``) it is the shipped trigger of
+    reason: str
+
+
+TRIGGERS: tuple[Trigger, ...] = (
+    Trigger("syscalls", "syscalls", ("all", "3"), (), "kprobes",
+            ("call", "agree"),
+            "readdir of /, /proc, /proc/self, /sys and /dev (dcache_readdir, proc_pident_readdir, proc_readdir_de, "
+            "kernfs_fop_readdir: their dir_emit actor calls are cs-prefixed retpoline calls), a pipe's poll and "
+            "select (pipe_poll), every clock's getres and gettime, ptrace GETREGS/GETFPREGS/PEEKUSER, sysctl "
+            "reads (__do_proc_dointvec), uname and stat: the common system calls a kernel site is reached from"),
+    Trigger("strlen", "strlen", ("20",), (), "uprobes",
+            ("vex",),
+            "glibc's strlen over every length 0..300 at 64 alignments; static, so glibc's ifunc picks "
+            "__strlen_avx2 under QEMU's -cpu max, whose vpcmpeqb (VEX 0f 74) and vzeroupper (VEX 0f 77) "
+            "have opcode bytes uprobes' branch_setup_xol_ops reads as jcc"),
+)
+
+BY_NAME = {t.name: t for t in TRIGGERS}
+#: The programs every guest carries: the helper and the shipped triggers.
+PROGRAMS = ("rvctl",) + tuple(sorted({t.program for t in TRIGGERS}))
+
+
+def for_group(tracer: str, cause: str | None) -> Trigger:
+    """The shipped trigger for a site of ``tracer`` in the audit group whose cause mentions one of a
+    row's ``groups`` words (``cause`` None: a site given by hand), else the tracer's first row."""
+    rows = [t for t in TRIGGERS if t.tracer == tracer] or list(TRIGGERS)
+    if cause:
+        text = cause.lower()
+        for row in rows:
+            if any(word in text for word in row.groups):
+                return row
+    return rows[0]
+
+
+def needed_modules() -> tuple[str, ...]:
+    """Every module a shipped trigger needs: the guest carries them."""
+    return tuple(sorted({m for t in TRIGGERS for m in t.modules}))
