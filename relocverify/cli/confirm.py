@@ -60,19 +60,17 @@ def add_parser(sub, types) -> None:
 
 def command(args, out: TextIO) -> int:
     from ..confirm import qemu
-    from ..confirm.confirmation import Request, confirm
+    from ..confirm.confirmation import Request, check_request, confirm
     from ..confirm.guest import build_guest
     from ..confirm.outcome import Outcome
-    from ..errors import InputError
 
-    if not args.site:
-        raise InputError("name at least one --site (e.g. --site dcache_readdir+0x8f)")
     tracer = args.tracer.split("@", 1)[0]
-    qemu.find_qemu()  # before building anything
     request = Request(tracer=tracer, sites=tuple(args.site), cmdline=args.cmdline, trigger=tuple(args.trigger),
                       elf=args.elf, optimized=None if args.optimized is None else args.optimized == "on",
                       via=args.via, trigger_timeout_s=max(1, int(args.trigger_timeout)),
                       boot_timeout_s=args.boot_timeout, accel=args.accel)
+    check_request(request)
+    qemu.find_qemu()  # both before anything is built
     say = None if args.json else (lambda line: print(escape(line), file=sys.stderr, flush=True))
     guest = build_guest(args.package, args.dbg, say=say)
     results = confirm(request, guest, say=say)

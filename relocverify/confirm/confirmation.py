@@ -85,12 +85,9 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
     from .sites import resolve_kernel_site, resolve_user_site
 
     binary = qemu.find_qemu()
-    if request.tracer not in TRACERS:
-        raise InputError(f"--tracer {request.tracer}: choose one of {', '.join(TRACERS)}")
+    check_request(request)
     kind = "uprobes" if request.tracer == "uprobes" else "kprobes"
     optimized = request.optimized if request.optimized is not None else request.tracer == "optprobes"
-    if kind == "uprobes" and optimized:
-        raise InputError("--optimized on is for kprobes: uprobes are never optimized")
     cmdline = " ".join([BASE_CMDLINE] + request.cmdline.split())
     results = []
     accel, why = None, ""
@@ -123,6 +120,37 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
     return results
 
 
+def check_request(request: Request) -> None:
+    """InputError for a request no boot can answer: an unknown tracer, a trigger or program that is not a
+    static ELF, options that do not go together.  Nothing is built or booted first."""
+    if request.tracer not in TRACERS:
+        raise InputError(f"--tracer {request.tracer}: choose one of {', '.join(TRACERS)}")
+    if not request.sites:
+        raise InputError("name at least one --site (e.g. --site dcache_readdir+0x8f)")
+    if request.tracer == "uprobes" and request.optimized:
+        raise InputError("--optimized on is for kprobes: uprobes are never optimized")
+    if request.tracer == "uprobes" and request.via != "events":
+        raise InputError("--via module is for kprobes (register_kprobe); uprobes go through uprobe_events")
+    if request.tracer != "uprobes" and request.elf:
+        raise InputError("--elf names the user program of a uprobes site: give --tracer uprobes")
+    if request.tracer == "uprobes" and request.trigger and request.trigger[0] not in BY_NAME and not request.elf:
+        raise InputError("--tracer uprobes with a --trigger of your own needs --elf PROGRAM: the static program "
+                         "the site is in")
+    if request.trigger and request.trigger[0] not in BY_NAME:
+        _static_file(request.trigger[0], "--trigger", f"neither a shipped trigger ({', '.join(sorted(BY_NAME))}) "
+                                                      f"nor a file")
+    if request.elf:
+        _static_file(request.elf, "--elf", "not a file")
+
+
+def _static_file(path: str, option: str, missing: str) -> None:
+    if not os.path.isfile(path):
+        raise InputError(f"{option} {path}: {missing}")
+    if not is_static(path):
+        raise InputError(f"{option} {path}: not a statically linked x86-64 ELF (the guest has no libc: build it "
+                         f"with gcc -static)")
+
+
 @dataclass(frozen=True)
 class _Chosen:
     argv: tuple[str, ...]  # in the guest
@@ -138,11 +166,6 @@ def _trigger(request: Request, guest: Guest, kind: str, cause: str | None) -> tu
     if name in BY_NAME:
         row = BY_NAME[name]
         return _Chosen((f"/rv/bin/{row.program}",) + (args or row.args), row), []
-    if not os.path.isfile(name):
-        raise InputError(f"--trigger {name}: neither a shipped trigger ({', '.join(sorted(BY_NAME))}) nor a file")
-    if not is_static(name):
-        raise InputError(f"--trigger {name}: not a statically linked x86-64 ELF (the guest has no libc: "
-                         f"build it with gcc -static)")
     guest_path = f"/rv/bin/user-{os.path.basename(name)}"
     with open(name, "rb") as handle:
         data = handle.read()
@@ -152,12 +175,7 @@ def _trigger(request: Request, guest: Guest, kind: str, cause: str | None) -> tu
 def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple[str, str, list]:
     """uprobes: (host path, guest path, initramfs entries) of the program holding the site."""
     if request.elf is None:
-        if trigger.row is None:
-            raise InputError("--tracer uprobes with a --trigger of your own needs --elf PROGRAM: the static "
-                             "program the site is in")
         return os.path.join(guest.directory, trigger.row.program), f"/rv/bin/{trigger.row.program}", []
-    if not os.path.isfile(request.elf) or not is_static(request.elf):
-        raise InputError(f"--elf {request.elf}: not a statically linked x86-64 ELF (build it with gcc -static)")
     for entry in extra:  # the trigger is the ELF itself
         if os.path.basename(entry.path) == f"user-{os.path.basename(request.elf)}":
             return request.elf, "/" + entry.path, []

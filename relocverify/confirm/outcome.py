@@ -128,9 +128,22 @@ def _reproduced(baseline: Run, probed: Run) -> tuple[str, tuple[str, ...]] | Non
         return (f"with the probe placed, the guest {stopped} (without the probe it finished)",
                 tuple(con.lines[-30:]))
     if trigger_words:
-        return trigger_words, tuple(f"with the probe: {line}" for line in con.trigger.output[:12]) if con.trigger \
-            else ()
+        return trigger_words, _output_pairs(baseline.console, con)
     return None
+
+
+def _output_pairs(baseline: Console, probed: Console, most: int = 8) -> tuple[str, ...]:
+    """The trigger's first differing output lines, each without and with the probe."""
+    if baseline.trigger is None or probed.trigger is None:
+        return ()
+    base, mine = baseline.trigger.output, probed.trigger.output
+    out = []
+    for k in range(max(len(base), len(mine))):
+        b = base[k] if k < len(base) else "(no line)"
+        m = mine[k] if k < len(mine) else "(no line)"
+        if b != m and len(out) < 2 * most:
+            out += [f"without the probe: {b}", f"with the probe:    {m}"]
+    return tuple(out)
 
 
 def _trigger_words(baseline: Console, probed: Console) -> str:

@@ -49,6 +49,8 @@ static void do_poll(void) {
   int p[2];
   if (pipe(p)) { printf("pipe: failed\n"); return; }
   struct pollfd q[2] = {{p[0], POLLIN, 0}, {p[1], POLLOUT, 0}};
+  int waited = poll(q, 1, 10);  /* a timeout: the pipe's wait queue is registered (pipe_poll's poll_wait) */
+  printf("poll empty pipe, 10 ms: %d %#x\n", waited, q[0].revents);
   int before = poll(q, 2, 0);
   printf("poll empty pipe: %d %#x %#x\n", before, q[0].revents, q[1].revents);
   (void)!write(p[1], "x", 1);
