@@ -1,0 +1,355 @@
+"""``relocverify confirm``: the guest's archive, its console read back, the outcome decided from two boots,
+and the user's mistakes (one line, exit 2).  The tests marked slow boot the Debian 6.1 cloud kernel under
+QEMU (TCG) for real: one reproduces the cs-prefixed retpoline call group, one is a control the audit
+calls agree, and a trigger that hangs or floods the console is refused with no guest left running."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from relocverify.cli import main
+from relocverify.confirm import initramfs
+from relocverify.confirm.console import read_console
+from relocverify.confirm.outcome import Outcome, Run, Site, decide
+from relocverify.confirm.probe import Probe, hits, optimized
+from relocverify.confirm.script import RunPlan, run_script
+from relocverify.confirm.triggers import BY_NAME, PROGRAMS, TRIGGERS, for_group
+
+A = 0xffffffff81381a4f  # dcache_readdir+0x8f in Debian 6.1.187 cloud: 2e e8 (cs call __x86_indirect_thunk_r10)
+CS_CALL = bytes.fromhex("2ee82bfea700")
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_line_error(code: int, err: str, *words: str) -> None:
+    assert code == 2, (code, err)
+    assert err.count("\n") == 1 and err.startswith("relocverify: error: "), err
+    for w in words:
+        assert w in err, err
+
+
+# -- the initramfs ------------------------------------------------------------------------------------
+
+def _newc_names(data: bytes) -> list[tuple[str, int, bytes]]:
+    """(name, mode, data) of each member, read as the kernel's init/initramfs.c reads newc."""
+    out, pos = [], 0
+    while True:
+        assert data[pos:pos + 6] == b"070701"
+        fields = [int(data[pos + 6 + 8 * i:pos + 14 + 8 * i], 16) for i in range(13)]
+        namesize, filesize, mode = fields[11], fields[6], fields[1]
+        name = data[pos + 110:pos + 110 + namesize - 1].decode()
+        pos = (pos + 110 + namesize + 3) // 4 * 4
+        body = data[pos:pos + filesize]
+        pos = (pos + filesize + 3) // 4 * 4
+        if name == "TRAILER!!!":
+            return out
+        out.append((name, mode, body))
+
+
+def test_the_archive_reads_back_as_written_and_as_cpio_reads_it(tmp_path):
+    entries = [initramfs.directory("rv"), initramfs.file("rv/run.sh", b"echo hi\n"),
+               initramfs.file("rv/odd", b"x" * 5, 0o644), initramfs.symlink("bin/sh", "busybox")]
+    data = initramfs.archive(entries)
+    assert len(data) % 512 == 0
+    assert _newc_names(data) == [("rv", 0o040755, b""), ("rv/run.sh", 0o100755, b"echo hi\n"),
+                                 ("rv/odd", 0o100644, b"xxxxx"), ("bin/sh", 0o120777, b"busybox")]
+    assert initramfs.archive(entries) == data  # the same entries, the same bytes
+    if shutil.which("cpio"):
+        listed = subprocess.run(["cpio", "-it", "--quiet"], input=data, capture_output=True, check=True).stdout
+        assert listed.decode().split() == ["rv", "rv/run.sh", "rv/odd", "bin/sh"]
+
+
+# -- the console ----------------------------------------------------------------------------------------
+
+def console_text(*, live="2ee82bfea700", placed="0", listing="ffffffff81381a4f  k  dcache_readdir+0x8f",
+                 profile="site 1 0", trigger="exit 0 digest 57b0080fda4a98cc bytes 15216 lines 40",
+                 out=("readdir /: 10: . .. bin",), fault=(), end=True, probe=True) -> str:
+    lines = ["SeaBIOS", "RVC:up 2.95 0.00", "RVC:phase begin", f"RVC:live {A:#x} {live}", "RVC:phase probe"]
+    if probe:
+        lines.append("RVC:write /proc/sys/debug/kprobes-optimization 0")
+        if placed == "0":
+            lines.append("RVC:write /sys/kernel/tracing/kprobe_events 0")
+        else:
+            lines += [f"RVC:write /sys/kernel/tracing/kprobe_events {placed} EILSEQ: Invalid or incomplete "
+                      f"multibyte or wide character",
+                      "RVC:errlog [    2.97] trace_kprobe: error: Probe point is not an instruction boundary"]
+        lines += [f"RVC:list {listing}", f"RVC:live {A:#x} cc{live[2:]}"]
+    lines.append("RVC:phase trigger")
+    lines += [f"RVC:out {line}" for line in out]
+    lines += list(fault)
+    if trigger is not None:
+        lines.append(f"RVC:trigger {trigger}")
+    lines.append("RVC:phase after")
+    if probe:
+        lines.append(f"RVC:profile   {profile}")
+    if end:
+        lines.append("RVC:phase end")
+    return "\r\n".join(lines) + "\r\n"
+
+
+OOPS = ("[    3.114992] BUG: unable to handle page fault for address: 00000000008b8418",
+        "[    3.125216] Oops: 0000 [#1] PREEMPT SMP NOPTI",
+        "[    3.126744] RIP: 0010:dcache_readdir+0x94/0x250",
+        "[    3.135282] ---[ end trace 0000000000000000 ]---",
+        "[    3.143429] RIP: 0010:dcache_readdir+0x94/0x250")
+
+
+def test_the_console_is_read_into_phases_live_bytes_writes_and_the_trigger_report():
+    con = read_console(console_text(fault=OOPS, trigger="signal 9 digest cbf29ce484222325 bytes 0 lines 0"))
+    assert con.phases == ("begin", "probe", "trigger", "after", "end")
+    assert con.uptime == 2.95
+    assert con.live_in("begin") == (A, "2ee82bfea700") and con.live_in("probe") == (A, "cce82bfea700")
+    assert [w.errno for _, w in con.writes] == [0, 0]
+    assert con.trigger.status == "signal" and con.trigger.code == 9
+    assert [con.lines[i] for i in con.faults_from("probe")] == list(OOPS[:2])
+    assert con.excerpt(con.faults_from("probe")[0])[-1].endswith("---[ end trace 0000000000000000 ]---")
+
+
+def test_a_marker_after_the_start_of_a_kernel_line_is_still_read():
+    con = read_console("RVC:phase trigger\n[    4.4] BUG: unable to handle page fault RVC:trigger exit 0 digest ab bytes 3 "
+                       "lines 1\nRVC:phase end\n")
+    assert con.trigger is not None and con.trigger.digest == "ab"
+    assert con.faults == (("trigger", 1),)
+
+
+def test_a_refused_write_keeps_its_errno_name_and_message():
+    con = read_console(console_text(placed="84"))
+    write = con.writes[1][1]
+    assert (write.errno, write.name) == (84, "EILSEQ") and "multibyte" in write.message
+
+
+def test_profile_and_listing_are_read_per_tracer():
+    assert hits(("site 297 0",), "kprobes") == (297, 0)
+    assert hits(("rvkprobe 5 1",), "kprobes") == (5, 1)
+    assert hits(("/rv/bin/strlen site 385288",), "uprobes") == (385288, None)
+    assert hits((), "kprobes") == (None, None)
+    assert optimized(("ffffffff81381a42  k  dcache_readdir+0x82    [OPTIMIZED]",)) is True
+    assert optimized(("ffffffff81381a42  k  dcache_readdir+0x82",)) is False
+    assert optimized(()) is None
+
+
+# -- the outcome ------------------------------------------------------------------------------------------
+
+SITE = Site("dcache_readdir+0x8f", A, "dcache_readdir+0x8f", CS_CALL,
+            (("retpoline: thunk (on disk)", CS_CALL), ("retpoline: call *%r10", bytes.fromhex("41ffd2")),
+             ("retpoline: lfence (lfence; indirect)", bytes.fromhex("0faee8"))), "", "dcache_readdir+0x8f")
+KPROBE_EVENTS = "/sys/kernel/tracing/kprobe_events"
+
+
+def runs(baseline: str, probed: str, ended: str = "exit") -> tuple[Run, Run]:
+    return (Run("tcg", "console=ttyS0", 4.6, "exit", read_console(baseline)),
+            Run("tcg", "console=ttyS0", 4.6, ended, read_console(probed)))
+
+
+def test_an_oops_after_the_probe_is_reproduced_with_its_console_lines():
+    base, mine = runs(console_text(probe=False),
+                      console_text(fault=OOPS, trigger="signal 9 digest cbf29ce484222325 bytes 0 lines 0"))
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.REPRODUCED
+    assert "BUG: unable to handle page fault" in d.evidence and "dcache_readdir+0x94/0x250" in d.evidence
+    assert "killed by signal 9" in d.evidence
+    assert d.excerpt[0] == OOPS[0] and d.hits == 1 and d.live == CS_CALL
+
+
+def test_different_output_is_reproduced_and_shows_the_lines_side_by_side():
+    base, mine = runs(console_text(probe=False, out=("align 0: 45150",)),
+                      console_text(out=("align 0: 0",), trigger="exit 0 digest 11 bytes 10 lines 1"))
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.REPRODUCED
+    assert d.excerpt == ("without the probe: align 0: 45150", "with the probe:    align 0: 0")
+
+
+def test_a_guest_that_stops_after_the_probe_is_reproduced():
+    text = console_text()
+    base, mine = runs(console_text(probe=False), text[:text.index("RVC:phase trigger") + 20], ended="timeout")
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.REPRODUCED and "stopped responding" in d.evidence
+
+
+def test_live_bytes_of_a_boot_variant_are_patched_at_boot_and_name_the_variant():
+    live = "41ffd20f1f00"
+    base, mine = runs(console_text(probe=False, live=live), console_text(live=live, profile="site 297 0"))
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.PATCHED_AT_BOOT and d.live_variant == "retpoline: call *%r10"
+    assert "the model's variant 'retpoline: call *%r10'" in d.evidence
+
+
+def test_live_bytes_no_variant_predicts_are_a_finding_of_their_own():
+    live = "90" * 6
+    base, mine = runs(console_text(probe=False, live=live), console_text(live=live))
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.PATCHED_AT_BOOT and d.live_variant is None
+    assert "none of the model's variants" in d.evidence
+
+
+def test_a_refusal_gives_the_errno_and_the_kernels_message():
+    base, mine = runs(console_text(probe=False), console_text(placed="84", profile="", listing=""))
+    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    assert d.outcome is Outcome.REFUSED
+    assert d.evidence.startswith("EILSEQ") and "not an instruction boundary" in d.evidence
+
+
+def test_no_hits_is_not_executed_and_hits_with_the_same_output_is_not_reproduced():
+    base = console_text(probe=False)
+    d = decide(SITE, "kprobes", *runs(base, console_text(profile="site 0 0")), KPROBE_EVENTS)
+    assert d.outcome is Outcome.NOT_EXECUTED
+    d = decide(SITE, "kprobes", *runs(base, console_text(profile="site 297 0")), KPROBE_EVENTS)
+    assert d.outcome is Outcome.NOT_REPRODUCED and d.hits == 297 and "297 times" in d.evidence
+
+
+def test_outcomes_are_ordered_by_the_strength_of_their_evidence():
+    assert sorted(Outcome) == [Outcome.NOT_EXECUTED, Outcome.NOT_REPRODUCED, Outcome.REFUSED,
+                               Outcome.PATCHED_AT_BOOT, Outcome.REPRODUCED]
+    assert [o.label for o in Outcome][-1] == "reproduced"
+
+
+# -- the script and the triggers ---------------------------------------------------------------------------
+
+def test_the_run_script_places_the_probe_between_two_reads_of_the_live_bytes():
+    probe = Probe("kprobes", "dcache_readdir+0x8f", optimized=True)
+    script = run_script(RunPlan(probe, ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
+    lines = script.splitlines()
+    peeks = [i for i, line in enumerate(lines) if f"peek {A:#x} 6" in line]
+    place = next(i for i, line in enumerate(lines) if "kprobe_events 'p:rv/site dcache_readdir+0x8f'" in line)
+    assert len(peeks) == 2 and peeks[0] < place < peeks[1]
+    assert "/rv/bin/rvctl write /proc/sys/debug/kprobes-optimization 1" in lines
+    assert lines[-1].endswith("< /sys/kernel/tracing/kprobe_profile")
+    bare = run_script(RunPlan(None, ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
+    assert "kprobe_events" not in bare and bare.count("RVC:phase") == 4
+
+
+def test_every_shipped_trigger_has_its_source_a_reason_and_a_tracer():
+    from relocverify.confirm.guest import PROGRAM_DIR
+
+    for name in PROGRAMS:
+        assert (PROGRAM_DIR / f"{name}.c").is_file(), name
+    for t in TRIGGERS:
+        assert t.reason and t.tracer in ("kprobes", "uprobes") and BY_NAME[t.name] is t
+    assert for_group("uprobes", "VEX instructions with opcode 70-7f").name == "strlen"
+    assert for_group("kprobes", None).name == "syscalls"
+
+
+# -- the user's mistakes, before anything is built or booted ---------------------------------------------------
+
+def test_no_site_an_unknown_tracer_and_options_that_do_not_go_together(tmp_path):
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes")[::2], "--site")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "dtrace", "--site", "f")[::2],
+                   "kprobes, optprobes, uprobes")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "uprobes", "--site", "f", "--optimized",
+                        "on")[::2], "never optimized")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "kprobes", "--site", "f", "--elf",
+                        __file__)[::2], "--tracer uprobes")
+
+
+def test_a_trigger_that_is_not_a_static_program_is_refused(tmp_path):
+    script = tmp_path / "trigger.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "kprobes", "--site", "f", "--trigger",
+                        str(script))[::2], "not a statically linked")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "kprobes", "--site", "f", "--trigger",
+                        str(tmp_path / "missing"))[::2], "neither a shipped trigger")
+
+
+def test_qemu_missing_is_one_line_that_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes", "--site",
+                        "dcache_readdir")[::2], "qemu-system-x86_64 not found", "apt-get install qemu-system-x86")
+
+
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs qemu-system-x86 (checked first)")
+def test_a_package_without_a_kernel_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("no kernel here\n")
+    one_line_error(*run("confirm", "--package", str(tmp_path), "--tracer", "kprobes", "--site", "f")[::2],
+                   "not a kernel directory")
+
+
+# -- on the running kernel (slow: each boots the Debian 6.1 cloud kernel twice under QEMU) ------------------------
+
+def _needs_the_guest_tools():
+    missing = [tool for tool in ("qemu-system-x86_64", "busybox", "gcc") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install qemu-system-x86 busybox-static gcc)")
+
+
+def _no_guest_left() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "qemu-system" in line and "/confirm/run-" in line]
+
+
+def confirm_json(*argv: str) -> tuple[int, list[dict], str]:
+    code, out, err = run("confirm", "--package", "debian-6.1-cloud", "--accel", "tcg", "--json", *argv)
+    return code, json.loads(out) if code in (0, 1) else [], err
+
+
+@pytest.mark.slow
+def test_a_kprobe_on_a_cs_prefixed_retpoline_call_oopses_under_spectre_v2_retpoline(debian_kernels):
+    _needs_the_guest_tools()
+    debian_kernels("debian-6.1-cloud")
+    code, (result,), _ = confirm_json("--tracer", "kprobes", "--site", "dcache_readdir+0x8f",
+                                      "--cmdline", "spectre_v2=retpoline")
+    assert code == 1 and result["outcome"] == "reproduced", result["evidence"]
+    assert result["file_bytes"] == result["live_bytes"] == CS_CALL.hex()
+    assert any("RIP: 0010:dcache_readdir+0x94/" in line for line in result["console"])  # A+5: the call's last byte
+    assert result["hits"] == 1 and result["accel"] == "tcg"
+    assert result["trigger_report"]["without_probe"]["status"] == "exit"
+    assert max(result["boot_seconds"].values()) < 60
+    assert not _no_guest_left()
+
+
+@pytest.mark.slow
+def test_a_control_the_audit_calls_agree_is_not_reproduced(debian_kernels):
+    _needs_the_guest_tools()
+    debian_kernels("debian-6.1-cloud")
+    code, (result,), _ = confirm_json("--tracer", "kprobes", "--site", "dcache_readdir+0x82",
+                                      "--cmdline", "spectre_v2=retpoline")
+    assert code == 0 and result["outcome"] == "not-reproduced", result["evidence"]
+    assert result["hits"] > 0 and result["listed_optimized"] is False
+    assert result["trigger_report"]["without_probe"] == result["trigger_report"]["with_probe"]
+
+
+@pytest.mark.slow
+def test_a_site_outside_the_text_is_refused_before_any_boot(debian_kernels):
+    _needs_the_guest_tools()
+    debian_kernels("debian-6.1-cloud")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes", "--site",
+                        "0xffffffff82000000")[::2], "not in a function of the kernel's text")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes", "--site",
+                        "dcache_readdir+0x83")[::2], "inside an instruction")
+
+
+def _static(tmp_path, name: str, source: str) -> str:
+    path = tmp_path / f"{name}.c"
+    path.write_text(source)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(tmp_path / name), str(path)], check=True)
+    return str(tmp_path / name)
+
+
+@pytest.mark.slow
+def test_a_trigger_that_hangs_or_floods_the_console_is_refused_and_no_guest_is_left(debian_kernels, tmp_path):
+    _needs_the_guest_tools()
+    debian_kernels("debian-6.1-cloud")
+    hang = _static(tmp_path, "hang", "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n")
+    flood = _static(tmp_path, "flood", "#include <fcntl.h>\n#include <unistd.h>\nint main(void) {\n"
+                    "  int fd = open(\"/dev/console\", O_WRONLY);\n  char line[200];\n"
+                    "  for (int i = 0; i < 199; i++) line[i] = 'x';\n  line[199] = '\\n';\n"
+                    "  for (;;) (void)!write(fd, line, sizeof line);\n}\n")
+    base = ("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes", "--site", "dcache_readdir+0x82",
+            "--accel", "tcg")
+    one_line_error(*run(*base, "--trigger-timeout", "2", "--trigger", hang)[::2], "did not finish in 2 s")
+    assert not _no_guest_left()
+    one_line_error(*run(*base, "--trigger", flood)[::2], "floods the console")
+    assert not _no_guest_left()
+    from relocverify.confirm.guest import confirm_cache
+
+    leftovers = [p for p in os.listdir(confirm_cache()) if p.startswith("run-")]
+    assert not leftovers
