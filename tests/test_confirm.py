@@ -353,3 +353,29 @@ def test_a_trigger_that_hangs_or_floods_the_console_is_refused_and_no_guest_is_l
 
     leftovers = [p for p in os.listdir(confirm_cache()) if p.startswith("run-")]
     assert not leftovers
+
+
+def test_a_module_site_is_named_as_kprobe_events_names_it():
+    from relocverify.confirm.sites import module_of
+
+    assert module_of("sha256_ssse3:sha256_transform_rorx+0xd8") == ("sha256_ssse3", "sha256_transform_rorx+0xd8")
+    assert module_of("sha256-ssse3:f") == ("sha256_ssse3", "f")
+    assert module_of("kprobe:tcp_v4_rcv+28") == (None, "kprobe:tcp_v4_rcv+28")
+    assert module_of("dcache_readdir+0x8f") == (None, "dcache_readdir+0x8f")
+
+
+def test_the_headers_a_module_is_built_against_follow_the_release():
+    from relocverify.confirm.kbuild import header_packages
+
+    assert header_packages("6.1.0-53-cloud-amd64") == ("linux-headers-6.1.0-53-cloud-amd64",
+                                                       "linux-headers-6.1.0-53-common", "linux-kbuild-6.1")
+    with pytest.raises(Exception, match="not a Debian kernel release"):
+        header_packages("6.1-custom")
+
+
+def test_a_module_placement_reads_register_kprobes_errno_back():
+    script = "\n".join(Probe("kprobes", "sha256_ssse3:sha256_transform_rorx+0xd8", via="module").place())
+    assert "insmod /rv/modules/rvkprobe.ko symbol=sha256_ssse3:sha256_transform_rorx offset=216" in script
+    con = read_console("RVC:phase probe\nRVC:write /proc/rv-module 22 -: register_kprobe refused\n")
+    write = con.writes[0][1]
+    assert (write.errno, write.name) == (22, "EINVAL") and "Invalid argument" in write.message

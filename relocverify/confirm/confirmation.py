@@ -22,7 +22,7 @@ from .guest import Guest, confirm_cache, is_static, run_initrd, scratch
 from .outcome import Decision, Outcome, Run, Site, decide
 from .probe import Probe
 from .script import RunPlan, run_script
-from .triggers import BY_NAME, Trigger, for_group
+from .triggers import BY_NAME, TRIGGERS, Trigger, for_group
 
 #: Every boot's command line; the user's words (``--cmdline``) follow.
 BASE_CMDLINE = "console=ttyS0 panic=-1 quiet nokaslr"
@@ -82,7 +82,7 @@ class Confirmation:
 
 def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=None) -> list[Confirmation]:
     """See the module doc."""
-    from .sites import resolve_kernel_site, resolve_user_site
+    from .sites import module_of, resolve_user_site
 
     binary = qemu.find_qemu()
     check_request(request)
@@ -93,21 +93,27 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
     accel, why = None, ""
     for k, text in enumerate(request.sites):
         cause = request.causes[k] if k < len(request.causes) else None
-        trigger, extra = _trigger(request, guest, kind, cause)
+        trigger, extra = _trigger(request, guest, kind, cause, module_of(text)[0] if kind == "kprobes" else None)
         if kind == "uprobes":
             elf_host, elf_guest, extra_elf = _elf(request, guest, trigger, extra)
             site = resolve_user_site(text, elf_host, elf_guest)
             extra = extra + extra_elf
         else:
-            site = resolve_kernel_site(text, guest.vmlinux, guest.system_map)
+            site = _kernel_site(text, guest)
         if accel is None:
             accel, why = qemu.accel(request.accel, str(confirm_cache(cache_dir)),
                                     lambda: _try_kvm(guest, binary, cache_dir), binary)
             if say:
                 say(f"accelerator: {accel} ({why})")
+        if not site.probe_target:
+            raise InputError(f"{text}: several functions of {site.module} have that name: kprobes cannot tell them "
+                             f"apart by name")
         probe = Probe(kind, site.probe_target, optimized, request.via)
-        modules = _modules(guest, trigger, request.via)
-        live = ((site.address, len(site.file_bytes)),) if kind == "kprobes" else ()
+        if request.via == "module":
+            extra = extra + [_rvkprobe(guest, cache_dir, say)]
+        modules = _modules(guest, trigger, site)
+        live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
+                 len(site.file_bytes)),) if kind == "kprobes" else ()
         base = RunPlan(None, trigger.argv, request.trigger_timeout_s, live, modules)
         mine = RunPlan(probe, trigger.argv, request.trigger_timeout_s, live, modules)
         if say:
@@ -157,10 +163,13 @@ class _Chosen:
     row: Trigger | None  # a shipped trigger, or None for the user's program
 
 
-def _trigger(request: Request, guest: Guest, kind: str, cause: str | None) -> tuple[_Chosen, list]:
-    """The trigger's argv in the guest, and the entries a user's program adds to the run's initramfs."""
+def _trigger(request: Request, guest: Guest, kind: str, cause: str | None,
+             module: str | None = None) -> tuple[_Chosen, list]:
+    """The trigger's argv in the guest, and the entries a user's program adds to the run's initramfs; by
+    default the shipped trigger of the site's audit group, or of the module the site is in."""
     if not request.trigger:
-        row = for_group(kind, cause)
+        row = next((t for t in TRIGGERS if module in t.modules), None) if module else None
+        row = row or for_group(kind, cause)
         return _Chosen((f"/rv/bin/{row.program}",) + row.args, row), []
     name, args = request.trigger[0], tuple(request.trigger[1:])
     if name in BY_NAME:
@@ -184,10 +193,36 @@ def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple
         return request.elf, guest_path, [initramfs.file(guest_path.lstrip("/"), handle.read())]
 
 
-def _modules(guest: Guest, trigger: _Chosen, via: str) -> tuple[str, ...]:
-    if trigger.row is None or not trigger.row.modules:
+def _modules(guest: Guest, trigger: _Chosen, site: Site) -> tuple[str, ...]:
+    """The guest's modules loaded before the probe: those the trigger needs, and the site's own."""
+    if (trigger.row is None or not trigger.row.modules) and site.module is None:
         return ()
+    if site.module is not None and site.module not in guest.modules:
+        raise InputError(f"{site.text}: the guest does not carry module {site.module} (it carries "
+                         f"{', '.join(guest.modules) or 'none'}: the shipped triggers' modules)")
     return tuple(guest.modules)  # in load order; the guest carries exactly what the shipped triggers need
+
+
+def _kernel_site(text: str, guest: Guest) -> Site:
+    from .sites import module_of, resolve_kernel_site, resolve_module_site
+
+    module, rest = module_of(text)
+    if module is None:
+        return resolve_kernel_site(text, guest.vmlinux, guest.system_map)
+    path = dict(guest.module_paths).get(module)
+    if path is None:
+        raise InputError(f"{text}: the package has no module {module}")
+    return resolve_module_site(rest, module, path)
+
+
+def _rvkprobe(guest: Guest, cache_dir: str | None, say) -> initramfs.Entry:
+    """The module that places a kprobe by register_kprobe, built against the package's headers."""
+    from .guest import PROGRAM_DIR
+    from .kbuild import build_module
+
+    path = build_module(guest, PROGRAM_DIR / "rvkprobe.c", confirm_cache(cache_dir), say)
+    with open(path, "rb") as handle:
+        return initramfs.file("rv/modules/rvkprobe.ko", handle.read(), 0o644)
 
 
 def _boot_pair(guest: Guest, base: RunPlan, mine: RunPlan, extra: list, cmdline: str, accel: str,

@@ -12,6 +12,8 @@ bytes): it is read from where ``RVC:`` starts.  Pure: text in, values out.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from dataclasses import dataclass
 
@@ -145,7 +147,11 @@ def _write(rest: str) -> Write:
     if parts[1] == "0":
         return Write(parts[0], 0)
     name, _, text = (parts[2] if len(parts) > 2 else "").partition(": ")
-    return Write(parts[0], int(parts[1]), name, text)
+    number = int(parts[1])
+    if name in ("", "-"):  # a shell's report: the number alone
+        name = errno.errorcode.get(number, "")
+        text = f"{text} ({os.strerror(number)})" if text else os.strerror(number)
+    return Write(parts[0], number, name, text)
 
 
 def _trigger(rest: str, output: tuple[str, ...]) -> TriggerReport | None:

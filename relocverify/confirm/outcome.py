@@ -51,6 +51,10 @@ class Site:
     variants: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) the model says may be live; () outside sites
     variants_note: str = ""  # why the model names no variants, when it cannot
     probe_target: str = ""  # what the tracer's interface is given
+    module: str | None = None  # a module's site: its name (the address is where ``image.module`` lays it out)
+    symbol: str = ""  # a module's site: the function the guest looks up in /proc/kallsyms, and the offset
+    offset: int = 0
+    live_comparable: bool = True  # False: the module loader relocates bytes of this instruction
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def _refusal(con: Console, placement_file: str) -> tuple[str, tuple[str, ...]] |
 
 def _live(con: Console, site: Site) -> bytes | None:
     found = con.live_in("begin")
-    if found is None or found[0] != site.address:
+    if found is None or (site.module is None and found[0] != site.address) or not site.live_comparable:
         return None
     try:
         return bytes.fromhex(found[1])[:len(site.file_bytes)]

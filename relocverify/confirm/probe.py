@@ -52,12 +52,11 @@ class Probe:
             lines.append(f"{RVCTL} write {OPTIMIZATION} {1 if self.optimized else 0}")
         if self.via == "module":
             symbol, _, offset = self.target.partition("+")
-            lines += [f"if insmod /rv/modules/rvkprobe.ko symbol={symbol} offset={int(offset or '0', 0)}; then",
-                      "  echo 'RVC:write /proc/rv-module 0'",
-                      "else",
-                      "  echo \"RVC:write /proc/rv-module $(cat /sys/module/rvkprobe/parameters/error 2>/dev/null || "
-                      "echo 1) register_kprobe: see the kernel's rvkprobe line\"",
-                      "fi"]
+            lines += [f"insmod /rv/modules/rvkprobe.ko symbol={symbol} offset={int(offset or '0', 0)} || "
+                      f"echo 'RVC:note insmod rvkprobe.ko failed'",
+                      "e=$(cat /sys/module/rvkprobe/parameters/error 2>/dev/null || echo 1)",
+                      "if [ \"$e\" = 0 ]; then echo 'RVC:write /proc/rv-module 0'; "
+                      "else echo \"RVC:write /proc/rv-module $e -: register_kprobe refused\"; fi"]
         else:
             lines.append(f"{RVCTL} write {self.events_file} 'p:{EVENT} {self.target}'")
             lines.append(_each_line(f"{TRACING}/error_log", "errlog"))

@@ -5,7 +5,8 @@ an oops prints whole on the serial console under ``quiet``), reports the uptime,
 ``/rv/run.sh`` and powers off.  ``run_script(plan)`` writes ``/rv/run.sh`` for one boot, in phases
 the console reader follows (``console.PHASES``):
 
-  begin    modules loaded, the site's live bytes read from /proc/kcore (before any probe)
+  begin    modules loaded, the site's live bytes read from /proc/kcore (before any probe; a module's
+           site at its function's address in /proc/kallsyms)
   probe    the probe placed and enabled (``probe.Probe.place``), the live bytes read again
   trigger  the trigger run by ``rvctl run`` with its time limit
   after    the probe's hit count
@@ -42,7 +43,7 @@ class RunPlan:
     probe: Probe | None
     trigger: tuple[str, ...]  # the guest path of the program, then its arguments
     trigger_timeout_s: int
-    live: tuple[tuple[int, int], ...] = ()  # (kernel address, length) read from /proc/kcore
+    live: tuple[tuple[int | str, int], ...] = ()  # (kernel address or SYMBOL+OFF, length) read from /proc/kcore
     modules: tuple[str, ...] = ()  # /rv/modules/NAME.ko loaded first, in this order
 
 
@@ -65,4 +66,11 @@ def run_script(plan: RunPlan) -> str:
 
 
 def _peeks(plan: RunPlan) -> list[str]:
-    return [f"{RVCTL} peek {address:#x} {length}" for address, length in plan.live]
+    out = []
+    for where, length in plan.live:
+        if isinstance(where, int):
+            out.append(f"{RVCTL} peek {where:#x} {length}")
+        else:
+            symbol, _, offset = where.partition("+")
+            out.append(f"{RVCTL} peeksym {symbol} {offset or 0} {length}")
+    return out

@@ -46,6 +46,40 @@ def resolve_kernel_site(text: str, vmlinux: str, system_map: str | None) -> Site
     return Site(text, loc.address, f"{name}+{loc.offset:#x}", raw, tuple(variants), note, target)
 
 
+#: Prefixes ``image.locations`` reads itself (bpftrace's, DTrace's); any other ``NAME:`` names a module.
+_NOT_MODULES = ("kprobe", "kretprobe", "fentry", "kfunc", "kinst", "fbt", "")
+
+
+def module_of(text: str) -> tuple[str | None, str]:
+    """(module, the rest) of ``MODULE:FUNCTION+OFF`` (kprobe_events' own syntax); (None, text) otherwise."""
+    head, colon, rest = text.partition(":")
+    if colon and head not in _NOT_MODULES and not head.startswith("0x"):
+        return head.replace("-", "_"), rest
+    return None, text
+
+
+def resolve_module_site(text: str, module: str, path: str) -> Site:
+    """A site in the module at ``path`` (``MODULE:FUNCTION+OFF``): its bytes as ``image.module`` lays the
+    module out, compared with the live ones only when no relocation touches the instruction (laid out at
+    two bases, its bytes are the same)."""
+    from ..image.functions import find_functions, iter_instruction_spans
+    from ..image.locations import FunctionIndex
+    from ..image.module import MODULE_BASE, load_module
+
+    image = load_module(path, None)
+    functions = FunctionIndex(find_functions(image))
+    loc = functions.resolve(parse_location(text),
+                            lambda f: [a - f.start for a, _ in iter_instruction_spans(image, f)])
+    if loc.function is None:
+        raise InputError(f"{module}:{text}: not in a function of {module}'s text")
+    raw = _instruction(image.read(loc.address, 15), loc.address, text)
+    moved = load_module(path, None, MODULE_BASE + 0x1000000).read(loc.address + 0x1000000, len(raw))
+    name = loc.function.name
+    unique = len(functions.by_name.get(name, [])) == 1
+    return Site(f"{module}:{text}", loc.address, f"{module}:{name}+{loc.offset:#x}", raw, (), "",
+                f"{module}:{name}+{loc.offset:#x}" if unique else "", module, name, loc.offset, moved == raw)
+
+
 def resolve_user_site(text: str, elf: str, guest_path: str) -> Site:
     from ..store.image_index import indexed
 

@@ -32,6 +32,13 @@ TRIGGERS: tuple[Trigger, ...] = (
             "kernfs_fop_readdir: their dir_emit actor calls are cs-prefixed retpoline calls), a pipe's poll and "
             "select (pipe_poll), every clock's getres and gettime, ptrace GETREGS/GETFPREGS/PEEKUSER, sysctl "
             "reads (__do_proc_dointvec), uname and stat: the common system calls a kernel site is reached from"),
+    Trigger("afalg", "afalg", (), ("af_alg", "algif_hash", "sha256_ssse3"), "kprobes",
+            ("vex",),
+            "a SHA-256 digest through AF_ALG by every x86 driver (sha256-avx2, -avx, -ssse3) and the generic one: "
+            "sha256_transform_rorx and sha256_transform_avx (module sha256_ssse3) are asm full of VEX "
+            "instructions whose opcode bytes are 70-7f (vmovdqa stores, vpshufd, vpsrld/vpslld/vpsrlq), which "
+            "kprobes' prepare_emulation reads as jcc; kprobe_events refuses these notrace functions, so probe "
+            "them with --via module"),
     Trigger("strlen", "strlen", ("20",), (), "uprobes",
             ("vex",),
             "glibc's strlen over every length 0..300 at 64 alignments; static, so glibc's ifunc picks "

@@ -2,6 +2,8 @@
  *
  *   rvctl peek ADDR LEN          the live bytes at a kernel address, read from /proc/kcore:
  *                                "RVC:live ADDR HEX" (or "RVC:live ADDR unreadable WHY")
+ *   rvctl peeksym SYM OFF LEN    the same at SYM+OFF, SYM's address read from /proc/kallsyms (a
+ *                                module's function: where the module loader put it)
  *   rvctl write FILE TEXT        write TEXT to FILE in one write(2):
  *                                "RVC:write FILE 0" or "RVC:write FILE ERRNO NAME: MESSAGE"
  *   rvctl run SECONDS PROG ARGS  run a trigger with its stdout and stderr on a pipe, for at most
@@ -62,6 +64,24 @@ static int peek(const char *addr_text, const char *len_text) {
     return 0;
   }
   say("RVC:live %#lx unreadable not in /proc/kcore", addr);
+  return 1;
+}
+
+static int peeksym(const char *symbol, const char *offset_text, const char *len_text) {
+  FILE *f = fopen("/proc/kallsyms", "r");
+  char line[512], name[256], kind;
+  unsigned long addr;
+  if (!f) { say("RVC:live 0 unreadable /proc/kallsyms: %s", strerror(errno)); return 1; }
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%lx %c %255s", &addr, &kind, name) == 3 && !strcmp(name, symbol)) {
+      fclose(f);
+      char text[32];
+      snprintf(text, sizeof text, "%#lx", addr + strtoul(offset_text, 0, 0));
+      return peek(text, len_text);
+    }
+  }
+  fclose(f);
+  say("RVC:live 0 unreadable %s is not in /proc/kallsyms", symbol);
   return 1;
 }
 
@@ -137,8 +157,9 @@ static int run(int seconds, char **argv) {
 
 int main(int argc, char **argv) {
   if (argc == 4 && !strcmp(argv[1], "peek")) return peek(argv[2], argv[3]);
+  if (argc == 5 && !strcmp(argv[1], "peeksym")) return peeksym(argv[2], argv[3], argv[4]);
   if (argc == 4 && !strcmp(argv[1], "write")) return write_file(argv[2], argv[3]);
   if (argc >= 4 && !strcmp(argv[1], "run")) return run(atoi(argv[2]), argv + 3);
-  say("RVC:usage rvctl peek ADDR LEN | write FILE TEXT | run SECONDS PROG [ARGS]");
+  say("RVC:usage rvctl peek ADDR LEN | peeksym SYM OFF LEN | write FILE TEXT | run SECONDS PROG [ARGS]");
   return 2;
 }
