@@ -76,8 +76,8 @@ class Confirmation:
                     for name, run in (("without_probe", self.baseline), ("with_probe", self.probed))},
                 "accel": self.probed.accel, "accel_why": self.accel_why, "cmdline": self.probed.cmdline,
                 "boot_seconds": {"without_probe": self.baseline.seconds, "with_probe": self.probed.seconds},
-                "guest_uptime_at_init": {"without_probe": self.baseline.console.uptime,
-                                         "with_probe": self.probed.console.uptime}}
+                "guest_phase_uptimes": {"without_probe": dict(self.baseline.console.times),
+                                        "with_probe": dict(self.probed.console.times)}}
 
 
 def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=None) -> list[Confirmation]:

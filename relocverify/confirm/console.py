@@ -66,6 +66,7 @@ class Console:
     listing: tuple[tuple[str, str], ...]  # (kind, line): list, profile, errlog, module, note
     trigger: TriggerReport | None
     faults: tuple[tuple[str, int], ...]  # (phase, index into lines) of each fault line
+    times: tuple[tuple[str, float], ...] = ()  # (phase, the guest's uptime when it began)
 
     def reached(self, phase: str) -> bool:
         return phase in self.phases
@@ -95,7 +96,7 @@ def read_console(text: str) -> Console:
     lines = tuple(line.rstrip("\r") for line in text.replace("\r\n", "\n").split("\n"))
     phase = "boot"
     phases: list[str] = []
-    live, writes, listing, faults, output = [], [], [], [], []
+    live, writes, listing, faults, output, times = [], [], [], [], [], []
     uptime = None
     trigger = None
     for index, line in enumerate(lines):
@@ -107,9 +108,12 @@ def read_console(text: str) -> Console:
         if at > 0 and FAULT.search(line[:at]):
             faults.append((phase, index))
         kind, _, rest = line[at + len(MARK):].partition(" ")
-        if kind == "phase" and rest in PHASES:
-            phase = rest
-            phases.append(rest)
+        if kind == "phase" and rest.split(" ", 1)[0] in PHASES:
+            phase = rest.split(" ", 1)[0]
+            phases.append(phase)
+            words = rest.split()
+            if len(words) > 1 and _float(words[1]) is not None:
+                times.append((phase, _float(words[1])))
         elif kind == "up":
             uptime = _float(rest.split()[0] if rest.split() else "")
         elif kind == "live":
@@ -124,7 +128,7 @@ def read_console(text: str) -> Console:
         elif kind in ("list", "profile", "errlog", "module", "note"):
             listing.append((kind, rest))
     return Console(text, lines, tuple(phases), uptime, tuple(live), tuple(writes), tuple(listing), trigger,
-                   tuple(faults))
+                   tuple(faults), tuple(times))
 
 
 def message(line: str) -> str:

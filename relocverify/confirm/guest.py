@@ -5,7 +5,8 @@
 
 * ``kernel``: the kernel ELF, booted by QEMU through its PVH note (``XEN_ELFNOTE_PHYS32_ENTRY``):
   no decompressor runs, so there is no KASLR and ``/proc/kallsyms`` matches System.map.  It is
-  the ELF inside the package's bzImage (``image.bzimage``), extracted once; a kernel ELF without
+  the ELF inside the package's bzImage (``image.bzimage``), extracted once into
+  ``<cache>/confirm/vmlinux-<release>-<key>.pvh`` and shared by the guests of that bzImage; a kernel ELF without
   the note is refused (a bzImage boots with KASLR unless told ``nokaslr``: give that ELF's bzImage);
 * ``vmlinux`` and ``system_map``: the image sites are resolved against (the ``-dbg`` vmlinux with
   its symbols, as ``relocverify audit --package`` reads it);
@@ -39,7 +40,7 @@ from . import initramfs
 from .script import INIT
 from .triggers import PROGRAMS, needed_modules
 
-FORMAT = 1
+FORMAT = 2
 PROGRAM_DIR = Path(__file__).parent / "programs"
 XEN_ELFNOTE_PHYS32_ENTRY = 18
 
@@ -87,7 +88,7 @@ def build_guest(package: str, dbg: str | None = None, cache_dir: str | None = No
     if say:
         say(f"building the guest for {parts.release} in {directory} ...")
     directory.mkdir(parents=True, exist_ok=True)
-    kernel = _kernel_elf(bzimage_or_elf, directory)
+    kernel = _kernel_elf(bzimage_or_elf, confirm_cache(cache_dir), parts.release)
     entries = [initramfs.directory(d) for d in ("bin", "dev", "proc", "sys", "tmp", "rv", "rv/bin", "rv/modules")]
     entries.append(initramfs.file("init", INIT.encode()))
     entries.append(initramfs.file("bin/busybox", Path(busybox).read_bytes()))
@@ -158,8 +159,9 @@ def _boot_image(package: str, parts, cache_dir: str | None) -> str:
     raise InputError(f"{package}: has no kernel to boot (looked for {', '.join(str(c) for c in candidates)})")
 
 
-def _kernel_elf(path: str, directory: Path) -> Path:
-    """The kernel ELF with a PVH note: ``path`` itself, or the ELF inside the bzImage ``path``."""
+def _kernel_elf(path: str, directory: Path, release: str) -> Path:
+    """The kernel ELF with a PVH note: ``path`` itself, or the ELF inside the bzImage ``path`` (extracted
+    once into ``directory``, shared by every guest of that bzImage)."""
     from ..image import bzimage
 
     with open(path, "rb") as handle:
@@ -167,10 +169,10 @@ def _kernel_elf(path: str, directory: Path) -> Path:
         if head[:4] == b"\x7fELF":
             elf = Path(path)
         elif bzimage.is_bzimage(head):
-            payload = bzimage.payload(path, handle.read, head)
-            data = bzimage.decompress(path, payload, bzimage.compression_of(path, payload))
-            elf = directory / "vmlinux.pvh"
-            _write(elf, data)
+            elf = directory / f"vmlinux-{release}-{_digest(_identity(path))[:12]}.pvh"
+            if not elf.is_file():
+                payload = bzimage.payload(path, handle.read, head)
+                _write(elf, bzimage.decompress(path, payload, bzimage.compression_of(path, payload)))
         else:
             raise InputError(f"{path}: neither a bzImage nor a kernel ELF: nothing to boot")
     if not has_pvh_note(str(elf)):

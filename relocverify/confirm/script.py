@@ -31,7 +31,7 @@ mount -t tracefs tracefs /sys/kernel/tracing
 dmesg -n 8
 echo "RVC:up $(cat /proc/uptime)"
 [ -f /rv/run.sh ] && sh /rv/run.sh
-echo "RVC:phase end"
+echo "RVC:phase end $(cat /proc/uptime)"
 poweroff -f
 """
 
@@ -48,21 +48,26 @@ class RunPlan:
 
 
 def run_script(plan: RunPlan) -> str:
-    lines = ["echo 'RVC:phase begin'"]
+    lines = [_phase("begin")]
     for name in plan.modules:
         lines.append(f"insmod /rv/modules/{name}.ko && echo 'RVC:module loaded {name}' || "
                      f"echo 'RVC:module failed {name}'")
     lines += _peeks(plan)
-    lines.append("echo 'RVC:phase probe'")
+    lines.append(_phase("probe"))
     if plan.probe is not None:
         lines += plan.probe.place()
         lines += _peeks(plan)
-    lines.append("echo 'RVC:phase trigger'")
+    lines.append(_phase("trigger"))
     lines.append(f"{RVCTL} run {plan.trigger_timeout_s} {' '.join(shlex.quote(a) for a in plan.trigger)}")
-    lines.append("echo 'RVC:phase after'")
+    lines.append(_phase("after"))
     if plan.probe is not None:
         lines += plan.probe.report()
     return "\n".join(lines) + "\n"
+
+
+def _phase(name: str) -> str:
+    """A phase marker with the guest's uptime (seconds since boot, then idle seconds)."""
+    return f'echo "RVC:phase {name} $(cat /proc/uptime)"'
 
 
 def _peeks(plan: RunPlan) -> list[str]:
