@@ -18,6 +18,12 @@ equivalent.  The classes:
  3 MXCSR status flags            8 AVX-512 state                 13 store width and tearing
  4 memory ordering               9 faults                        14 constant/fixed-path models
  5 undefined flags (relocated)  10 vendor decoding               15 vacuous preconditions
+
+and the machine the relocation runs in (issue 41), at a user (CPL 3) or kernel (CPL 0) site (``Site``):
+
+16 which fault (#SS/#GP, W bit) 18 data below RSP at CPL 0       20 shadow stacks
+17 traps and shadows late       19 IBT at CPL 0                  21 alignment checking at CPL 3
+22 edge operands of flag helpers
 """
 
 from __future__ import annotations
@@ -96,6 +102,15 @@ def _wants_validated(raw: bytes) -> bool:
 
     f = facts(raw)
     return f is not None and form_table.load().status(f.form) in ("exact", "loose")
+
+
+def _wants_exact(raw: bytes) -> bool:
+    """A shape whose form the CPU validated exact: a control that moves the instruction's operands around
+    (not a re-execution of the original) is provable only for these."""
+    from ..proof import form_table
+
+    f = facts(raw)
+    return f is not None and form_table.load().status(f.form) == "exact"
 
 
 def _wants_prefixed(raw: bytes) -> bool:
@@ -795,6 +810,513 @@ def vacuous_precondition(shape: Shape, rng: random.Random) -> Candidate | None:
                  tracer_memory=ranges)
 
 
+
+# ---------------------------------------------------------------------------
+# Classes 16-22: the machine the relocation runs in (issue 41)
+# ---------------------------------------------------------------------------
+#
+# A candidate of these classes runs where its dimension exists: at a user address (CPL 3: signals, #AC,
+# shadow stacks) or at a kernel one (CPL 0: interrupt frames on the current stack, IBT).  The kernel site
+# is the user site moved by ``KERNEL_SHIFT``, so a rel32 field means the same at both and the CPU judge
+# can run a kernel candidate's twin at the user site (``selftest.kernel_twin``).
+
+KERNEL_SHIFT = 0xFFFF_FFFF_8100_0100 - AT
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a candidate runs: the original, the trampoline and the save slots."""
+
+    at: int
+    tramp: int
+    slot: int
+
+    @property
+    def slots(self) -> tuple[tuple[int, int], ...]:
+        return ((self.slot, 0x100),)
+
+    def slot_at(self, k: int, offset: int = 0) -> iced.MemoryOperand:
+        return iced.MemoryOperand(_R.RIP, displ=_signed64(self.slot + 8 * k + offset))
+
+
+USER = Site(AT, TRAMP, SLOT)
+KERNEL = Site(AT + KERNEL_SHIFT, TRAMP + KERNEL_SHIFT, SLOT + KERNEL_SHIFT)
+
+_SCRATCH = (_R.R11, _R.R10, _R.R9, _R.R8, _R.RBX, _R.RSI, _R.RDI, _R.RCX)
+_SIZED = {64: (_R.RAX, _R.RCX, _R.RDX, _R.RBX, _R.RSP, _R.RBP, _R.RSI, _R.RDI) + tuple(_R.R8 + k for k in range(8)),
+          32: (_R.EAX, _R.ECX, _R.EDX, _R.EBX, _R.ESP, _R.EBP, _R.ESI, _R.EDI) + tuple(_R.R8D + k for k in range(8)),
+          16: (_R.AX, _R.CX, _R.DX, _R.BX, _R.SP, _R.BP, _R.SI, _R.DI) + tuple(_R.R8W + k for k in range(8)),
+          8: (_R.AL, _R.CL, _R.DL, _R.BL, _R.SPL, _R.BPL, _R.SIL, _R.DIL) + tuple(_R.R8L + k for k in range(8))}
+_MOV_LOAD = {8: _C.MOV_R8_RM8, 16: _C.MOV_R16_RM16, 32: _C.MOV_R32_RM32, 64: _C.MOV_R64_RM64}
+_MOV_STORE = {8: _C.MOV_RM8_R8, 16: _C.MOV_RM16_R16, 32: _C.MOV_RM32_R32, 64: _C.MOV_RM64_R64}
+_INFO = iced.InstructionInfoFactory()
+_NAMES = {v: k for k, v in vars(_C).items() if k.isupper()}
+
+
+def _signed64(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _sized(reg64: int, bits: int) -> int:
+    return _SIZED[bits][_SIZED[64].index(reg64)]
+
+
+def _used(ins: iced.Instruction) -> set[int]:
+    """The full registers ``ins`` reads or writes, implicit ones included."""
+    return {iced.RegisterExt.full_register(u.register) for u in _INFO.info(ins).used_registers()}
+
+
+def _free(ins: iced.Instruction, choices=_SCRATCH) -> int | None:
+    used = _used(ins)
+    return next((r for r in choices if r not in used), None)
+
+
+def _code(site: Site, *parts) -> bytes:
+    """Bytes at ``site.tramp``: each part is bytes (position-independent, copied) or a list of iced
+    instructions, encoded where it lands."""
+    out = b""
+    for part in parts:
+        out += part if isinstance(part, bytes) else enc(*part, at=site.tramp + len(out))
+    return out
+
+
+def _back(site: Site, body: bytes, length: int) -> bytes:
+    return body + jmp(site.tramp + len(body), site.at + length)
+
+
+def _abs_back(site: Site, body: bytes, target: int, misalign: int = 0) -> bytes:
+    """``body``, NOPs, then ``jmp *0(%rip); .quad target``: the qword 8-aligned, or ``misalign`` bytes past."""
+    pad = (-(site.tramp + len(body) + 6) + misalign) % 8
+    return body + b"\x90" * pad + b"\xff\x25\x00\x00\x00\x00" + struct.pack("<Q", target & ((1 << 64) - 1))
+
+
+def _at(site: Site, name: str, klass: int, orig: bytes, reloc: bytes, note: str, slots: bool = False) -> Candidate:
+    return Candidate(name, klass, orig, reloc, site.at, site.tramp, site.slots if slots else (), note)
+
+
+def _decode(raw: bytes, at: int = AT) -> iced.Instruction:
+    return iced.Decoder(64, raw, ip=at).decode()
+
+
+def _memory_index(ins: iced.Instruction) -> int | None:
+    return next((k for k in range(ins.op_count) if ins.op_kind(k) == iced.OpKind.MEMORY), None)
+
+
+def _based(ins: iced.Instruction) -> bool:
+    """An explicit memory operand that is accessed, through a general-purpose base register, without fs/gs."""
+    return _memory_index(ins) is not None and ins.memory_base not in (_R.NONE, _R.RIP) \
+        and ins.memory_segment not in (_R.FS, _R.GS) and not ins.is_stack_instruction \
+        and any(m.access != iced.OpAccess.NO_MEM_ACCESS for m in _INFO.info(ins).used_memory())
+
+
+def _wants_based(raw: bytes) -> bool:
+    f = facts(raw)
+    return f is not None and not f.position_dependent and f.flow == "next" and _based(_decode(raw))
+
+
+_NOT_SPLIT = frozenset("bt bts btr btc xchg xadd cmpxchg cmpxchg8b cmpxchg16b movs stos cmps scas lods".split())
+
+
+def _rmw(ins: iced.Instruction) -> int | None:
+    """The width in bits of ``ins``'s read-modify-write memory operand (op0), if it has one to split."""
+    if ins.op_count == 0 or ins.op0_kind != iced.OpKind.MEMORY or ins.has_lock_prefix or ins.has_rep_prefix \
+            or ins.has_repne_prefix or _MNEMONIC[ins.mnemonic] in _NOT_SPLIT or ins.memory_segment in (_R.FS, _R.GS):
+        return None
+    mems = [m for m in _INFO.info(ins).used_memory() if m.access != iced.OpAccess.NO_MEM_ACCESS]
+    if len(mems) != 1 or mems[0].access not in (iced.OpAccess.READ_WRITE, iced.OpAccess.READ_COND_WRITE):
+        return None
+    bits = 8 * iced.MemorySizeExt.size(ins.memory_size)
+    return bits if bits in _MOV_LOAD else None
+
+
+def _wants_rmw(raw: bytes) -> bool:
+    f = facts(raw)
+    return f is not None and not f.position_dependent and f.flow == "next" and _rmw(_decode(raw)) is not None
+
+
+def _wants_mnemonic(*names: str):
+    wanted = frozenset(names)
+
+    def wants(raw: bytes) -> bool:
+        f = facts(raw)
+        return f is not None and _MNEMONIC[_decode(raw).mnemonic] in wanted
+
+    return wants
+
+
+def _with_override(raw: bytes, prefixes: int, segment: int | None) -> bytes:
+    """``raw`` without its ss:/ds: prefixes, and with ``segment`` (0x36, 0x3e) in front when given."""
+    kept = bytes(b for b in raw[:prefixes] if b not in (0x36, 0x3E))
+    return (bytes([segment]) if segment else b"") + kept + raw[prefixes:]
+
+
+def _rebased(shape: Shape, site: Site, new_base: int, override: int | None = None) -> bytes | None:
+    """The instruction with its memory operand's base moved to ``new_base`` (saved in a slot, loaded with
+    the old base, restored after): the same address through another register."""
+    ins = shape.ins.copy()
+    old = ins.memory_base
+    ins.memory_base = new_base
+    try:
+        moved = enc(ins, at=site.tramp)
+    except ValueError:
+        return None
+    if override:
+        s = shape_for(moved)
+        if s is None:
+            return None
+        moved = _with_override(moved, s.prefixes, override)
+    save = [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(0), new_base),
+            _I.create_reg_reg(_C.MOV_RM64_R64, new_base, old)]
+    return _code(site, save, moved, [_I.create_reg_mem(_C.MOV_R64_RM64, new_base, site.slot_at(0))])
+
+
+def fault_segment(shape: Shape, rng: random.Random) -> Candidate | None:
+    """An access through rsp/rbp (SS) moved onto another register holding the same address (DS), or the
+    other way, or an ss:/ds: override added or removed: the same value, but a non-canonical address raises
+    #SS (SIGBUS) through SS and #GP (SIGSEGV) otherwise."""
+    ins = shape.ins
+    if not _position_independent(shape) or not _based(ins):
+        return None
+    site = rng.choice((USER, USER, KERNEL))
+    ss = ins.memory_base in (_R.RSP, _R.RBP)
+    kind = rng.randrange(4)
+    if kind < 2:
+        new = _free(ins) if ss else _free(ins, (_R.RBP,))
+        if new is None:
+            return None
+        override = (0x36 if ss else 0x3E) if kind == 1 else None
+        body = _rebased(shape, site, new, override)
+        why = f"{'SS' if ss else 'DS'} base rebased onto {'DS' if ss else 'SS'}" + (" with the old override" if
+                                                                                      override else "")
+    else:
+        has = any(b in (0x36, 0x3E) for b in shape.raw[:shape.prefixes])
+        seg = None if has and kind == 2 else (0x3E if ss else 0x36) if kind == 2 else (0x36 if ss else 0x3E)
+        body = _with_override(shape.raw, shape.prefixes, seg)
+        why = f"override {'removed' if seg is None else f'{seg:#x} put'} on {'an SS' if ss else 'a DS'} access"
+        if len(body) > 15 or body == shape.raw:
+            return None
+    if body is None:
+        return None
+    return _at(site, "fault-segment", 16, shape.raw, _back(site, body, len(shape.raw)), why, slots=kind < 2)
+
+
+def rmw_split(shape: Shape, rng: random.Random) -> Candidate | None:
+    """A read-modify-write on memory split into load, operation on a scratch register, store: the same
+    values, but a not-present page faults on the load with the error code's W bit clear (the original's
+    read-modify-write faults as a write)."""
+    ins = shape.ins
+    bits = _rmw(ins) if _position_independent(shape) else None
+    scratch = _free(ins) if bits else None
+    if scratch is None:
+        return None
+    site = rng.choice((USER, USER, KERNEL))
+    op = ins.copy()
+    op.op0_kind = iced.OpKind.REGISTER
+    op.op0_register = _sized(scratch, bits)
+    try:
+        body = _code(site, [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(0), scratch),
+                            _I.create_reg_mem(_MOV_LOAD[bits], _sized(scratch, bits), _mem_of(ins)), op,
+                            _I.create_mem_reg(_MOV_STORE[bits], _mem_of(ins), _sized(scratch, bits)),
+                            _I.create_reg_mem(_C.MOV_R64_RM64, scratch, site.slot_at(0))])
+    except ValueError:
+        return None
+    return _at(site, "rmw-split", 16, shape.raw, _back(site, body, len(shape.raw)),
+               f"{shape.mnemonic} on memory as a load, {shape.mnemonic} on a scratch register, a store", slots=True)
+
+
+_DEFERRING = (("9d", "popf: TF popped as 1 traps after the next instruction, here the jump back"),
+              ("fb", "sti: the interrupt shadow covers the jump back, not A+len's instruction"),
+              ("8ed0", "mov %eax,%ss: interrupts and #DB held off for the jump back, not A+len's instruction"),
+              ("669d", "popfw: TF popped as 1 traps after the jump back"))
+
+
+def trap_late(shape: Shape, rng: random.Random) -> Candidate | None:
+    """An instruction whose effect lands on the next instruction (popf setting TF, sti, mov ss) copied
+    before the jump back: the trap or the shadow acts on the relocation's next instruction, one early."""
+    if shape.mnemonic in ("popf", "popfq", "sti"):
+        orig, why = shape.raw, f"{shape.mnemonic}: its deferred effect lands on the jump back"
+    else:
+        o, why = rng.choice(_DEFERRING)
+        orig = bytes.fromhex(o)
+    site = KERNEL if orig[-1] != 0x9D or rng.random() < 0.7 else USER
+    kind = rng.randrange(3)
+    if kind == 0:
+        reloc = _back(site, orig, len(orig))
+    elif kind == 1:
+        reloc = _back(site, orig + b"\x90", len(orig))
+    else:
+        reloc = _abs_back(site, orig, site.at + len(orig))
+    return _at(site, "trap-late", 17, orig, reloc, why)
+
+
+_STACK_FORMS = ("5b", "50", "c9", "c3", "5d", "55", "4157", "415c", "6a08", "68e8030000")
+
+
+def below_rsp(shape: Shape, rng: random.Random) -> Candidate | None:
+    """push, pop, leave and ret at CPL 0 as a move and an RSP adjustment in the wrong order: the data is
+    below RSP at a boundary inside the trampoline, where an interrupt's frame overwrites it."""
+    s = shape if _stack_form(shape) else _shape_of(bytes.fromhex(rng.choice(_STACK_FORMS)))
+    ins, m = s.ins, s.mnemonic
+    rsp = lambda d: iced.MemoryOperand(_R.RSP, displ=d, displ_size=1 if d else 0)  # noqa: E731
+    lea = lambda d: _I.create_reg_mem(_C.LEA_R64_M, _R.RSP, rsp(d))  # noqa: E731
+    if m == "pop":
+        body = [lea(8), _I.create_reg_mem(_C.MOV_R64_RM64, ins.op0_register, rsp(-8))]
+        why = "pop: rsp first, then the load"
+    elif m == "push" and ins.op0_kind == iced.OpKind.REGISTER:
+        body = [_I.create_mem_reg(_C.MOV_RM64_R64, rsp(-8), ins.op0_register), lea(-8)]
+        why = "push: the store, then rsp"
+    elif m == "push":
+        body = [_I.create_mem_i32(_C.MOV_RM64_IMM32, rsp(-8), _signed64(ins.immediate(0))), lea(-8)]
+        why = "push $imm: the store, then rsp"
+    elif m == "leave":
+        body = [_I.create_reg_reg(_C.MOV_R64_RM64, _R.RSP, _R.RBP), lea(8), _I.create_reg_mem(_C.MOV_R64_RM64, _R.RBP,
+                                                                                             rsp(-8))]
+        why = "leave: rsp past the saved rbp, then the load"
+    else:
+        body, why = [lea(8), _I.create_mem(_C.JMP_RM64, rsp(-8))], "ret: rsp first, then jmp *-8(%rsp)"
+    code = _code(KERNEL, body)
+    reloc = code if m == "ret" else _back(KERNEL, code, len(s.raw))
+    return _at(KERNEL, "below-rsp", 18, s.raw, reloc, why)
+
+
+def _stack_form(shape: Shape) -> bool:
+    ins, m = shape.ins, shape.mnemonic
+    if m in ("pop", "push") and ins.op_count == 1 and shape.raw[0] not in (0x66,):
+        if ins.op0_kind == iced.OpKind.REGISTER:
+            return iced.RegisterExt.is_gpr64(ins.op0_register) and ins.op0_register != _R.RSP
+        return m == "push" and ins.op0_kind in (iced.OpKind.IMMEDIATE8TO64, iced.OpKind.IMMEDIATE32TO64)
+    return (m == "leave" and len(shape.raw) == 1) or (m == "ret" and shape.raw == b"\xc3")
+
+
+def _wants_stack_form(raw: bytes) -> bool:
+    s = shape_for(raw) if facts(raw) is not None else None
+    return s is not None and _stack_form(s)
+
+
+def ibt_indirect(shape: Shape, rng: random.Random) -> Candidate | None:
+    """At CPL 0 under IBT: the jump back, or a relocated direct jmp/jcc/call, made indirect (``jmp
+    *0(%rip)`` and its qword): its target A+len or the branch target is not known to start with endbr64,
+    so the CPU raises #CP where the original branched directly."""
+    ins, site = shape.ins, KERNEL
+    n = len(shape.raw)
+    fc = ins.flow_control
+    if fc == iced.FlowControl.NEXT and _position_independent(shape):
+        return _at(site, "ibt-indirect", 19, shape.raw, _abs_back(site, shape.raw, site.at + n),
+                   "the jump back as jmp *0(%rip)")
+    if ins.op_count != 1 or ins.op0_kind not in (iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64,
+                                                 iced.OpKind.NEAR_BRANCH16) or shape.prefixes:
+        return None
+    target = ins.near_branch_target + KERNEL_SHIFT
+    if fc == iced.FlowControl.UNCONDITIONAL_BRANCH:
+        return _at(site, "ibt-indirect", 19, shape.raw, _abs_back(site, b"", target), "jmp rel as jmp *0(%rip)")
+    if fc == iced.FlowControl.CALL:
+        push = enc(_I.create_i32(_C.PUSHQ_IMM32, _signed64(site.at + n)), at=site.tramp)
+        return _at(site, "ibt-indirect", 19, shape.raw, _abs_back(site, push, target),
+                   "call rel as push $A+len; jmp *0(%rip)")
+    if fc == iced.FlowControl.CONDITIONAL_BRANCH and ins.code in _JCC32:
+        taken = 16  # jcc rel32 (6), jmp back (5), then the aligned absolute jump
+        jcc = enc(_I.create_branch(_JCC32[ins.code], site.tramp + taken), at=site.tramp)
+        body = _back(site, jcc, n)
+        body += b"\x90" * (taken - len(body))
+        return _at(site, "ibt-indirect", 19, shape.raw, _abs_back(site, body, target),
+                   "jcc's taken path as jmp *0(%rip)")
+    return None
+
+
+_JCC32 = {getattr(_C, n): getattr(_C, n.replace("REL8", "REL32")) for n in _NAMES.values()
+          if n.startswith("J") and n.endswith("_REL8_64") and not n.startswith(("JMP", "JRCXZ", "JECXZ"))} | \
+    {getattr(_C, n): getattr(_C, n) for n in _NAMES.values()
+     if n.startswith("J") and n.endswith("_REL32_64") and not n.startswith("JMP")}
+
+
+def shadow_stack(shape: Shape, rng: random.Random) -> Candidate | None:
+    """Under a shadow stack: a call as ``push $A+len; jmp``, a ret as an RSP adjustment and ``jmp
+    *-8(%rsp)``: the data stack is the same, the shadow stack one entry off, so the next ret raises #CP."""
+    s = shape if shape.mnemonic in ("call", "ret") and not shape.prefixes else \
+        _shape_of(bytes.fromhex(rng.choice(("e800100000", "c3", "ffd0", "ffd3", "c21000", "41ffd3"))))
+    ins, n = s.ins, len(s.raw)
+    site = USER if rng.random() < 0.75 else KERNEL
+    shift = 0 if site is USER else KERNEL_SHIFT
+    rsp = lambda d: iced.MemoryOperand(_R.RSP, displ=d, displ_size=1 if -128 <= d < 128 else 4)  # noqa: E731
+    if s.mnemonic == "ret":
+        k = 8 + (ins.immediate(0) if ins.op_count else 0)
+        body = _code(site, [_I.create_reg_mem(_C.LEA_R64_M, _R.RSP, rsp(k)), _I.create_mem(_C.JMP_RM64, rsp(-k))])
+        return _at(site, "shadow-stack", 20, s.raw, body, "ret as lea; jmp *-8(%rsp)")
+    push = _I.create_i32(_C.PUSHQ_IMM32, _signed64(site.at + n))
+    if ins.op0_kind in (iced.OpKind.NEAR_BRANCH32, iced.OpKind.NEAR_BRANCH64):
+        go = _I.create_branch(_C.JMP_REL32_64, ins.near_branch_target + shift)
+    elif ins.op0_kind == iced.OpKind.REGISTER and ins.op0_register != _R.RSP:
+        go = _I.create_reg(_C.JMP_RM64, ins.op0_register)
+    elif ins.op0_kind == iced.OpKind.MEMORY and ins.memory_base not in (_R.RSP, _R.RIP) \
+            and ins.memory_index != _R.RSP:
+        go = _I.create_mem(_C.JMP_RM64, _mem_of(ins))
+    else:
+        return None
+    return _at(site, "shadow-stack", 20, s.raw, _code(site, [push, go]), "call as push $A+len; jmp")
+
+
+def unaligned_slot(shape: Shape, rng: random.Random) -> Candidate | None:
+    """At CPL 3 with RFLAGS.AC set: the relocation's own access to tracer memory at an unaligned address
+    (the qword of an absolute jump back, a save slot at an odd offset) raises #AC; the original makes none."""
+    if not _position_independent(shape):
+        return None
+    site, n = USER, len(shape.raw)
+    kind = rng.randrange(3)
+    odd = rng.randrange(1, 8)
+    if kind == 0:
+        return _at(site, "unaligned-slot", 21, shape.raw, _abs_back(site, shape.raw, site.at + n, odd),
+                   f"the absolute jump back's qword {odd} bytes off alignment")
+    reg = rng.choice(_SCRATCH)
+    body = _code(site, [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(0, odd), reg)], shape.raw,
+                 [_I.create_reg_mem(_C.MOV_R64_RM64, reg, site.slot_at(0, odd))])
+    reloc = _back(site, body, n) if kind == 1 else _abs_back(site, body, site.at + n, odd)
+    return _at(site, "unaligned-slot", 21, shape.raw, reloc, f"a save slot {odd} bytes off alignment", slots=True)
+
+
+def _shift(code: int, reg: int, count: int) -> iced.Instruction:
+    return _I.create_reg_i32(code, reg, count)
+
+
+_SHIFT_CODES = {name: getattr(_C, name) for name in _NAMES.values()
+                if name.split("_")[0] in ("ROL", "ROR", "RCL", "RCR", "SHL", "SAL", "SHR", "SAR")
+                and name.endswith("_IMM8") and "_RM" in name}
+_SHIFT_OF = {v: k for k, v in _SHIFT_CODES.items()}
+
+
+def _edge_table(rng: random.Random) -> tuple[bytes, bytes, str]:
+    """Fixed pairs whose difference, if any, shows only at an operand's edge."""
+    a = rng.choice((_R.RAX, _R.RBX, _R.RDX, _R.RSI, _R.R9))
+    a32, a16, a8 = _sized(a, 32), _sized(a, 16), _sized(a, 8)
+    b = _R.RCX if a != _R.RCX else _R.RDX
+    rows = (
+        ([_shift(_C.ROL_RM8_IMM8, a8, 8)], [_shift(_C.ROL_RM8_IMM8, a8, 0)],
+         "rol $8 vs rol $0 on 8 bits: CF from the result"),
+        ([_shift(_C.ROR_RM16_IMM8, a16, 16)], [], "ror $16 on 16 bits vs nothing: CF, OF"),
+        ([_shift(_C.RCL_RM8_IMM8, a8, 9)], [], "rcl $9 on 8 bits (a 9-bit rotation by 9) vs nothing"),
+        ([_shift(_C.RCR_RM16_IMM8, a16, 17)], [], "rcr $17 on 16 bits (a 17-bit rotation by 17) vs nothing"),
+        ([_shift(_C.SHL_RM32_IMM8, a32, 32)], [], "shl $32 on 32 bits (count masked to 0) vs nothing"),
+        ([_shift(_C.SHR_RM64_IMM8, a, 64)], [], "shr $64 (count masked to 0) vs nothing"),
+        ([_shift(_C.SAR_RM32_IMM8, a32, 33)], [_shift(_C.SAR_RM32_IMM8, a32, 1)], "sar $33 vs sar $1 (mod 32)"),
+        ([_shift(_C.ROL_RM64_IMM8, a, 64)], [], "rol $64 (masked to 0) vs nothing"),
+        ([_I.create_reg_reg_u32(_C.SHLD_RM64_R64_IMM8, a, b, 0)], [], "shld $0 vs nothing"),
+        ([_I.create_reg_reg_u32(_C.SHRD_RM64_R64_IMM8, a, b, 64)], [], "shrd $64 (masked to 0) vs nothing"),
+        ([_I.create_reg_reg_u32(_C.SHLD_RM16_R16_IMM8, a16, _sized(b, 16), 16)],
+         [_I.create_reg_reg(_C.MOV_R16_RM16, a16, _sized(b, 16))],
+         "shld $16 on 16 bits vs mov: a count past the width"),
+        ([_I.create_reg_i32(_C.BT_RM64_IMM8, a, 64)], [_I.create_reg_i32(_C.BT_RM64_IMM8, a, 0)],
+         "bt $64 vs bt $0 (mod 64)"),
+        ([_I.create_reg_i32(_C.BT_RM32_IMM8, a32, 33)], [_I.create_reg_i32(_C.BT_RM32_IMM8, a32, 1)],
+         "bt $33 vs bt $1 (mod 32)"),
+        ([_shift(_C.SHL_RM32_IMM8, a32, 1)], [_I.create_reg_reg(_C.ADD_RM32_R32, a32, a32)], "shl $1 vs add r,r: AF"),
+    )
+    o, r, why = rng.choice(rows)
+    orig = enc(*o, at=AT)
+    return orig, (enc(*r) if r else b""), why
+
+
+def edge_operand(shape: Shape, rng: random.Random) -> Candidate | None:
+    """Pairs that differ, if at all, only at an operand's edge: a shift or rotate count of 0, 1, the width
+    or past it (counts are masked to 5 or 6 bits, rcl/rcr then reduced mod width+1), a register count that
+    is 0 after masking (the flags are left alone), bit offsets past the width: where a lifter's flag helper
+    is most likely wrong and a form's random sample least likely to look."""
+    kind = rng.randrange(3)
+    if kind == 0 and shape.ins.code in _SHIFT_OF and shape.ins.op0_kind == iced.OpKind.REGISTER:
+        ins, width = shape.ins, 8 * iced.RegisterExt.size(shape.ins.op0_register)
+        counts = (0, 1, width - 1, width, width + 1, 31, 32, 33, 63, 64, 255)
+        c1, c2 = rng.choice(counts), rng.choice(counts)
+        orig = enc(_shift(ins.code, ins.op0_register, c1), at=AT)
+        reloc = enc(_shift(ins.code, ins.op0_register, c2))
+        why = f"{shape.mnemonic} by {c1} vs by {c2} on {width} bits"
+    elif kind == 1:
+        reg_code = rng.choice(("SHL", "SHR", "SAR", "ROL", "ROR"))
+        bits = rng.choice((32, 64))
+        r = _sized(rng.choice((_R.RAX, _R.RBX, _R.RSI)), bits)
+        orig = enc(_I.create_reg_reg(getattr(_C, f"{reg_code}_RM{bits}_CL"), r, _R.CL), at=AT)
+        mask = bits - 1
+        reloc = enc(_I.create_mem_reg(_C.MOV_RM64_R64, USER.slot_at(0), _R.RCX),
+                    _I.create_reg_i32(_C.AND_RM32_IMM8, _R.ECX, mask),
+                    _I.create_reg_reg(getattr(_C, f"{reg_code}_RM{bits}_CL"), r, _R.CL),
+                    _I.create_reg_mem(_C.MOV_R64_RM64, _R.RCX, USER.slot_at(0)))
+        return Candidate("edge-operand", 22, orig, with_back(reloc, _shape_of(orig)), tracer_memory=SLOTS,
+                         note=f"{reg_code.lower()} %cl vs and ${mask},%ecx first: the flags differ when the count is 0")
+    else:
+        orig, reloc, why = _edge_table(rng)
+    return Candidate("edge-operand", 22, orig, with_back(reloc, _shape_of(orig)), note=why)
+
+
+def _wants_shift(raw: bytes) -> bool:
+    f = facts(raw)
+    return f is not None and _decode(raw).code in _SHIFT_OF and _decode(raw).op0_kind == iced.OpKind.REGISTER
+
+
+# Controls of the machine classes
+
+
+def control_stack_order(shape: Shape, rng: random.Random) -> Candidate | None:
+    """At CPL 0: pop as a load then ``lea 8(%rsp),%rsp``, push as ``lea -8(%rsp),%rsp`` then a store,
+    leave likewise: nothing is ever below RSP at a boundary, and lea leaves the flags alone."""
+    if not _stack_form(shape) or shape.mnemonic == "ret":
+        return None
+    ins, m = shape.ins, shape.mnemonic
+    rsp = lambda d: iced.MemoryOperand(_R.RSP, displ=d, displ_size=1 if d else 0)  # noqa: E731
+    lea = lambda d: _I.create_reg_mem(_C.LEA_R64_M, _R.RSP, rsp(d))  # noqa: E731
+    if m == "pop":
+        body = [_I.create_reg_mem(_C.MOV_R64_RM64, ins.op0_register, rsp(0)), lea(8)]
+    elif m == "push" and ins.op0_kind == iced.OpKind.REGISTER:
+        body = [lea(-8), _I.create_mem_reg(_C.MOV_RM64_R64, rsp(0), ins.op0_register)]
+    elif m == "push":
+        body = [lea(-8), _I.create_mem_i32(_C.MOV_RM64_IMM32, rsp(0), _signed64(ins.immediate(0)))]
+    else:
+        body = [_I.create_reg_reg(_C.MOV_R64_RM64, _R.RSP, _R.RBP), _I.create_reg_mem(_C.MOV_R64_RM64, _R.RBP, rsp(0)),
+                lea(8)]
+    return _at(KERNEL, "stack-order", 0, shape.raw, _back(KERNEL, _code(KERNEL, body), len(shape.raw)),
+               f"{m}: rsp moved so that nothing is below it")
+
+
+def control_aligned_slot(shape: Shape, rng: random.Random) -> Candidate | None:
+    """At CPL 3: the copy with an aligned save slot around it, and the jump back rel32 or absolute with an
+    aligned qword."""
+    if not _position_independent(shape):
+        return None
+    site, n = USER, len(shape.raw)
+    reg = rng.choice(_SCRATCH)
+    body = _code(site, [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(1), reg)], shape.raw,
+                 [_I.create_reg_mem(_C.MOV_R64_RM64, reg, site.slot_at(1))])
+    reloc = _back(site, body, n) if rng.random() < 0.5 else _abs_back(site, body, site.at + n)
+    return _at(site, "aligned-slot", 0, shape.raw, reloc, "an aligned save slot and jump back", slots=True)
+
+
+def control_kernel_copy(shape: Shape, rng: random.Random) -> Candidate | None:
+    """At CPL 0: the copy and a direct jump back (no indirect branch for IBT, nothing below RSP)."""
+    if not _position_independent(shape):
+        return None
+    return _at(KERNEL, "kernel-copy", 0, shape.raw, _back(KERNEL, shape.raw, len(shape.raw)),
+               "copy, then jmp rel32 at CPL 0")
+
+
+def control_same_segment(shape: Shape, rng: random.Random) -> Candidate | None:
+    """A memory operand's base moved onto another register of the same segment class (DS onto DS, rsp
+    onto rbp): the same address, the same fault."""
+    ins = shape.ins
+    if not _position_independent(shape) or not _based(ins) or ins.has_lock_prefix:
+        return None  # a locked operation's operand rebased is another atomic operation to the checker
+    if ins.memory_base == _R.RSP:
+        new = _free(ins, (_R.RBP,))
+    elif ins.memory_base == _R.RBP:
+        return None
+    else:
+        new = _free(ins)
+    if new is None:
+        return None
+    site = USER if rng.random() < 0.7 else KERNEL
+    body = _rebased(shape, site, new)
+    if body is None:
+        return None
+    return _at(site, "same-segment", 0, shape.raw, _back(site, body, len(shape.raw)), "rebased, same segment",
+               slots=True)
+
+
 # ---------------------------------------------------------------------------
 # Controls: truly equivalent relocations
 # ---------------------------------------------------------------------------
@@ -807,11 +1329,11 @@ def control_own_plan(shape: Shape, rng: random.Random) -> Candidate | None:
 
 
 def control_absolute_jump(shape: Shape, rng: random.Random) -> Candidate | None:
-    """The copy with an absolute jump back (``jmp *0(%rip); .quad A+len``) instead of rel32."""
+    """The copy with an absolute jump back (NOPs, ``jmp *0(%rip); .quad A+len``) instead of rel32, its
+    qword 8-aligned: at CPL 3 with RFLAGS.AC set an unaligned one raises #AC (class 21)."""
     if not _position_independent(shape):
         return None
-    return _cand("absolute-jump-back", 0, shape, shape.raw + b"\xff\x25\x00\x00\x00\x00" + struct.pack("<Q", shape.end),
-                 "copy, then jmp *0(%rip)")
+    return _cand("absolute-jump-back", 0, shape, _abs_back(USER, shape.raw, shape.end), "copy, then jmp *0(%rip)")
 
 
 _ALT = {(_C.MOV_RM64_R64, _C.MOV_R64_RM64), (_C.MOV_RM32_R32, _C.MOV_R32_RM32), (_C.XOR_RM32_R32, _C.XOR_R32_RM32),
@@ -882,4 +1404,27 @@ OPERATORS: tuple[Operator, ...] = (
              wants=_wants_validated),
     Operator("re-encode", 0, "the same operation encoded another way", control_reencode, control=True,
              wants=_wants_validated),
+    Operator("fault-segment", 16, "an SS access rebased onto DS or the other way, an ss:/ds: override put or "
+             "removed: #SS (SIGBUS) vs #GP (SIGSEGV)", fault_segment, wants=_wants_based),
+    Operator("rmw-split", 16, "a read-modify-write split into load, op, store: the page fault's W bit",
+             rmw_split, wants=_wants_rmw),
+    Operator("trap-late", 17, "popf, sti, mov ss copied before the jump back: the trap or shadow one instruction "
+             "early", trap_late),
+    Operator("below-rsp", 18, "push, pop, leave, ret at CPL 0 with the data below RSP at a boundary", below_rsp,
+             wants=_wants_stack_form),
+    Operator("ibt-indirect", 19, "the jump back or a direct branch made indirect at CPL 0: #CP without endbr64",
+             ibt_indirect),
+    Operator("shadow-stack", 20, "call as push+jmp, ret as lea+jmp: the shadow stack one entry off", shadow_stack,
+             wants=_wants_mnemonic("call", "ret")),
+    Operator("unaligned-slot", 21, "an unaligned save slot or absolute jump qword at CPL 3: #AC", unaligned_slot),
+    Operator("edge-operand", 22, "shift and rotate counts 0, 1, width and past it, bit offsets past the width",
+             edge_operand, wants=_wants_shift),
+    Operator("stack-order", 0, "push, pop, leave at CPL 0 with rsp moved first (nothing below it)",
+             control_stack_order, control=True, wants=lambda raw: _wants_validated(raw) and _wants_stack_form(raw)),
+    Operator("aligned-slot", 0, "an aligned save slot and jump back at CPL 3", control_aligned_slot, control=True,
+             wants=_wants_validated),
+    Operator("kernel-copy", 0, "the copy and a direct jump back at CPL 0", control_kernel_copy, control=True,
+             wants=_wants_validated),
+    Operator("same-segment", 0, "a memory operand rebased onto a register of the same segment class",
+             control_same_segment, control=True, wants=lambda raw: _wants_exact(raw) and _wants_based(raw)),
 )
