@@ -16,11 +16,13 @@ def add_parser(sub, types: dict) -> None:
                        description="Mutation operators (one family per class of false proof, plus controls) make "
                                    "relocations from real kernel shapes; the checker judges each; every one it "
                                    "proves is run on this machine's CPU (or, for memory ordering and tearing, "
-                                   "checked against the x86 memory-model table). Exit 1 on any false proof.")
+                                   "checked against the x86 memory-model table) and in a model of the machine "
+                                   "it runs in (faults by kind, traps and shadows, interrupt frames, IBT, "
+                                   "shadow stacks, alignment checking). Exit 1 on any false proof.")
     s.add_argument("--pairs", type=types["COUNT"], default=600, metavar="N", help="candidates to generate (default 600)")
     s.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: random, printed)")
     s.add_argument("--operators", default=None, metavar="NAME[,NAME...]",
-                   help="only these operators (names, or class numbers 1-15, 0 for controls)")
+                   help="only these operators (names, or class numbers 1-22, 0 for controls)")
     s.add_argument("--states", type=types["COUNT"], default=12, metavar="N",
                    help="CPU states per proved candidate (default 12)")
     s.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes (default: CPUs)")

@@ -7,10 +7,15 @@ planner's trampolines) and the corpora's own bytes.  Pairs are spread over
 the operators (``operators.OPERATORS``) round-robin; each candidate gets the
 checker's verdict (``proof.prove.prove_relocation``, exactly what
 ``relocverify prove`` runs; a precondition it refuses as vacuous counts as
-``unknown``), and each ``proved`` one the judge's (``judgement.judge``):
-the CPU over random and edge states, or the memory-model table for the
-concurrency classes.  A proved candidate the judge tells apart is a **false
-proof**, reported with the state and the replay command.
+``unknown``), and each ``proved`` one the judges': the CPU over random and
+edge states, or the memory-model table for the concurrency classes
+(``judgement.judge``), then the machine the relocation runs in
+(``machine_judgement.judge_machine``: a kernel candidate's user-space twin
+on the CPU, this CPU's signals on non-canonical and misaligned states with
+RFLAGS.AC, and a machine monitor on unicorn for traps and shadows, IBT,
+the shadow stack, the first fault's kind and interrupt frames at each
+boundary).  A proved candidate a judge tells apart is a **false proof**,
+reported with the state and the replay command.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from ..proof.prove import prove_relocation
 from ..proof.verdict import Verdict
 from ..x86.decode import decode
 from .judgement import judge
+from .machine_judgement import judge_machine
 from .operators import OPERATORS, Candidate, Operator, shape_for
 from .form_sources import corpus_instructions
 
@@ -110,6 +116,8 @@ def _check(op: Operator, cand: Candidate, states: int, rng: random.Random) -> di
            "reason": reason.split(":")[0][:60], "orig": cand.orig.hex(), "reloc": cand.reloc.hex()}
     if verdict is Verdict.PROVED:
         j = judge(cand, states, rng)
+        if not j.differs:
+            j = judge_machine(cand, states, rng)
         if j.differs:
             row["false_proof"] = {"operator": op.name, "class": op.klass, "note": cand.note, "orig": cand.orig.hex(),
                                   "at": hex(cand.at), "reloc": cand.reloc.hex(), "tramp": hex(cand.tramp),
