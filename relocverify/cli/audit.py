@@ -106,7 +106,7 @@ def command(args, out: TextIO) -> int:
                     summary = audit_image(image, db, options, auditor, say)
     finally:
         if say is not None:
-            sys.stderr.write("\n")
+            say.close()
     save_summary(db, summary)
     if args.json:
         json.dump(summary, out, indent=2)
@@ -164,9 +164,31 @@ def render(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _progress():
-    def say(phase: str, done: int, total: int) -> None:
-        sys.stderr.write(f"\raudit: {phase} {done:,}/{total:,}   ")
-        sys.stderr.flush()
+class _Progress:
+    """The audit's progress under the engine's one rule (``engine.progress.Progress``): a bar redrawn in
+    place on a terminal; elsewhere (a file, a pipe, a CI log) only a closing line per phase, never a
+    carriage return."""
 
-    return say
+    def __init__(self, stream=None):
+        from ..engine.progress import Progress
+
+        self.bars = Progress(stream=stream)
+        self.current = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase != self.current:
+            self.close()
+            self.current = phase
+            self.bars.phase(f"audit: {phase}", total, "instructions" if phase != "modules" else "modules")
+        self.bars.update(done)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.bars.end()
+            self.current = None
+
+
+def _progress(stream=None) -> _Progress:
+    return _Progress(stream)
