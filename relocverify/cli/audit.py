@@ -15,7 +15,6 @@ instruction lands in one bucket per tracer.  Exit codes: 0 no tracer-wrong, 1 a 
 from __future__ import annotations
 
 import json
-import sys
 from contextlib import closing
 from typing import TextIO
 
