@@ -74,9 +74,10 @@ def test_the_archive_reads_back_as_written_and_as_cpio_reads_it(tmp_path):
 def console_text(*, live="2ee82bfea700", placed="0", listing="ffffffff81381a4f  k  dcache_readdir+0x8f",
                  profile="site 1 0", trigger="exit 0 digest 57b0080fda4a98cc bytes 15216 lines 40",
                  out=("readdir /: 10: . .. bin",), fault=(), end=True, probe=True) -> str:
-    lines = ["SeaBIOS", "RVC:up 2.95 0.00", "RVC:phase begin", f"RVC:live {A:#x} {live}", "RVC:phase probe"]
+    lines = ["SeaBIOS", "RVC:up 2.95 0.00", "RVC:phase begin 2.95 0.00", f"RVC:live {A:#x} {live}",
+             "RVC:phase probe 2.97 0.00"]
     if probe:
-        lines.append("RVC:write /proc/sys/debug/kprobes-optimization 0")
+        lines += ["RVC:write /proc/sys/debug/kprobes-optimization 0", "RVC:probe site"]
         if placed == "0":
             lines.append("RVC:write /sys/kernel/tracing/kprobe_events 0")
         else:
@@ -130,12 +131,14 @@ def test_a_refused_write_keeps_its_errno_name_and_message():
 
 def test_profile_and_listing_are_read_per_tracer():
     assert hits(("site 297 0",), "kprobes") == (297, 0)
-    assert hits(("rvkprobe 5 1",), "kprobes") == (5, 1)
+    assert hits(("site 5 1",), "kprobes") == (5, 1)  # the module reports under its event too
     assert hits(("/rv/bin/strlen site 385288",), "uprobes") == (385288, None)
     assert hits((), "kprobes") == (None, None)
-    assert optimized(("ffffffff81381a42  k  dcache_readdir+0x82    [OPTIMIZED]",)) is True
-    assert optimized(("ffffffff81381a42  k  dcache_readdir+0x82",)) is False
-    assert optimized(()) is None
+    listed = ("ffffffff81381a42  k  dcache_readdir+0x82    [OPTIMIZED]", "ffffffff81381a4f  k  dcache_readdir+0x8f")
+    assert optimized(listed[:1]) is True and optimized(listed[1:]) is False and optimized(()) is None
+    assert optimized(listed, 0xffffffff81381a4f) is False and optimized(listed, 0xffffffff81381a42) is True
+    assert optimized(listed, 0xffffffff81000000) is None
+    assert hits(("site0 5 0", "site1 7 0"), "kprobes", "site1") == (7, 0)
 
 
 # -- the outcome ------------------------------------------------------------------------------------------
@@ -143,7 +146,7 @@ def test_profile_and_listing_are_read_per_tracer():
 SITE = Site("dcache_readdir+0x8f", A, "dcache_readdir+0x8f", CS_CALL,
             (("retpoline: thunk (on disk)", CS_CALL), ("retpoline: call *%r10", bytes.fromhex("41ffd2")),
              ("retpoline: lfence (lfence; indirect)", bytes.fromhex("0faee8"))), "", "dcache_readdir+0x8f")
-KPROBE_EVENTS = "/sys/kernel/tracing/kprobe_events"
+PROBE = Probe("kprobes", "dcache_readdir+0x8f")
 
 
 def runs(baseline: str, probed: str, ended: str = "exit") -> tuple[Run, Run]:
@@ -154,7 +157,7 @@ def runs(baseline: str, probed: str, ended: str = "exit") -> tuple[Run, Run]:
 def test_an_oops_after_the_probe_is_reproduced_with_its_console_lines():
     base, mine = runs(console_text(probe=False),
                       console_text(fault=OOPS, trigger="signal 9 digest cbf29ce484222325 bytes 0 lines 0"))
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.REPRODUCED
     assert "BUG: unable to handle page fault" in d.evidence and "dcache_readdir+0x94/0x250" in d.evidence
     assert "killed by signal 9" in d.evidence
@@ -164,7 +167,7 @@ def test_an_oops_after_the_probe_is_reproduced_with_its_console_lines():
 def test_different_output_is_reproduced_and_shows_the_lines_side_by_side():
     base, mine = runs(console_text(probe=False, out=("align 0: 45150",)),
                       console_text(out=("align 0: 0",), trigger="exit 0 digest 11 bytes 10 lines 1"))
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.REPRODUCED
     assert d.excerpt == ("without the probe: align 0: 45150", "with the probe:    align 0: 0")
 
@@ -172,14 +175,14 @@ def test_different_output_is_reproduced_and_shows_the_lines_side_by_side():
 def test_a_guest_that_stops_after_the_probe_is_reproduced():
     text = console_text()
     base, mine = runs(console_text(probe=False), text[:text.index("RVC:phase trigger") + 20], ended="timeout")
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.REPRODUCED and "stopped responding" in d.evidence
 
 
 def test_live_bytes_of_a_boot_variant_are_patched_at_boot_and_name_the_variant():
     live = "41ffd20f1f00"
     base, mine = runs(console_text(probe=False, live=live), console_text(live=live, profile="site 297 0"))
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.PATCHED_AT_BOOT and d.live_variant == "retpoline: call *%r10"
     assert "the model's variant 'retpoline: call *%r10'" in d.evidence
 
@@ -187,23 +190,23 @@ def test_live_bytes_of_a_boot_variant_are_patched_at_boot_and_name_the_variant()
 def test_live_bytes_no_variant_predicts_are_a_finding_of_their_own():
     live = "90" * 6
     base, mine = runs(console_text(probe=False, live=live), console_text(live=live))
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.PATCHED_AT_BOOT and d.live_variant is None
     assert "none of the model's variants" in d.evidence
 
 
 def test_a_refusal_gives_the_errno_and_the_kernels_message():
     base, mine = runs(console_text(probe=False), console_text(placed="84", profile="", listing=""))
-    d = decide(SITE, "kprobes", base, mine, KPROBE_EVENTS)
+    d = decide(SITE, PROBE, base, mine)
     assert d.outcome is Outcome.REFUSED
     assert d.evidence.startswith("EILSEQ") and "not an instruction boundary" in d.evidence
 
 
 def test_no_hits_is_not_executed_and_hits_with_the_same_output_is_not_reproduced():
     base = console_text(probe=False)
-    d = decide(SITE, "kprobes", *runs(base, console_text(profile="site 0 0")), KPROBE_EVENTS)
+    d = decide(SITE, PROBE, *runs(base, console_text(profile="site 0 0")))
     assert d.outcome is Outcome.NOT_EXECUTED
-    d = decide(SITE, "kprobes", *runs(base, console_text(profile="site 297 0")), KPROBE_EVENTS)
+    d = decide(SITE, PROBE, *runs(base, console_text(profile="site 297 0")))
     assert d.outcome is Outcome.NOT_REPRODUCED and d.hits == 297 and "297 times" in d.evidence
 
 
@@ -217,14 +220,17 @@ def test_outcomes_are_ordered_by_the_strength_of_their_evidence():
 
 def test_the_run_script_places_the_probe_between_two_reads_of_the_live_bytes():
     probe = Probe("kprobes", "dcache_readdir+0x8f", optimized=True)
-    script = run_script(RunPlan(probe, ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
+    script = run_script(RunPlan((probe,), ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
     lines = script.splitlines()
     peeks = [i for i, line in enumerate(lines) if f"peek {A:#x} 6" in line]
     place = next(i for i, line in enumerate(lines) if "kprobe_events 'p:rv/site dcache_readdir+0x8f'" in line)
     assert len(peeks) == 2 and peeks[0] < place < peeks[1]
     assert "/rv/bin/rvctl write /proc/sys/debug/kprobes-optimization 1" in lines
     assert lines[-1].endswith("< /sys/kernel/tracing/kprobe_profile")
-    bare = run_script(RunPlan(None, ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
+    two = run_script(RunPlan((probe, Probe("kprobes", "dcache_readdir+0x82", True, event="site1")),
+                             ("/rv/bin/syscalls",), 20))
+    assert two.count("kprobe_profile") == 1 and "'p:rv/site1 dcache_readdir+0x82'" in two
+    bare = run_script(RunPlan((), ("/rv/bin/syscalls", "all"), 20, ((A, 6),)))
     assert "kprobe_events" not in bare and bare.count("RVC:phase") == 4
 
 

@@ -114,13 +114,13 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
         modules = _modules(guest, trigger, site)
         live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
                  len(site.file_bytes)),) if kind == "kprobes" else ()
-        base = RunPlan(None, trigger.argv, request.trigger_timeout_s, live, modules)
-        mine = RunPlan(probe, trigger.argv, request.trigger_timeout_s, live, modules)
+        base = RunPlan((), trigger.argv, request.trigger_timeout_s, live, modules)
+        mine = RunPlan((probe,), trigger.argv, request.trigger_timeout_s, live, modules)
         if say:
             say(f"{site.where}: booting without and with the probe ({accel}) ...")
         baseline, probed = _boot_pair(guest, base, mine, extra, cmdline, accel, request, binary, cache_dir)
         _check_baseline(baseline, request, trigger)
-        decision = decide(site, kind, baseline, probed, probe.placement_file)
+        decision = decide(site, probe, baseline, probed)
         results.append(Confirmation(site, request.tracer, request.via, optimized, trigger.argv, decision,
                                     baseline, probed, why))
     return results
@@ -265,7 +265,7 @@ def _try_kvm(guest: Guest, binary: str, cache_dir: str | None) -> tuple[bool, st
     from .sites import resolve_kernel_site
 
     site = resolve_kernel_site("iterate_dir+0x5", guest.vmlinux, guest.system_map)
-    plan = RunPlan(Probe("kprobes", site.probe_target), ("/rv/bin/syscalls", "readdir"), 10)
+    plan = RunPlan((Probe("kprobes", site.probe_target),), ("/rv/bin/syscalls", "readdir"), 10)
     with scratch(cache_dir) as work:
         initrd = run_initrd(guest, [initramfs.file("rv/run.sh", run_script(plan).encode())], work)
         t0 = time.monotonic()

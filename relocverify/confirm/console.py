@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MARK = "RVC:"
 #: Kernel lines that report a fault or a failure: an oops, a BUG, a panic, a lockup, a user fault.
@@ -34,6 +34,7 @@ class Write:
     errno: int
     name: str = ""
     message: str = ""
+    probe: str = ""  # the event of the probe being placed (``RVC:probe EVENT``) when it was written
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Console:
     uptime: float | None  # the guest's uptime when its script started
     live: tuple[tuple[str, int, str], ...]  # (phase, address, hex or 'unreadable ...')
     writes: tuple[tuple[str, Write], ...]  # (phase, write)
-    listing: tuple[tuple[str, str], ...]  # (kind, line): list, profile, errlog, module, note
+    listing: tuple[tuple[str, str, str], ...]  # (kind, line, the probe being placed): list, profile, errlog, ...
     trigger: TriggerReport | None
     faults: tuple[tuple[str, int], ...]  # (phase, index into lines) of each fault line
     times: tuple[tuple[str, float], ...] = ()  # (phase, the guest's uptime when it began)
@@ -74,8 +75,12 @@ class Console:
     def live_in(self, phase: str) -> tuple[int, str] | None:
         return next(((a, h) for p, a, h in self.live if p == phase), None)
 
-    def listed(self, kind: str) -> tuple[str, ...]:
-        return tuple(line for k, line in self.listing if k == kind)
+    def listed(self, kind: str, probe: str | None = None) -> tuple[str, ...]:
+        """The lines of one kind (of one probe's placement, for errlog)."""
+        return tuple(line for k, line, p in self.listing if k == kind and (probe is None or p == probe))
+
+    def live_at(self, phase: str, address: int) -> str | None:
+        return next((h for p, a, h in self.live if p == phase and a == address), None)
 
     def faults_from(self, phase: str) -> tuple[int, ...]:
         """Indices of the fault lines printed in ``phase`` or after it."""
@@ -99,6 +104,7 @@ def read_console(text: str) -> Console:
     live, writes, listing, faults, output, times = [], [], [], [], [], []
     uptime = None
     trigger = None
+    current = ""
     for index, line in enumerate(lines):
         at = line.find(MARK)
         if at < 0:
@@ -119,14 +125,16 @@ def read_console(text: str) -> Console:
         elif kind == "live":
             address, _, value = rest.partition(" ")
             live.append((phase, int(address, 16), value.strip()))
+        elif kind == "probe":
+            current = rest.strip()
         elif kind == "write":
-            writes.append((phase, _write(rest)))
+            writes.append((phase, replace(_write(rest), probe=current)))
         elif kind == "out":
             output.append(rest)
         elif kind == "trigger":
             trigger = _trigger(rest, tuple(output))
         elif kind in ("list", "profile", "errlog", "module", "note"):
-            listing.append((kind, rest))
+            listing.append((kind, rest, current))
     return Console(text, lines, tuple(phases), uptime, tuple(live), tuple(writes), tuple(listing), trigger,
                    tuple(faults), tuple(times))
 

@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass
 
 from .console import Console, message
-from .probe import hits as profile_hits, optimized as listed_optimized
+from .probe import Probe, hits as profile_hits, optimized as listed_optimized
 
 
 class Outcome(enum.IntEnum):
@@ -80,13 +80,16 @@ class Decision:
     optimized: bool | None  # what kprobes/list showed
 
 
-def decide(site: Site, tracer: str, baseline: Run, probed: Run, placement_file: str) -> Decision:
-    """See the module doc."""
+def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
+    """See the module doc.  ``probe``: the one placed at ``site`` (of the probes the boot placed)."""
     live = _live(baseline.console, site)
     variant = _variant(site, live)
     patched = live is not None and live != site.file_bytes
-    hits, missed = profile_hits(probed.console.listed("profile"), tracer)
-    opt = listed_optimized(probed.console.listed("list")) if tracer == "kprobes" else None
+    hits, missed = profile_hits(probed.console.listed("profile"), probe.tracer, probe.event)
+    opt = None
+    if probe.tracer == "kprobes":  # a module's site is listed at the address its live bytes were read from
+        at = site.address if site.module is None else (probed.console.live_in("begin") or (None, ""))[0]
+        opt = listed_optimized(probed.console.listed("list"), at) if at else None
 
     def made(outcome: Outcome, evidence: str, excerpt: tuple[str, ...] = ()) -> Decision:
         if patched and outcome is not Outcome.PATCHED_AT_BOOT:
@@ -96,7 +99,7 @@ def decide(site: Site, tracer: str, baseline: Run, probed: Run, placement_file: 
     reproduced = _reproduced(baseline, probed)
     if reproduced is not None:
         return made(Outcome.REPRODUCED, *reproduced)
-    refusal = _refusal(probed.console, placement_file)
+    refusal = _refusal(probed.console, probe)
     if patched:
         more = f"; the kernel refused the probe: {refusal[0]}" if refusal else ""
         return made(Outcome.PATCHED_AT_BOOT, _patched_words(site, live, variant) + more,
@@ -165,21 +168,27 @@ def _trigger_words(baseline: Console, probed: Console) -> str:
         (f"; {line}" if line else "")
 
 
-def _refusal(con: Console, placement_file: str) -> tuple[str, tuple[str, ...]] | None:
-    write = next((w for phase, w in con.writes if phase == "probe" and w.file == placement_file), None)
+def _refusal(con: Console, probe: Probe) -> tuple[str, tuple[str, ...]] | None:
+    write = next((w for phase, w in con.writes if phase == "probe" and w.file == probe.placement_file
+                  and w.probe == probe.event), None)
     if write is None or write.errno == 0:
         return None
-    log = tuple(con.listed("errlog"))
+    log = con.listed("errlog", probe.event)
     said = next((message(line).strip() for line in log if "error:" in line), "")
     return (f"{write.name or 'errno ' + str(write.errno)} ({write.message})" + (f": {said}" if said else ""), log)
 
 
 def _live(con: Console, site: Site) -> bytes | None:
-    found = con.live_in("begin")
-    if found is None or (site.module is None and found[0] != site.address) or not site.live_comparable:
+    if not site.live_comparable:
+        return None
+    if site.module is None:
+        found = con.live_at("begin", site.address)
+    else:  # at the address the module loader chose: the one site of its boot
+        found = (con.live_in("begin") or (0, None))[1]
+    if found is None:
         return None
     try:
-        return bytes.fromhex(found[1])[:len(site.file_bytes)]
+        return bytes.fromhex(found)[:len(site.file_bytes)]
     except ValueError:
         return None
 

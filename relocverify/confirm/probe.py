@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TRACING = "/sys/kernel/tracing"
-EVENT = "rv/site"
 RVCTL = "/rv/bin/rvctl"
 OPTIMIZATION = "/proc/sys/debug/kprobes-optimization"
 KPROBE_LIST = "/sys/kernel/debug/kprobes/list"
@@ -35,6 +34,7 @@ class Probe:
     target: str  # kprobes: FUNCTION+0xOFF or 0xADDRESS; uprobes: /rv/bin/PROGRAM:0xOFFSET
     optimized: bool = False  # kprobes: debug.kprobes-optimization
     via: str = "events"  # kprobes: 'events' (kprobe_events) | 'module' (register_kprobe)
+    event: str = "site"  # the event's name in group rv (several probes in one boot: site0, site1, ...)
 
     @property
     def events_file(self) -> str:
@@ -46,10 +46,8 @@ class Probe:
         return self.events_file if self.via == "events" else "/proc/rv-module"
 
     def place(self) -> list[str]:
-        """Shell lines: place the probe, enable it, list what the kernel made of it."""
-        lines = []
-        if self.tracer == "kprobes":
-            lines.append(f"{RVCTL} write {OPTIMIZATION} {1 if self.optimized else 0}")
+        """Shell lines: place the probe and enable it; what they report is labelled with the event."""
+        lines = [f"echo 'RVC:probe {self.event}'"]
         if self.via == "module":
             symbol, _, offset = self.target.partition("+")
             lines += [f"insmod /rv/modules/rvkprobe.ko symbol={symbol} offset={int(offset or '0', 0)} || "
@@ -58,38 +56,55 @@ class Probe:
                       "if [ \"$e\" = 0 ]; then echo 'RVC:write /proc/rv-module 0'; "
                       "else echo \"RVC:write /proc/rv-module $e -: register_kprobe refused\"; fi"]
         else:
-            lines.append(f"{RVCTL} write {self.events_file} 'p:{EVENT} {self.target}'")
+            lines.append(f"{RVCTL} write {self.events_file} 'p:rv/{self.event} {self.target}'")
             lines.append(_each_line(f"{TRACING}/error_log", "errlog"))
-            lines.append(f"{RVCTL} write {TRACING}/events/{EVENT}/enable 1")
-        if self.tracer == "kprobes":
-            lines.append("sleep 0.3")  # the optimizer's delayed work (OPTIMIZE_DELAY) runs first
-            lines.append(_each_line(KPROBE_LIST, "list"))
+            lines.append(f": > {TRACING}/error_log")  # cleared: the next probe's refusal is its own
+            lines.append(f"{RVCTL} write {TRACING}/events/rv/{self.event}/enable 1")
         return lines
 
-    def report(self) -> list[str]:
-        """Shell lines: the probe's hit count after the trigger."""
+    def report(self) -> str:
+        """A shell line: the probe's hit count after the trigger (one line serves every probe of a file)."""
         if self.via == "module":
-            return ["echo \"RVC:profile rvkprobe $(cat /sys/module/rvkprobe/parameters/hits) "
-                    "$(cat /sys/module/rvkprobe/parameters/missed)\""]
+            return (f"echo \"RVC:profile {self.event} $(cat /sys/module/rvkprobe/parameters/hits) "
+                    f"$(cat /sys/module/rvkprobe/parameters/missed)\"")
         profile = "uprobe_profile" if self.tracer == "uprobes" else "kprobe_profile"
-        return [_each_line(f"{TRACING}/{profile}", "profile")]
+        return _each_line(f"{TRACING}/{profile}", "profile")
 
 
-def hits(profile: tuple[str, ...], tracer: str) -> tuple[int | None, int | None]:
-    """(hits, misses) from the probe's profile line: ``site HITS MISSES`` (kprobe_profile, the module),
-    ``FILE site HITS`` (uprobe_profile); (None, None) when the line is not there."""
+def place_all(probes: tuple[Probe, ...]) -> list[str]:
+    """Shell lines placing every probe: kprobes' optimization set first, and after them the optimizer's
+    delayed work (OPTIMIZE_DELAY) let run before ``kprobes/list`` is read."""
+    kprobes = [p for p in probes if p.tracer == "kprobes"]
+    lines = [f"{RVCTL} write {OPTIMIZATION} {1 if kprobes[0].optimized else 0}"] if kprobes else []
+    for probe in probes:
+        lines += probe.place()
+    if kprobes:
+        lines += ["sleep 0.3", _each_line(KPROBE_LIST, "list")]
+    return lines
+
+
+def report_all(probes: tuple[Probe, ...]) -> list[str]:
+    return list(dict.fromkeys(p.report() for p in probes))
+
+
+def hits(profile: tuple[str, ...], tracer: str, event: str = "site") -> tuple[int | None, int | None]:
+    """(hits, misses) from the probe's profile line: ``EVENT HITS MISSES`` (kprobe_profile, the module),
+    ``FILE EVENT HITS`` (uprobe_profile); (None, None) when the line is not there."""
     for line in profile:
         words = line.split()
-        if tracer == "uprobes" and len(words) >= 3 and words[1] == "site" and words[2].isdigit():
+        if tracer == "uprobes" and len(words) >= 3 and words[1] == event and words[2].isdigit():
             return int(words[2]), None
-        if len(words) >= 3 and words[0] in ("site", "rvkprobe") and words[1].isdigit() and words[2].isdigit():
+        if len(words) >= 3 and words[0] == event and words[1].isdigit() and words[2].isdigit():
             return int(words[1]), int(words[2])
     return None, None
 
 
-def optimized(listing: tuple[str, ...]) -> bool | None:
-    """Whether ``kprobes/list`` shows the probe optimized; None when it lists no probe."""
-    probes = [line for line in listing if line.strip()]
+def optimized(listing: tuple[str, ...], address: int | None = None) -> bool | None:
+    """Whether ``kprobes/list`` shows the probe at ``address`` (None: any probe) optimized; None when it lists
+    no such probe.  A line reads ``ffffffff81381a42  k  dcache_readdir+0x82  [OPTIMIZED]`` (its name is
+    kallsyms' nearest symbol, a local label in asm: the address is what identifies it)."""
+    probes = [line for line in listing
+              if line.split() and (address is None or line.split()[0] == f"{address:016x}")]
     if not probes:
         return None
     return any("[OPTIMIZED]" in line for line in probes)

@@ -7,7 +7,7 @@ the console reader follows (``console.PHASES``):
 
   begin    modules loaded, the site's live bytes read from /proc/kcore (before any probe; a module's
            site at its function's address in /proc/kallsyms)
-  probe    the probe placed and enabled (``probe.Probe.place``), the live bytes read again
+  probe    the probes placed and enabled (``probe.place_all``), the live bytes read again
   trigger  the trigger run by ``rvctl run`` with its time limit
   after    the probe's hit count
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from .probe import RVCTL, Probe
+from .probe import RVCTL, Probe, place_all, report_all
 
 INIT = """#!/bin/busybox sh
 mount -t proc proc /proc
@@ -40,7 +40,7 @@ poweroff -f
 class RunPlan:
     """What one boot does."""
 
-    probe: Probe | None
+    probes: tuple[Probe, ...]  # () for the boot without a probe
     trigger: tuple[str, ...]  # the guest path of the program, then its arguments
     trigger_timeout_s: int
     live: tuple[tuple[int | str, int], ...] = ()  # (kernel address or SYMBOL+OFF, length) read from /proc/kcore
@@ -54,14 +54,13 @@ def run_script(plan: RunPlan) -> str:
                      f"echo 'RVC:module failed {name}'")
     lines += _peeks(plan)
     lines.append(_phase("probe"))
-    if plan.probe is not None:
-        lines += plan.probe.place()
+    if plan.probes:
+        lines += place_all(plan.probes)
         lines += _peeks(plan)
     lines.append(_phase("trigger"))
     lines.append(f"{RVCTL} run {plan.trigger_timeout_s} {' '.join(shlex.quote(a) for a in plan.trigger)}")
     lines.append(_phase("after"))
-    if plan.probe is not None:
-        lines += plan.probe.report()
+    lines += report_all(plan.probes)
     return "\n".join(lines) + "\n"
 
 
