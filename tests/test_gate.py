@@ -4,6 +4,7 @@ fuzzing, JUnit and SARIF.  Real decoders throughout."""
 
 from __future__ import annotations
 
+import re
 import io
 import json
 import os
@@ -244,6 +245,8 @@ def test_fuzz_finds_the_broken_lock_decoder(tmp_path):
     code, out = gate("--decoder-cmd", ICED_CMD + " --bug lock", "--fuzz", "1500", "--seed", "3",
                      "--baseline", base)
     assert code == 1 and "external: len=1" in out
+    head = out.splitlines()[0]
+    assert re.search(r"\b\d{1,3}(,\d{3})+ instructions", head), f"counts with thousands separators: {head}"
 
 
 # --------------------------------------------------------------- JUnit and SARIF

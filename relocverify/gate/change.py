@@ -248,9 +248,9 @@ def render(change: ChangeReport) -> str:
         reached = {k for c in change.changes for k in c.entries}
         out.append(f"x86-opcode-map.txt: {len(change.map_diff)} entries differ; {len(reached)} of them decide "
                    f"a changed answer")
-    out.append(f"{total} encodings changed ({sum(c['instructions'] for c in counts.values())} instructions): "
-               + ", ".join(f"{counts[k]['distinct']} {k}" for k in KINDS)
-               + f"; {sum(c.alters_plan for c in change.changes)} alter a plan")
+    out.append(f"{total:,} encodings changed ({sum(c['instructions'] for c in counts.values()):,} instructions): "
+               + ", ".join(f"{counts[k]['distinct']:,} {k}" for k in KINDS)
+               + f"; {sum(c.alters_plan for c in change.changes):,} alter a plan")
     for entries, group in change.groups().items():
         kinds = Counter(c.kind for c in group)
         head = "; ".join(f"{t} {op}: {_line(change.map_diff[(t, op)])}" for t, op in entries) or NO_MAP_LINE

@@ -367,7 +367,7 @@ def render(classified: list[Classified]) -> str:
     ``SHOW_FINDINGS`` findings of each finding class with every decoder's answer and what a kprobe does."""
     out = ["linux-insn disagreements by class (distinct / instructions):"]
     for name, row in counts(classified).items():
-        out.append(f"  {name:<32} {row['distinct']:>7} / {row['instructions']:>8}  {row['kind']}")
+        out.append(f"  {name:<32} {row['distinct']:>7,} / {row['instructions']:>9,}  {row['kind']}")
         if row["kind"] == KNOWN_BUG:
             continue
         mine = [c for c in classified if c.klass.name == name]

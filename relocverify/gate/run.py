@@ -154,18 +154,18 @@ def render(report: GateReport, baseline_written: tuple[str, int] | None = None) 
     total = sum(u.instructions for u in report.units)
     distinct = sum(u.distinct for u in report.units)
     out = [f"gate: {report.tested} {report.versions[report.tested]} against {others}: "
-           f"{total} instructions ({distinct} distinct) in {len(report.units)} units"]
+           f"{total:,} instructions ({distinct:,} distinct) in {len(report.units):,} units"]
     by_class: dict[str, list[Finding]] = {}
     for f in report.new_findings:
         by_class.setdefault(f.klass, []).append(f)
     for klass in sorted(by_class):
         group = by_class[klass]
         n = sum(f.count for f in group)
-        out.append(f"FAIL {klass}: {len(group)} distinct, {n} instructions")
+        out.append(f"FAIL {klass}: {len(group):,} distinct, {n:,} instructions")
         for f in group[:SHOW_PER_CLASS]:
             out += ["  " + line if i == 0 else "    " + line for i, line in enumerate(report.finding_lines(f))]
         if len(group) > SHOW_PER_CLASS:
-            out.append(f"  ... {len(group) - SHOW_PER_CLASS} more distinct in this class (--json lists all)")
+            out.append(f"  ... {len(group) - SHOW_PER_CLASS:,} more distinct in this class (--json lists all)")
     for u in report.units:
         if u.digest_changed:
             out.append(f"FAIL {u.name}: the tested decoder's answers changed since the baseline "
@@ -179,10 +179,10 @@ def render(report: GateReport, baseline_written: tuple[str, int] | None = None) 
             group = [f for f in report.findings if f.klass == k]
             status = ("new" if k in new_classes else "accepted" if any(f.failing for f in group)
                       else "contested" if any(f.contested for f in group) else "explained")
-            out.append(f"  {k:<40} {c['distinct']:>7} / {c['instructions']:>8}  {status}")
+            out.append(f"  {k:<40} {c['distinct']:>7,} / {c['instructions']:>9,}  {status}")
     if baseline_written is not None:  # the differences are what the new baseline accepts, not a failure
         path, accepted = baseline_written
-        out.append(f"baseline written: {accepted} accepted differences, {len(report.units)} units ({path})")
+        out.append(f"baseline written: {accepted:,} accepted differences, {len(report.units):,} units ({path})")
     else:
         out.append("FAILED" if report.failed else "clean")
     return "\n".join(out) + "\n"
