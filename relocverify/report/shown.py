@@ -220,8 +220,9 @@ def from_image(path: str, system_map: str | None, spec: LocationSpec, tramp: int
 
 
 def disassemble(raw: bytes, address: int, name: Callable[[int], tuple[str, int] | None]) -> str:
-    """The instruction as text (AT&T, capstone cross-checked by iced-x86: ``x86.decode``), a branch or call
-    target named ``<function+0xoff>`` as objdump does."""
+    """The instruction as text (AT&T, capstone cross-checked by iced-x86: ``x86.decode``), immediates in hex
+    and a branch or call target named ``<function+0xoff>`` as objdump does."""
+    from ..x86.att import objdump_immediates
     from ..x86.decode import decode
     from ..x86.instruction import Disagreement, Instruction
 
@@ -230,7 +231,7 @@ def disassemble(raw: bytes, address: int, name: Callable[[int], tuple[str, int] 
         return "(the decoders disagree)"
     if not isinstance(d, Instruction):
         return "(undecodable)"
-    text = d.text
+    text = objdump_immediates(d.text)
     if d.branch_target is not None:
         hit = name(d.branch_target)
         if hit is not None:
