@@ -345,3 +345,17 @@ def test_no_fork_while_a_thread_of_ours_is_inside_sqlite():
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     with sqlite_work():  # the parent's threads enter again
         pass
+
+
+def test_a_closed_store_s_lock_file_names_no_process(tmp_path):
+    """The lock file stays beside the store (issue 43: it named the dead pid of a completed run): while a
+    writer holds it, it names the writer; once closed, only ``closed`` and how the store was left."""
+    import os
+
+    path = str(tmp_path / "s.sqlite")
+    store = Store(path)
+    assert open(path + ".lock").read().split("\n")[0] == str(os.getpid())
+    store.close()
+    assert open(path + ".lock").read().split("\n")[0] == "closed"
+    again = Store(path)  # opens for writing again: a closed store's file is no "store busy"
+    again.close()

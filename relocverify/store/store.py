@@ -908,7 +908,9 @@ class _WriterLock:
     """One writer per store: an exclusive lock (``lockf``) on ``<store>.lock``, held while a ``Store`` is open for
     writing.  A second run on the same store (another process) is refused at once ("store busy", exit 2),
     before it writes or merges anything, so the first run's shards stay its own; the lock goes with the
-    process, so a killed run leaves nothing that blocks the next.  Opens in one process share it."""
+    process, so a killed run leaves nothing that blocks the next.  Opens in one process share it.  The file
+    stays (removing it would let a third process lock a new file while a second holds the old one): while
+    held it names the writer's pid, once closed the word ``closed`` and how the store was left."""
 
     _held: dict[str, list] = {}
 
@@ -959,12 +961,12 @@ class _WriterLock:
         held[1] -= 1
         if held[1] == 0:
             del self._held[self.key]
-            if self.checked:  # the next writer skips the integrity check only if nothing touched the file since
-                try:
-                    os.ftruncate(self.fd, 0)
-                    os.pwrite(self.fd, f"{os.getpid()}\n{file_stamp(self.path)}".encode(), 0)
-                except OSError:
-                    pass
+            try:  # a closed store's lock file names no process (none holds it), only how the store was left
+                os.ftruncate(self.fd, 0)
+                # the next writer skips the integrity check only if nothing touched the file since
+                os.pwrite(self.fd, (f"closed\n{file_stamp(self.path)}" if self.checked else "closed").encode(), 0)
+            except OSError:
+                pass
             os.close(self.fd)
 
 
