@@ -20,6 +20,7 @@ candidates with their addresses; the two nearest boundaries).
 from __future__ import annotations
 
 import bisect
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -76,7 +77,8 @@ def parse_location(text: str) -> LocationSpec:
 class FunctionIndex:
     """Functions by name and by address."""
 
-    def __init__(self, functions: Iterable[Function]):
+    def __init__(self, functions: Iterable[Function], where: str = "the image"):
+        self.where = where  # what the functions come from, for messages: "the image", "the store"
         self.functions = sorted(functions, key=lambda f: (f.start, f.end))
         self._starts = [f.start for f in self.functions]
         self.by_name: dict[str, list[Function]] = {}
@@ -96,9 +98,9 @@ class FunctionIndex:
         """The one function ``name`` (at ``at`` when given); InputError listing the candidates otherwise."""
         found = self.by_name.get(name, [])
         if not found:
-            close = sorted(n for n in self.by_name if n.startswith(name[:4]))[:5]
+            close = self.close_names(name)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise InputError(f"no {what} named {name!r} in the image{hint}")
+            raise InputError(f"no {what} named {name!r} in {self.where}{hint}")
         if at is not None:
             match = [f for f in found if f.start == at]
             if not match:
@@ -110,6 +112,10 @@ class FunctionIndex:
             raise InputError(f"{len(found)} functions are named {name!r} (static functions of different files): "
                              f"choose one as {listed}{' ...' if len(found) > 8 else ''}")
         return found[0]
+
+    def close_names(self, name: str, n: int = 5) -> list[str]:
+        """The names nearest ``name`` by edit similarity (a typo: ``vfs_raed`` -> ``vfs_read``), best first."""
+        return difflib.get_close_matches(name, self.by_name, n=n, cutoff=0.75)
 
     def resolve(self, spec: LocationSpec, boundaries: Callable[[Function], list[int]] | None = None) -> Location:
         """The address ``spec`` names, checked against the function's instruction ``boundaries`` (offsets)."""

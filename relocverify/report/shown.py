@@ -71,7 +71,7 @@ def from_store(path: str, spec: LocationSpec) -> Shown:
     try:
         images = _images(store, path)
         records, starts = _candidates(store, images, spec)
-        function = _resolve(spec, records, lambda: _all_functions(store, images))
+        function = _resolve(spec, records, lambda: _all_functions(store, images), "the store")
         image, record = records[(function.start, function.name, function.end)]
         rows = []
         for r in store.function_rows(record.id):
@@ -124,10 +124,12 @@ def _all_functions(store, images: list[int]) -> list[Function]:
             for r in store.iter_functions(image)]
 
 
-def _resolve(spec: LocationSpec, records: dict, everything: Callable[[], list[Function]]) -> Function:
-    """The one function ``spec`` names among the candidates; InputError (with the candidates, or the names
-    close to it) otherwise."""
-    index = FunctionIndex(Function(r.name, r.start, end, r.section) for (_, _, end), (_, r) in records.items())
+def _resolve(spec: LocationSpec, records: dict, everything: Callable[[], list[Function]],
+             where: str = "the image") -> Function:
+    """The one function ``spec`` names among the candidates (from ``where``: "the store", "the image");
+    InputError (with the candidates, or the names close to it) otherwise."""
+    index = FunctionIndex((Function(r.name, r.start, end, r.section) for (_, _, end), (_, r) in records.items()),
+                          where)
     if not spec.symbolic:
         found = index.containing(spec.absolute)
         if found is None:
@@ -135,7 +137,7 @@ def _resolve(spec: LocationSpec, records: dict, everything: Callable[[], list[Fu
                              f"a function's code")
         return found
     if not records:
-        FunctionIndex(everything()).named(spec.name, spec.at)  # raises, with the names close to it
+        FunctionIndex(everything(), where).named(spec.name, spec.at)  # raises, with the names close to it
     function = index.named(spec.name, spec.at)
     if spec.offset >= function.size:
         raise InputError(f"{spec.text}: offset {spec.offset:#x} is past the end of {function.name} "
