@@ -1,7 +1,7 @@
 """``relocverify check``: decode, plan and prove one instruction, given by its bytes or by its address.
 
     relocverify check 48 8b 05 10 00 00 00 [--at ADDR]     bytes (quoted or not), at ADDR
-    relocverify check --image VMLINUX tcp_v4_rcv+0x1c      the instruction the image holds there
+    relocverify check --image VMLINUX tcp_v4_rcv+0x19      the instruction the image holds there
 
 With ``--image`` the kernel's sites at the address are checked too, and
 every variant that can run there; the image's index (functions, sites, code)
@@ -13,6 +13,7 @@ neither reloads the image nor, for a shape proved before, loads the solver.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TextIO
 
 from ..errors import InputError
@@ -59,7 +60,7 @@ def _instruction(args, index):
     words = " ".join(args.hex)
     if index is not None and args.at is None:
         if len(args.hex) != 1:
-            raise InputError(f"with --image, give one ADDRESS (e.g. tcp_v4_rcv+0x1c), not {words!r}; to check "
+            raise InputError(f"with --image, give one ADDRESS (e.g. tcp_v4_rcv+0x19), not {words!r}; to check "
                              f"bytes against the image, give them with --at")
         at, loc = locate.resolve(locate.location(args.hex[0]), index, DEFAULT_AT, "ADDRESS")
         return one_instruction(_bytes_at(index, at), at), loc
@@ -74,7 +75,35 @@ def _instruction(args, index):
     return decoded, loc
 
 
+def _names_a_location(words: list[str]) -> bool:
+    """One word that is no hex but is a location (``vfs_read+0x1c``, ``kprobe:vfs_read+28``)."""
+    if len(words) != 1:
+        return False
+    try:
+        parse_hex_bytes(words[0])
+        return False
+    except InputError:
+        pass
+    try:
+        return locate.location(words[0]).symbolic
+    except InputError:
+        return False
+
+
+def _default_image(args, err: TextIO) -> None:
+    """A location with no ``--image`` is read in the default kernel, as ``vmlinux`` and ``audit`` default to it
+    (fetched into the cache on first use, which the line on stderr says)."""
+    from ..engine.verify import DEFAULT_KERNEL
+    from ..image.fetch import fetch
+
+    err.write(f"check: {args.hex[0]} without --image: reading it in the default kernel, {DEFAULT_KERNEL} "
+              f"(give --image VMLINUX for another)\n")
+    args.image = str(fetch(DEFAULT_KERNEL, None).vmlinux)
+
+
 def command(args, out: TextIO) -> int:
+    if not getattr(args, "image", None) and args.at is None and _names_a_location(args.hex):
+        _default_image(args, sys.stderr)
     index = locate.image_index(args)
     decoded, loc = _instruction(args, index)
 

@@ -159,7 +159,7 @@ IO = {
     "show": (("source", "system_map"), (), ()),
     "export": (("store",), ("output",), ()),
     "audit": (("image", "system_map", "module", "package", "dbg"), ("db", "summary_json"), ()),
-    "confirm": (("package", "dbg", "elf"), (), ()),
+    "confirm": (("package", "dbg", "elf", "audit"), (), ()),
 }
 
 
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="decode, plan and prove one instruction (its bytes, or its address in --image)")
     c.add_argument("hex", metavar="HEX|ADDRESS", nargs="+",
                    help="the instruction's bytes in hex, quoted or not (f0 ff 05 10 00 00 00); with --image and no "
-                        "--at, its ADDRESS instead: tcp_v4_rcv+0x1c, tcp_v4_rcv+28, kprobe:tcp_v4_rcv+28, "
+                        "--at, its ADDRESS instead: tcp_v4_rcv+0x19, tcp_v4_rcv+25, kprobe:tcp_v4_rcv+25, "
                         "NAME@0xADDR+OFF or 0xADDR")
     c.add_argument("--at", type=LOCATION, default=None, metavar="ADDR",
                    help=f"the instruction's address A (default {DEFAULT_AT:#x}); a FUNCTION+OFF needs --image")

@@ -3,7 +3,7 @@
 the whole reason (folded at word boundaries to the terminal's width, never cut).
 
     relocverify show /tmp/k.sqlite vfs_read              from a store a ``relocverify vmlinux`` run wrote
-    relocverify show vmlinux tcp_v4_rcv+0x1c             from an image: the function is verified first
+    relocverify show vmlinux tcp_v4_rcv+0x19             from an image: the function is verified first
     relocverify show vmlinux show_cpuinfo@0xffffffff81045a10 --json
 
 FUNCTION is a name, NAME@0xADDR when several static functions share the name, NAME+OFF (the instruction

@@ -4,9 +4,9 @@
 
   0xffffffff81234560        an absolute address
   tcp_v4_rcv                a function's first instruction
-  tcp_v4_rcv+0x1c           an offset into it, hex (perf, kallsyms) ...
-  tcp_v4_rcv+28             ... or decimal (bpftrace's kprobe:func+28)
-  kprobe:tcp_v4_rcv+28      bpftrace's probe syntax (also kretprobe:, kinst::func:28 is DTrace's)
+  tcp_v4_rcv+0x19           an offset into it, hex (perf, kallsyms) ...
+  tcp_v4_rcv+25             ... or decimal (bpftrace's kprobe:func+25)
+  kprobe:tcp_v4_rcv+25      bpftrace's probe syntax (also kretprobe:, kinst::func:28 is DTrace's)
   show_cpuinfo@0xffffffff81045a10(+off)   one of several functions of one name (static functions)
 
 ``FunctionIndex(functions).resolve(spec, boundaries)`` turns it into a
