@@ -385,3 +385,33 @@ def test_a_module_placement_reads_register_kprobes_errno_back():
     con = read_console("RVC:phase probe\nRVC:write /proc/rv-module 22 -: register_kprobe refused\n")
     write = con.writes[0][1]
     assert (write.errno, write.name) == (22, "EINVAL") and "Invalid argument" in write.message
+
+
+def test_an_audit_store_without_a_summary_is_one_line(tmp_path):
+    store = tmp_path / "s.sqlite"
+    store.write_bytes(b"")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--audit", str(store))[::2],
+                   "no audit summary", "relocverify audit --db")
+    (tmp_path / "s.sqlite.audit.json").write_text("[1, 2]")
+    one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--audit", str(store))[::2], "has no tracers")
+    one_line_error(*run("confirm", "--package", "x", "--audit", str(store), "--site", "f")[::2], "no --site")
+
+
+def test_a_group_is_classed_by_its_bytes_and_words():
+    from relocverify.confirm.triggers import group_class
+
+    assert group_class("vmovdqu via kprobe_emulate_jcc: differs in mem[]", bytes.fromhex("c5fa7f07")) == "vex"
+    assert for_group("kprobes", group_class("vmovdqu via kprobe_emulate_jcc", bytes.fromhex("c5fa7f07"))).name \
+        == "afalg"
+    assert for_group("kprobes", group_class("call via kprobe_emulate_call: differs in mem[]",
+                                            CS_CALL)).name == "syscalls"
+    assert BY_NAME["strlen"].stand_ins and BY_NAME["afalg"].via == "module"
+
+
+def test_controls_are_spread_over_the_functions():
+    from relocverify.confirm.controls import Audited, spread
+
+    sites = [Audited(0x1000 + i, f"f+{i:#x}", "agree", "") for i in range(5)] + \
+            [Audited(0x2000 + i, f"g+{i:#x}", "agree" if i != 1 else "tracer-wrong", "") for i in range(3)]
+    assert [s.where for s in spread(sites, 4)] == ["f+0x0", "g+0x0", "f+0x1", "g+0x2"]
+    assert len(spread(sites, 50)) == 7

@@ -28,12 +28,21 @@ def add_parser(sub, types) -> None:
                    help="the kernel: a named kernel (debian-6.1-cloud), a linux-image .deb or a directory")
     c.add_argument("--dbg", default=None, metavar="DEB", type=types["IN_FILE"],
                    help="with --package DEB: its -dbg package (the vmlinux with symbols)")
-    c.add_argument("--tracer", required=True, metavar="T",
+    c.add_argument("--tracer", default=None, metavar="T",
                    help="kprobes (int3; optimized with --optimized on), optprobes (kprobes optimized), uprobes; "
-                        "a version suffix (kprobes@6.1) is the audit's name for the same tracer")
+                        "a version suffix (kprobes@6.1) is the audit's name for the same tracer; with --audit, "
+                        "only that tracer's groups")
     c.add_argument("--site", action="append", default=[], metavar="LOCATION",
-                   help="where to probe: FUNCTION+0xOFF, 0xADDR, kprobe:FUNCTION+28 (repeatable); for uprobes, "
-                        "in the program --elf names (or the shipped trigger's)")
+                   help="where to probe: FUNCTION+0xOFF, 0xADDR, kprobe:FUNCTION+28, MODULE:FUNCTION+0xOFF "
+                        "(repeatable); for uprobes, in the program --elf names (or the shipped trigger's)")
+    c.add_argument("--audit", default=None, metavar="STORE", type=types["IN_FILE"],
+                   help="confirm every tracer-wrong group of the audit stored in STORE (its STORE.audit.json) "
+                        "instead of --site; the results are also written to STORE.confirm.json")
+    c.add_argument("--groups", nargs="+", default=["all"], metavar="all|NAME",
+                   help="with --audit: only the groups whose name contains one of these words (default all)")
+    c.add_argument("--controls", type=types["COUNT"], default=0, metavar="N",
+                   help="with --audit: also N sites per kernel tracer the audit calls agree, in functions the "
+                        "syscalls trigger runs, probed all at once: each must come out not-reproduced")
     c.add_argument("--cmdline", default="", metavar="WORDS",
                    help="kernel command line words added to every boot, e.g. 'spectre_v2=retpoline'")
     c.add_argument("--elf", default=None, metavar="PROGRAM", type=types["IN_FILE"],
@@ -64,6 +73,12 @@ def command(args, out: TextIO) -> int:
     from ..confirm.guest import build_guest
     from ..confirm.outcome import Outcome
 
+    if args.audit:
+        return _audit(args, out)
+    if args.tracer is None:
+        from ..errors import InputError
+
+        raise InputError("name the tracer: --tracer kprobes, optprobes or uprobes (or give --audit STORE)")
     tracer = args.tracer.split("@", 1)[0]
     request = Request(tracer=tracer, sites=tuple(args.site), cmdline=args.cmdline, trigger=tuple(args.trigger),
                       elf=args.elf, optimized=None if args.optimized is None else args.optimized == "on",
@@ -82,6 +97,56 @@ def command(args, out: TextIO) -> int:
             out.write(render(r))
     found = any(r.outcome in (Outcome.REPRODUCED, Outcome.PATCHED_AT_BOOT) for r in results)
     return 1 if found else 0
+
+
+def _audit(args, out: TextIO) -> int:
+    from ..confirm import qemu
+    from ..confirm.confirmation import Request
+    from ..confirm.groups import confirm_audit, load_summary
+    from ..confirm.guest import build_guest
+    from ..confirm.outcome import Outcome
+    from ..errors import InputError
+
+    if args.site:
+        raise InputError("--audit confirms the audit's groups: give no --site with it")
+    load_summary(args.audit)  # before anything is built
+    qemu.find_qemu()
+    say = None if args.json else (lambda line: print(escape(line), file=sys.stderr, flush=True))
+    guest = build_guest(args.package, args.dbg, say=say)
+    base = Request(tracer="kprobes", sites=("-",), cmdline=args.cmdline,
+                   optimized=None if args.optimized is None else args.optimized == "on",
+                   trigger_timeout_s=max(1, int(args.trigger_timeout)), boot_timeout_s=args.boot_timeout,
+                   accel=args.accel)
+    names = () if args.groups == ["all"] else tuple(args.groups)
+    tracers = (args.tracer,) if args.tracer else ()
+    results = confirm_audit(args.audit, guest, base, names, args.controls, tracers, say=say)
+    if args.json:
+        json.dump([r.as_json() for r in results], out, indent=1)
+        out.write("\n")
+    else:
+        for r in results:
+            out.write(render_group(r))
+    found = any(r.bucket == "tracer-wrong" and r.outcome in (Outcome.REPRODUCED, Outcome.PATCHED_AT_BOOT)
+                or r.bucket == "agree" and r.outcome not in (None, Outcome.NOT_EXECUTED, Outcome.NOT_REPRODUCED)
+                for r in results)
+    return 1 if found else 0
+
+
+def render_group(r) -> str:
+    outcome = r.outcome.label if r.outcome is not None else "no site confirmed"
+    lines = [f"{r.tracer} {r.bucket} '{r.group}' ({r.count:,}): {outcome}"]
+    if r.note:
+        lines.append(f"  {r.note}")
+    if r.bucket == "agree":
+        counts: dict[str, int] = {}
+        for c in r.confirmations:
+            counts[c.outcome.label] = counts.get(c.outcome.label, 0) + 1
+        lines.append("  " + ", ".join(f"{n} {label}" for label, n in sorted(counts.items())))
+        lines += [f"  {c.site.where}: {c.outcome.label}: {c.decision.evidence}" for c in r.confirmations
+                  if c.outcome.label not in ("not-reproduced", "not-executed")]
+        return "\n".join(escape(line) for line in lines) + "\n"
+    text = "\n".join(escape(line) for line in lines) + "\n"
+    return text + "".join("  " + render(c).replace("\n", "\n  ").rstrip(" ") for c in r.confirmations)
 
 
 def render(r) -> str:

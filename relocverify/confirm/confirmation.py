@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from . import initramfs, qemu
 from .console import read_console
 from .guest import Guest, confirm_cache, is_static, run_initrd, scratch
-from .outcome import Decision, Outcome, Run, Site, decide
+from .outcome import Decision, Outcome, Run, Site, decide, divergence
 from .probe import Probe
 from .script import RunPlan, run_script
 from .triggers import BY_NAME, TRIGGERS, Trigger, for_group
@@ -80,49 +80,114 @@ class Confirmation:
                                         "with_probe": dict(self.probed.console.times)}}
 
 
-def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=None) -> list[Confirmation]:
-    """See the module doc."""
-    from .sites import module_of, resolve_user_site
-
+def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=None,
+            together: bool = False) -> list[Confirmation]:
+    """See the module doc.  ``together``: every site's probe in one pair of boots (controls: each its own
+    event), and each site alone again only if that boot diverged."""
     binary = qemu.find_qemu()
     check_request(request)
+    prepared = [_prepare(request, guest, k, text, cache_dir, say) for k, text in enumerate(request.sites)]
+    accel, why = qemu.accel(request.accel, str(confirm_cache(cache_dir)),
+                            lambda: _try_kvm(guest, binary, cache_dir), binary)
+    if say:
+        say(f"accelerator: {accel} ({why})")
+    context = _Context(guest, request, binary, accel, why, cache_dir, say)
+    if together and len(prepared) > 1:
+        batched = _together(prepared, context)
+        if batched is not None:
+            return batched
+    return [one for p in prepared for one in _run(context, (p,))]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One site ready to boot: its probe, trigger, modules, live reads and the run's own initramfs files."""
+
+    site: Site
+    probe: Probe
+    trigger: "_Chosen"
+    extra: tuple
+    modules: tuple[str, ...]
+    live: tuple
+
+
+@dataclass(frozen=True)
+class _Context:
+    guest: Guest
+    request: Request
+    binary: str
+    accel: str
+    why: str
+    cache_dir: str | None
+    say: object
+
+    @property
+    def cmdline(self) -> str:
+        return " ".join([BASE_CMDLINE] + self.request.cmdline.split())
+
+    @property
+    def optimized(self) -> bool:
+        r = self.request
+        return r.optimized if r.optimized is not None else r.tracer == "optprobes"
+
+
+def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str | None, say,
+             event: str = "site") -> _Prepared:
+    from .sites import module_of, resolve_user_site
+
     kind = "uprobes" if request.tracer == "uprobes" else "kprobes"
+    cause = request.causes[k] if k < len(request.causes) else None
+    trigger, extra = _trigger(request, guest, kind, cause, module_of(text)[0] if kind == "kprobes" else None)
+    if kind == "uprobes":
+        elf_host, elf_guest, extra_elf = _elf(request, guest, trigger, extra)
+        site = resolve_user_site(text, elf_host, elf_guest)
+        extra = extra + extra_elf
+    else:
+        site = _kernel_site(text, guest)
+    if not site.probe_target:
+        raise InputError(f"{text}: several functions of {site.module} have that name: kprobes cannot tell them "
+                         f"apart by name")
     optimized = request.optimized if request.optimized is not None else request.tracer == "optprobes"
-    cmdline = " ".join([BASE_CMDLINE] + request.cmdline.split())
-    results = []
-    accel, why = None, ""
-    for k, text in enumerate(request.sites):
-        cause = request.causes[k] if k < len(request.causes) else None
-        trigger, extra = _trigger(request, guest, kind, cause, module_of(text)[0] if kind == "kprobes" else None)
-        if kind == "uprobes":
-            elf_host, elf_guest, extra_elf = _elf(request, guest, trigger, extra)
-            site = resolve_user_site(text, elf_host, elf_guest)
-            extra = extra + extra_elf
-        else:
-            site = _kernel_site(text, guest)
-        if accel is None:
-            accel, why = qemu.accel(request.accel, str(confirm_cache(cache_dir)),
-                                    lambda: _try_kvm(guest, binary, cache_dir), binary)
-            if say:
-                say(f"accelerator: {accel} ({why})")
-        if not site.probe_target:
-            raise InputError(f"{text}: several functions of {site.module} have that name: kprobes cannot tell them "
-                             f"apart by name")
-        probe = Probe(kind, site.probe_target, optimized, request.via)
-        if request.via == "module":
-            extra = extra + [_rvkprobe(guest, cache_dir, say)]
-        modules = _modules(guest, trigger, site)
-        live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
-                 len(site.file_bytes)),) if kind == "kprobes" else ()
-        base = RunPlan((), trigger.argv, request.trigger_timeout_s, live, modules)
-        mine = RunPlan((probe,), trigger.argv, request.trigger_timeout_s, live, modules)
-        if say:
-            say(f"{site.where}: booting without and with the probe ({accel}) ...")
-        baseline, probed = _boot_pair(guest, base, mine, extra, cmdline, accel, request, binary, cache_dir)
-        _check_baseline(baseline, request, trigger)
-        decision = decide(site, probe, baseline, probed)
-        results.append(Confirmation(site, request.tracer, request.via, optimized, trigger.argv, decision,
-                                    baseline, probed, why))
+    probe = Probe(kind, site.probe_target, optimized, request.via)
+    if request.via == "module":
+        extra = extra + [_rvkprobe(guest, cache_dir, say)]
+    live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
+             len(site.file_bytes)),) if kind == "kprobes" else ()
+    return _Prepared(site, probe, trigger, tuple(extra), _modules(guest, trigger, site), live)
+
+
+def _run(context: _Context, prepared: tuple[_Prepared, ...]) -> list[Confirmation]:
+    """One pair of boots: without the probes and with them (all of ``prepared``, sharing the first's trigger)."""
+    first = prepared[0]
+    request = context.request
+    live = tuple(x for p in prepared for x in p.live)
+    modules = tuple(dict.fromkeys(m for p in prepared for m in p.modules))
+    extra = list({e.path: e for p in prepared for e in p.extra}.values())
+    base = RunPlan((), first.trigger.argv, request.trigger_timeout_s, live, modules)
+    mine = RunPlan(tuple(p.probe for p in prepared), first.trigger.argv, request.trigger_timeout_s, live, modules)
+    if context.say:
+        what = first.site.where if len(prepared) == 1 else f"{len(prepared)} sites at once"
+        context.say(f"{what}: booting without and with the probe ({context.accel}) ...")
+    baseline, probed = _boot_pair(context.guest, base, mine, extra, context.cmdline, context.accel, request,
+                                  context.binary, context.cache_dir)
+    _check_baseline(baseline, request, first.trigger)
+    return [Confirmation(p.site, request.tracer, request.via, context.optimized, first.trigger.argv,
+                         decide(p.site, p.probe, baseline, probed), baseline, probed, context.why)
+            for p in prepared]
+
+
+def _together(prepared: list[_Prepared], context: _Context) -> list[Confirmation] | None:
+    """Every probe in one pair of boots, each its own event; None when that boot diverged (a crash or a
+    different output cannot be laid at one probe's door: the caller confirms each site alone)."""
+    if any(p.site.module is not None or p.probe.via != "events" or p.trigger != prepared[0].trigger
+           for p in prepared):
+        return None
+    renamed = tuple(replace(p, probe=replace(p.probe, event=f"site{k}")) for k, p in enumerate(prepared))
+    results = _run(context, renamed)
+    if divergence(results[0].baseline, results[0].probed) is not None:
+        if context.say:
+            context.say(f"the boot with {len(prepared)} probes diverged: each site alone")
+        return None
     return results
 
 

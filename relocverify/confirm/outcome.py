@@ -96,7 +96,7 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
             evidence += f"; the live bytes are not the file's ({_patched_words(site, live, variant)})"
         return Decision(outcome, evidence, excerpt, hits, missed, live, variant, opt)
 
-    reproduced = _reproduced(baseline, probed)
+    reproduced = divergence(baseline, probed)
     if reproduced is not None:
         return made(Outcome.REPRODUCED, *reproduced)
     refusal = _refusal(probed.console, probe)
@@ -113,8 +113,8 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
                 f"with the probe as without it, and the kernel reported no fault")
 
 
-def _reproduced(baseline: Run, probed: Run) -> tuple[str, tuple[str, ...]] | None:
-    """(evidence, excerpt) when the probe changed what happened, else None."""
+def divergence(baseline: Run, probed: Run) -> tuple[str, tuple[str, ...]] | None:
+    """(evidence, excerpt) when the probes changed what happened (a fault, a stop, other output), else None."""
     con = probed.console
     faults = con.faults_from("probe")
     before = baseline.console.faults_from("probe")

@@ -23,6 +23,9 @@ class Trigger:
     tracer: str  # the tracer whose sites it is shipped for
     groups: tuple[str, ...]  # audit group causes (``for_group``) it is the shipped trigger of
     reason: str
+    functions: tuple[str, ...] = ()  # kernel functions it runs: where controls are taken from
+    stand_ins: tuple[str, ...] = ()  # sites of its groups' class it runs, probed where the audit's own cannot be
+    via: str = "events"  # how the stand-ins are probed
 
 
 TRIGGERS: tuple[Trigger, ...] = (
@@ -31,19 +34,25 @@ TRIGGERS: tuple[Trigger, ...] = (
             "readdir of /, /proc, /proc/self, /sys and /dev (dcache_readdir, proc_pident_readdir, proc_readdir_de, "
             "kernfs_fop_readdir: their dir_emit actor calls are cs-prefixed retpoline calls), a pipe's poll and "
             "select (pipe_poll), every clock's getres and gettime, ptrace GETREGS/GETFPREGS/PEEKUSER, sysctl "
-            "reads (__do_proc_dointvec), uname and stat: the common system calls a kernel site is reached from"),
+            "reads (__do_proc_dointvec), uname and stat: the common system calls a kernel site is reached from",
+            functions=("dcache_readdir", "iterate_dir", "filldir64", "__x64_sys_getdents64", "pipe_poll",
+                       "do_sys_poll", "do_select", "proc_pident_readdir", "kernfs_fop_readdir", "proc_readdir_de",
+                       "__do_proc_dointvec", "proc_sys_call_handler", "ksys_read", "vfs_read",
+                       "__x64_sys_clock_getres", "do_sys_openat2", "path_openat")),
     Trigger("afalg", "afalg", (), ("af_alg", "algif_hash", "sha256_ssse3"), "kprobes",
             ("vex",),
             "a SHA-256 digest through AF_ALG by every x86 driver (sha256-avx2, -avx, -ssse3) and the generic one: "
             "sha256_transform_rorx and sha256_transform_avx (module sha256_ssse3) are asm full of VEX "
             "instructions whose opcode bytes are 70-7f (vmovdqa stores, vpshufd, vpsrld/vpslld/vpsrlq), which "
             "kprobes' prepare_emulation reads as jcc; kprobe_events refuses these notrace functions, so probe "
-            "them with --via module"),
+            "them with --via module",
+            stand_ins=("sha256_ssse3:sha256_transform_rorx+0xd8",), via="module"),
     Trigger("strlen", "strlen", ("20",), (), "uprobes",
             ("vex",),
             "glibc's strlen over every length 0..300 at 64 alignments; static, so glibc's ifunc picks "
             "__strlen_avx2 under QEMU's -cpu max, whose vpcmpeqb (VEX 0f 74) and vzeroupper (VEX 0f 77) "
-            "have opcode bytes uprobes' branch_setup_xol_ops reads as jcc"),
+            "have opcode bytes uprobes' branch_setup_xol_ops reads as jcc",
+            stand_ins=("__strlen_avx2+0x19",)),
 )
 
 BY_NAME = {t.name: t for t in TRIGGERS}
@@ -51,8 +60,17 @@ BY_NAME = {t.name: t for t in TRIGGERS}
 PROGRAMS = ("rvctl",) + tuple(sorted({t.program for t in TRIGGERS}))
 
 
+def group_class(group: str, raw: bytes = b"") -> str:
+    """The class of an audit group, as the ``groups`` of a row name it: 'vex' for an instruction with a
+    VEX or EVEX prefix (its bytes say so; the group names its mnemonic and the emulator), else the
+    group's own words (``call via kprobe_emulate_call: ...``)."""
+    if raw[:1] in (b"\xc4", b"\xc5", b"\x62"):
+        return "vex"
+    return group.lower()
+
+
 def for_group(tracer: str, cause: str | None) -> Trigger:
-    """The shipped trigger for a site of ``tracer`` in the audit group whose cause mentions one of a
+    """The shipped trigger for a site of ``tracer`` whose group class (``group_class``) mentions one of a
     row's ``groups`` words (``cause`` None: a site given by hand), else the tracer's first row."""
     rows = [t for t in TRIGGERS if t.tracer == tracer] or list(TRIGGERS)
     if cause:

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define OUT_LINES 24      /* lines of the trigger's output shown on the console */
+#define OUT_LINES 400     /* lines of the trigger's output shown on the console: two boots are compared line by line */
 #define OUT_WIDTH 160     /* characters of each */
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

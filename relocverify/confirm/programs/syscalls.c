@@ -106,8 +106,10 @@ static void cat(const char *path) {
 }
 
 static void do_sysctl(void) {
-  const char *paths[] = {"/proc/sys/kernel/ostype", "/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max",
-                         "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/printk", "/proc/sys/fs/file-max",
+  /* not threads-max or file-max: the kernel sizes them from the memory left at boot, which the size of a
+   * boot's initramfs changes */
+  const char *paths[] = {"/proc/sys/kernel/ostype", "/proc/sys/kernel/pid_max", "/proc/sys/vm/swappiness",
+                         "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/printk", "/proc/sys/kernel/randomize_va_space",
                          "/proc/sys/net/core/somaxconn", "/proc/sys/kernel/sched_child_runs_first", 0};
   for (int i = 0; paths[i]; i++) cat(paths[i]);
 }

@@ -1,0 +1,162 @@
+"""A stored tracer audit confirmed group by group: ``relocverify confirm --audit STORE``.
+
+For every ``tracer-wrong`` group of the audit's summary (``STORE.audit.json``, ``tracers.audit``) of a
+tracer confirm can place (kprobes, optprobes, uprobes; kinst and fasttrap are FreeBSD's), the
+group's first instance is probed with the shipped trigger of its class (``triggers.group_class``,
+``for_group``).  Where the audit's own instances cannot show the class here, the trigger's
+stand-ins are probed too, and the result says so: uprobes' instances in a kernel image are kernel
+addresses (uprobes probes user programs: the stand-in is a site of the same class in the trigger
+program); an instance the trigger does not reach comes out ``not-executed`` and a stand-in of its
+class, if the trigger has one, is tried.  ``--controls N`` adds, per kernel tracer, ``N`` sites the
+audit puts in ``agree`` among the functions the control trigger runs (``controls``), probed all at
+once; each must come out ``not-reproduced`` (or ``not-executed``: the trigger missed it).
+
+The result is a ``GroupResult`` per group (and per tracer's controls), written beside the store as
+``STORE.confirm.json`` as well as returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+
+from ..errors import InputError
+from .confirmation import Confirmation, Request, confirm
+from .outcome import Outcome
+from .triggers import BY_NAME, for_group, group_class
+
+PLACEABLE = {"kprobes": "kprobes", "optprobes": "optprobes", "uprobes": "uprobes"}
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    tracer: str  # the audit's name: kprobes@6.1
+    bucket: str  # 'tracer-wrong', or 'agree' for the controls
+    group: str
+    count: int  # instructions in the group (controls: sites probed)
+    confirmations: tuple[Confirmation, ...]
+    note: str  # what the sites stand for, or why there are none
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return max((c.outcome for c in self.confirmations), default=None)
+
+    def as_json(self) -> dict:
+        counts: dict[str, int] = {}
+        for c in self.confirmations:
+            counts[c.outcome.label] = counts.get(c.outcome.label, 0) + 1
+        return {"tracer": self.tracer, "bucket": self.bucket, "group": self.group, "count": self.count,
+                "outcome": None if self.outcome is None else self.outcome.label, "outcomes": counts,
+                "note": self.note, "sites": [c.as_json() for c in self.confirmations]}
+
+
+def load_summary(store: str) -> dict:
+    from ..tracers.audit import summary_path
+
+    path = summary_path(store)
+    try:
+        with open(path) as handle:
+            summary = json.load(handle)
+    except OSError:
+        raise InputError(f"--audit {store}: no audit summary at {path}: run relocverify audit --db {store} "
+                         f"first") from None
+    except ValueError:
+        raise InputError(f"--audit {store}: {path} is not an audit summary (not JSON)") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("tracers"), dict):
+        raise InputError(f"--audit {store}: {path} has no tracers: not an audit summary")
+    return summary
+
+
+def confirm_audit(store: str, guest, base: Request, names: tuple[str, ...] = (), controls: int = 0,
+                  tracers: tuple[str, ...] = (), cache_dir: str | None = None, say=None) -> list[GroupResult]:
+    """See the module doc.  ``base``: the request every confirmation starts from (command line, time
+    limits, accelerator); ``names``: only groups whose name contains one of these (empty: all);
+    ``tracers``: only these (kprobes or kprobes@6.1; empty: every tracer confirm can place)."""
+    summary = load_summary(store)
+    results = []
+    for tracer, tally in summary["tracers"].items():
+        kind = PLACEABLE.get(tracer.split("@", 1)[0])
+        if kind is None or (tracers and tracer not in tracers and tracer.split("@", 1)[0] not in tracers):
+            continue
+        for group in tally.get("groups", {}).get("tracer-wrong", []):
+            if names and not any(n in group["group"] for n in names):
+                continue
+            results.append(_group(tracer, kind, group, guest, base, cache_dir, say))
+        if controls and kind != "uprobes":
+            results.append(_controls(store, tracer, kind, summary, guest, base, controls, cache_dir, say))
+    _save(store, results)
+    return results
+
+
+def _group(tracer: str, kind: str, group: dict, guest, base: Request, cache_dir, say) -> GroupResult:
+    examples = group.get("examples") or []
+    raw = bytes.fromhex(examples[0]["bytes"]) if examples and examples[0].get("bytes") else b""
+    cause = group_class(group["group"], raw)
+    trigger = for_group("uprobes" if kind == "uprobes" else "kprobes", cause)
+    done: list[Confirmation] = []
+    notes = []
+    if kind == "uprobes":
+        notes.append("the audit's instances are kernel addresses and uprobes probes user programs")
+    elif examples:
+        done += _first(examples[0], replace(base, tracer=kind, causes=(cause,), trigger=()), guest, cache_dir, say,
+                       notes)
+    shown = any(c.outcome in (Outcome.REPRODUCED, Outcome.NOT_REPRODUCED, Outcome.PATCHED_AT_BOOT) for c in done)
+    if trigger.stand_ins and not shown:
+        stand_in = replace(base, tracer=kind, sites=trigger.stand_ins, causes=(cause,), trigger=(trigger.name,),
+                           via=trigger.via, elf=None)
+        notes.append(f"stand-in of the class in the {trigger.name} trigger: {', '.join(trigger.stand_ins)}")
+        done += confirm(stand_in, guest, cache_dir, say)
+    return GroupResult(tracer, "tracer-wrong", group["group"], group.get("count", 0), tuple(done), "; ".join(notes))
+
+
+def _first(example: dict, request: Request, guest, cache_dir, say, notes: list) -> list[Confirmation]:
+    """The group's first instance, by name (by address when the name is not one function's); through
+    register_kprobe too when kprobe_events refuses it (a notrace function: Debian's config lacks
+    KPROBE_EVENTS_ON_NOTRACE)."""
+    for site in (example["function"], example["address"]):
+        try:
+            done = confirm(replace(request, sites=(site,)), guest, cache_dir, say)
+        except InputError as exc:  # a site this guest cannot probe: said, and the next form is tried
+            notes.append(f"{site}: {exc}")
+            continue
+        if done[0].outcome is Outcome.REFUSED and request.tracer != "uprobes" and request.via == "events":
+            notes.append(f"{site}: kprobe_events refused it ({done[0].decision.evidence}); through register_kprobe")
+            done += confirm(replace(request, sites=(site,), via="module"), guest, cache_dir, say)
+        return done
+    return []
+
+
+def _controls(store: str, tracer: str, kind: str, summary: dict, guest, base: Request, n: int, cache_dir,
+              say) -> GroupResult:
+    from ..store.image_index import indexed
+    from .controls import audited_sites, spread
+
+    trigger = BY_NAME["syscalls"]
+    index = indexed(guest.vmlinux, guest.system_map)
+    tramp = int(summary.get("tramp", "0xffffffffc0001000"), 16)
+    sites = audited_sites(store, tracer, trigger.functions, index.identity, tramp, _thunks(guest))
+    chosen = spread(sites, n)
+    if not chosen:
+        return GroupResult(tracer, "agree", "controls", 0, (), f"no agree site in {', '.join(trigger.functions)}")
+    if say:
+        say(f"{tracer}: {len(chosen)} controls the audit calls agree, in {len(trigger.functions)} functions "
+            f"the {trigger.name} trigger runs")
+    request = replace(base, tracer=kind, sites=tuple(f"{s.address:#x}" for s in chosen), trigger=(trigger.name,))
+    done = confirm(request, guest, cache_dir, say, together=True)
+    return GroupResult(tracer, "agree", "controls", len(chosen), tuple(done),
+                       f"agree sites of {len(sites)} audited instructions in the {trigger.name} trigger's functions")
+
+
+def _thunks(guest) -> tuple[int, int] | None:
+    from ..image.loader import load_image
+
+    image = load_image(guest.vmlinux, guest.system_map)
+    lo, hi = image.symbol_address("__indirect_thunk_start"), image.symbol_address("__indirect_thunk_end")
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _save(store: str, results: list[GroupResult]) -> None:
+    from ..outputs import write_atomic
+
+    write_atomic(os.fspath(store) + ".confirm.json", json.dumps([r.as_json() for r in results], indent=1))
