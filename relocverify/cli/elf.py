@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from .arguments import add_batch_options, add_jump_probes
-from .finish import finish
+from .finish import finish, next_steps
 from .render import escape, verdict_counts
 
 
@@ -46,7 +46,8 @@ def _render_one(summary, jump_probes: bool, out: TextIO) -> None:
     if jump_probes:
         unchecked = summary.document["jump_probe"].get("unchecked", ())
         out.write("".join(f"jump probes, not checked: {escape(u)}\n" for u in unchecked))
-    out.write(f"trampoline: {summary.tramp:#x}; policy: user space\nstore: {escape(summary.store)}\n")
+    out.write(f"trampoline: {summary.tramp:#x}; policy: user space\n")
+    next_steps(out, summary.store)
 
 
 def _render_batch(summary, jump_probes: bool, out: TextIO) -> None:
@@ -59,4 +60,4 @@ def _render_batch(summary, jump_probes: bool, out: TextIO) -> None:
         from ..engine.jumps import render_jump_totals
 
         out.write(render_jump_totals(summary.document["jump_probe"], escape))
-    out.write(f"store: {escape(summary.store)}\n")
+    next_steps(out, summary.store)

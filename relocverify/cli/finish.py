@@ -5,6 +5,38 @@ from __future__ import annotations
 import json
 
 
+def next_steps(out, store: str) -> None:
+    """The store's path, then three commands to paste: one function annotated (``vfs_read`` where the store
+    has it, else its first function), the HTML report, the proved probe points exported (the path
+    shell-quoted)."""
+    import shlex
+
+    from .render import escape
+
+    path = shlex.quote(store)
+    out.write(f"store: {escape(store)}\n"
+              f"next:\n"
+              f"  relocverify show {path} {shlex.quote(_example_function(store))}\n"
+              f"  relocverify report {path} -o reports/html\n"
+              f"  relocverify export {path} --format bpftrace -o probes.bt\n")
+
+
+def _example_function(store: str) -> str:
+    from ..errors import RelocverifyError
+    from ..store.store import Store
+
+    try:
+        s = Store(store, readonly=True)
+    except RelocverifyError:
+        return "FUNCTION"
+    try:
+        image = s.find_image()
+        names = [] if image is None else [f.name for f in s.iter_functions(image)]
+    finally:
+        s.close()
+    return "vfs_read" if "vfs_read" in names else (min(names) if names else "FUNCTION")
+
+
 def finish(out, args, summary) -> int:
     """Write the ``RunSummary``'s document to ``--summary-json`` if asked; exit 1 on a ``--fail-on`` verdict,
     3 if incomplete, else 0."""

@@ -8,7 +8,7 @@ import os
 from typing import TextIO
 
 from .arguments import add_batch_options, add_jump_probes
-from .finish import finish
+from .finish import finish, next_steps
 from .render import escape, verdict_counts
 
 
@@ -43,7 +43,7 @@ def command(args, out: TextIO) -> int:
         from ..engine.jumps import render_jump_totals
 
         out.write(render_jump_totals(summary.document["jump_probe"], escape))
-    out.write(f"store: {escape(summary.store)}\n")
+    next_steps(out, summary.store)
     return finish(out, args, summary)
 
 

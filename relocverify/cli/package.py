@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from .arguments import add_batch_options, add_dask, add_jump_probes
-from .finish import finish
+from .finish import finish, next_steps
 from .render import escape, verdict_counts
 
 
@@ -53,5 +53,5 @@ def command(args, out: TextIO) -> int:
         from ..engine.jumps import render_jump_totals
 
         out.write(render_jump_totals(summary.document["jump_probe"], escape))
-    out.write(f"store: {escape(summary.store)}\n")
+    next_steps(out, summary.store)
     return finish(out, args, summary)

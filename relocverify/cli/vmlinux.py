@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..engine.verify import DEFAULT_KERNEL  # what ``relocverify vmlinux`` verifies when given no path
-from .finish import finish
+from .finish import finish, next_steps
 from .render import escape
 
 __all__ = ["DEFAULT_KERNEL", "command"]
@@ -20,5 +20,5 @@ def command(args, out: TextIO) -> int:
     summary = verify_vmlinux(args.path, run_options(args, args.trampoline_base, args.limit), args.db,
                              args.system_map, progress_lines(args), check_store=output_file)
     out.write(render_summary(summary.document, escape))
-    out.write(f"store: {escape(summary.store)}\n")
+    next_steps(out, summary.store)
     return finish(out, args, summary)

@@ -119,6 +119,11 @@ def render_summary(s: dict, escape=lambda text: text) -> str:
         for k, v in list(j["refused"].items())[:12]:
             lines.append(f"  {v:>9,}  {escape(k)}")
     run = s.get("run", {})
+    if run and run.get("verified_now") == 0 and run.get("status") == "complete" and s.get("instructions"):
+        verdicts = ", ".join(f"{k} {v:,}" for k, v in s["by_verdict"].items())
+        lines.append(f"already complete: {s['instructions']:,} instructions, verdicts {verdicts} "
+                     f"(stored by an earlier run; nothing to verify)")
+        return "\n".join(lines) + "\n"
     if run:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in run.get("phases", {}).items())
         lines.append(f"run {run.get('id')}: {run.get('status')}; {phases}")
