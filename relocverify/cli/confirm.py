@@ -56,6 +56,9 @@ def add_parser(sub, types) -> None:
                    help="how long the trigger may run in the guest (default 20)")
     c.add_argument("--boot-timeout", type=types["SECONDS"], default=90.0, metavar="S",
                    help="how long a boot may take besides the trigger (default 90)")
+    c.add_argument("--smp", type=types["COUNT"], default=1, metavar="N",
+                   help="the guest's CPUs (default 1: a uniprocessor boot rewrites the .smp_locks LOCK prefixes "
+                        "to DS, so such a site is patched-at-boot)")
     c.add_argument("--accel", choices=("auto", "tcg", "kvm"), default="auto",
                    help="QEMU's accelerator: auto is KVM only where a short boot ran a kernel-mode int3 under it "
                         "(remembered per host boot), else TCG")
@@ -83,7 +86,7 @@ def command(args, out: TextIO) -> int:
     request = Request(tracer=tracer, sites=tuple(args.site), cmdline=args.cmdline, trigger=tuple(args.trigger),
                       elf=args.elf, optimized=None if args.optimized is None else args.optimized == "on",
                       via=args.via, trigger_timeout_s=max(1, int(args.trigger_timeout)),
-                      boot_timeout_s=args.boot_timeout, accel=args.accel)
+                      boot_timeout_s=args.boot_timeout, accel=args.accel, cpus=args.smp)
     check_request(request)
     qemu.find_qemu()  # both before anything is built
     say = None if args.json else (lambda line: print(escape(line), file=sys.stderr, flush=True))
@@ -116,7 +119,7 @@ def _audit(args, out: TextIO) -> int:
     base = Request(tracer="kprobes", sites=("-",), cmdline=args.cmdline,
                    optimized=None if args.optimized is None else args.optimized == "on",
                    trigger_timeout_s=max(1, int(args.trigger_timeout)), boot_timeout_s=args.boot_timeout,
-                   accel=args.accel)
+                   accel=args.accel, cpus=args.smp)
     names = () if args.groups == ["all"] else tuple(args.groups)
     tracers = (args.tracer,) if args.tracer else ()
     results = confirm_audit(args.audit, guest, base, names, args.controls, tracers, say=say)

@@ -42,6 +42,7 @@ class Request:
     boot_timeout_s: float = 90.0
     accel: str = "auto"
     causes: tuple[str | None, ...] = ()  # per site, the audit group's cause (chooses the shipped trigger)
+    cpus: int = 1  # the guest's CPUs (QEMU -smp)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ def check_request(request: Request) -> None:
         raise InputError(f"--tracer {request.tracer}: choose one of {', '.join(TRACERS)}")
     if not request.sites:
         raise InputError("name at least one --site (e.g. --site dcache_readdir+0x8f)")
+    if not 1 <= request.cpus <= 8:
+        raise InputError(f"--smp {request.cpus}: give 1 to 8 CPUs")
     if request.tracer == "uprobes" and request.optimized:
         raise InputError("--optimized on is for kprobes: uprobes are never optimized")
     if request.tracer == "uprobes" and request.via != "events":
@@ -298,7 +301,7 @@ def _boot_pair(guest: Guest, base: RunPlan, mine: RunPlan, extra: list, cmdline:
             directory = os.path.join(work, name)
             os.mkdir(directory)
             entries = extra + [initramfs.file("rv/run.sh", run_script(plan).encode())]
-            specs.append(qemu.BootSpec(guest.kernel, run_initrd(guest, entries, directory), cmdline))
+            specs.append(qemu.BootSpec(guest.kernel, run_initrd(guest, entries, directory), cmdline, request.cpus))
         limit = request.boot_timeout_s + request.trigger_timeout_s
         boots = qemu.boot_all(specs, accel, limit, qemu=binary)
     return tuple(Run(b.accel, b.cmdline, b.seconds, b.ended, read_console(b.console)) for b in boots)
