@@ -286,3 +286,12 @@ def test_corpus_fetch_prints_the_extracted_files(tmp_path):
 
 def test_corpus_fetch_unknown_name(tmp_path):
     assert_one_line_error(*run("corpus", "fetch", "no-such-kernel", "--cache", str(tmp_path)))
+
+
+def test_a_location_without_an_image_or_a_cached_kernel_says_how_to_give_one(tmp_path, monkeypatch):
+    """Without --image a location is read in the default kernel only when the cache holds it already: a
+    typo does not start a download (issue 43: this said 'HEX is not hex')."""
+    monkeypatch.setenv("RELOCVERIFY_CACHE", str(tmp_path))
+    code, out, err = run("check", "vfs_read+0x3")
+    assert_one_line_error(code, out, err)
+    assert "--image" in err and "corpus fetch" in err

@@ -91,14 +91,19 @@ def _names_a_location(words: list[str]) -> bool:
 
 
 def _default_image(args, err: TextIO) -> None:
-    """A location with no ``--image`` is read in the default kernel, as ``vmlinux`` and ``audit`` default to it
-    (fetched into the cache on first use, which the line on stderr says)."""
+    """A location with no ``--image`` is read in the default kernel, as ``vmlinux`` and ``audit`` default to it,
+    when it is in the cache already (a typo must not start a 300 MB download); else say how to give one."""
     from ..engine.verify import DEFAULT_KERNEL
-    from ..image.fetch import fetch
+    from ..image.fetch import cached_vmlinux
 
+    path = cached_vmlinux(DEFAULT_KERNEL)
+    if path is None:
+        raise InputError(f"{args.hex[0]} is a location, not hex: name the kernel it is in with --image VMLINUX, "
+                         f"or fetch the default kernel once (relocverify corpus fetch {DEFAULT_KERNEL}) and it "
+                         f"is read there")
     err.write(f"check: {args.hex[0]} without --image: reading it in the default kernel, {DEFAULT_KERNEL} "
               f"(give --image VMLINUX for another)\n")
-    args.image = str(fetch(DEFAULT_KERNEL, None).vmlinux)
+    args.image = path
 
 
 def command(args, out: TextIO) -> int:

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 
 
 def next_steps(out, store: str) -> None:
     """The store's path, then three commands to paste: one function annotated (``vfs_read`` where the store
-    has it, else its first function), the HTML report, the proved probe points exported (the path
-    shell-quoted)."""
+    has it, else the first of its functions whose name is plain), the HTML report, the proved probe points
+    exported (the path shell-quoted)."""
     import shlex
 
     from .render import escape
 
-    path = shlex.quote(store)
+    path = shlex.quote(store) if store.isprintable() else escape(store)  # control characters never reach a terminal
     out.write(f"store: {escape(store)}\n"
               f"next:\n"
-              f"  relocverify show {path} {shlex.quote(_example_function(store))}\n"
+              f"  relocverify show {path} {_example_function(store)}\n"
               f"  relocverify report {path} -o reports/html\n"
               f"  relocverify export {path} --format bpftrace -o probes.bt\n")
 
@@ -34,7 +35,11 @@ def _example_function(store: str) -> str:
         names = [] if image is None else [f.name for f in s.iter_functions(image)]
     finally:
         s.close()
-    return "vfs_read" if "vfs_read" in names else (min(names) if names else "FUNCTION")
+    plain = sorted(n for n in names if _PLAIN.fullmatch(n))  # a name pasted as it is: no quoting, no escapes
+    return "vfs_read" if "vfs_read" in plain else (plain[0] if plain else "FUNCTION")
+
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def finish(out, args, summary) -> int:

@@ -109,6 +109,18 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = 
                          config=str(files["config"]) if "config" in files else None, sha256s=sha256s)
 
 
+def cached_vmlinux(name: str, cache_dir: str | os.PathLike | None = None) -> str | None:
+    """The unstripped vmlinux of kernel ``name`` if an earlier ``fetch`` left it in the cache intact (by size
+    and modification time, as ``fetch`` checks it), else None: nothing is downloaded."""
+    spec = KERNELS.get(name)
+    if spec is None:
+        return None
+    target = Path(cache_dir or default_cache_dir()) / name
+    manifest = _Manifest.load(target / "manifest.json")
+    path = target / f"vmlinux-{spec.release}"
+    return str(path) if manifest.matches("files", "vmlinux", path, False) else None
+
+
 def stripped_copy(vmlinux: str | os.PathLike, destination: str | os.PathLike | None = None) -> str:
     """A copy of ``vmlinux`` without symbols, debug info or relocations.
 

@@ -101,6 +101,8 @@ class Indexed:
 class _LazyFunctions(FunctionIndex):
     """A FunctionIndex that asks the index database instead of holding every function."""
 
+    where = "the image"
+
     def __init__(self, db: sqlite3.Connection):
         self.db = db
 
