@@ -241,6 +241,9 @@ def test_every_shipped_trigger_has_its_source_a_reason_and_a_tracer():
         assert (PROGRAM_DIR / f"{name}.c").is_file(), name
     for t in TRIGGERS:
         assert t.reason and t.tracer in ("kprobes", "uprobes") and BY_NAME[t.name] is t
+        assert bool(t.program) != bool(t.command), t.name  # a shipped program or a guest command
+        assert not t.test_module or (PROGRAM_DIR / f"{t.test_module}.c").is_file()
+    assert for_group("kprobes", "lret via int3_emulate_ret: differs in rsp").name == "lret"
     assert for_group("uprobes", "VEX instructions with opcode 70-7f").name == "strlen"
     assert for_group("kprobes", None).name == "syscalls"
 

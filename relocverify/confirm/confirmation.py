@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from . import initramfs, qemu
-from .console import read_console
+from .console import read_console, shows_fault
 from .guest import Guest, confirm_cache, is_static, run_initrd, scratch
 from .outcome import Decision, Outcome, Run, Site, decide, divergence
 from .probe import Probe
@@ -144,7 +144,7 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
         site = resolve_user_site(text, elf_host, elf_guest)
         extra = extra + extra_elf
     else:
-        site = _kernel_site(text, guest)
+        site = _kernel_site(text, guest, cache_dir, say)
     if not site.probe_target:
         raise InputError(f"{text}: several functions of {site.module} have that name: kprobes cannot tell them "
                          f"apart by name")
@@ -152,6 +152,8 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
     probe = Probe(kind, site.probe_target, optimized, request.via)
     if request.via == "module":
         extra = extra + [_rvkprobe(guest, cache_dir, say)]
+    if trigger.row is not None and trigger.row.test_module:
+        extra = extra + [_test_module(guest, trigger.row.test_module, cache_dir, say)]
     live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
              len(site.file_bytes)),) if kind == "kprobes" else ()
     return _Prepared(site, probe, trigger, tuple(extra), _modules(guest, trigger, site), live)
@@ -236,17 +238,23 @@ def _trigger(request: Request, guest: Guest, kind: str, cause: str | None,
     """The trigger's argv in the guest, and the entries a user's program adds to the run's initramfs; by
     default the shipped trigger of the site's audit group, or of the module the site is in."""
     if not request.trigger:
-        row = next((t for t in TRIGGERS if module in t.modules), None) if module else None
+        row = next((t for t in TRIGGERS if module in t.modules or module == t.test_module), None) if module else None
         row = row or for_group(kind, cause)
-        return _Chosen((f"/rv/bin/{row.program}",) + row.args, row), []
+        return _Chosen(_argv(row, ()), row), []
     name, args = request.trigger[0], tuple(request.trigger[1:])
     if name in BY_NAME:
         row = BY_NAME[name]
-        return _Chosen((f"/rv/bin/{row.program}",) + (args or row.args), row), []
+        return _Chosen(_argv(row, args), row), []
     guest_path = f"/rv/bin/user-{os.path.basename(name)}"
     with open(name, "rb") as handle:
         data = handle.read()
     return _Chosen((guest_path,) + args, None), [initramfs.file(guest_path.lstrip("/"), data)]
+
+
+def _argv(row: Trigger, args: tuple[str, ...]) -> tuple[str, ...]:
+    if row.command:
+        return row.command + args
+    return (f"/rv/bin/{row.program}",) + (args or row.args)
 
 
 def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple[str, str, list]:
@@ -262,25 +270,41 @@ def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple
 
 
 def _modules(guest: Guest, trigger: _Chosen, site: Site) -> tuple[str, ...]:
-    """The guest's modules loaded before the probe: those the trigger needs, and the site's own."""
-    if (trigger.row is None or not trigger.row.modules) and site.module is None:
-        return ()
-    if site.module is not None and site.module not in guest.modules:
+    """The guest's modules loaded before the probe: those the trigger needs, its test module, and the site's own."""
+    test = (trigger.row.test_module,) if trigger.row is not None and trigger.row.test_module else ()
+    if (trigger.row is None or not trigger.row.modules) and (site.module is None or site.module in test):
+        return test
+    if site.module is not None and site.module not in guest.modules + test:
         raise InputError(f"{site.text}: the guest does not carry module {site.module} (it carries "
                          f"{', '.join(guest.modules) or 'none'}: the shipped triggers' modules)")
-    return tuple(guest.modules)  # in load order; the guest carries exactly what the shipped triggers need
+    return tuple(guest.modules) + test  # in load order; the guest carries exactly what the shipped triggers need
 
 
-def _kernel_site(text: str, guest: Guest) -> Site:
+def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say) -> Site:
+    from .guest import PROGRAM_DIR
+    from .kbuild import build_module
     from .sites import module_of, resolve_kernel_site, resolve_module_site
 
     module, rest = module_of(text)
     if module is None:
         return resolve_kernel_site(text, guest.vmlinux, guest.system_map)
-    path = dict(guest.module_paths).get(module)
+    if any(t.test_module == module for t in TRIGGERS):
+        path = str(build_module(guest, PROGRAM_DIR / f"{module}.c", confirm_cache(cache_dir), say))
+    else:
+        path = dict(guest.module_paths).get(module)
     if path is None:
         raise InputError(f"{text}: the package has no module {module}")
     return resolve_module_site(rest, module, path)
+
+
+def _test_module(guest: Guest, name: str, cache_dir: str | None, say) -> initramfs.Entry:
+    """A shipped trigger's test module, built against the package's headers, as /rv/modules/NAME.ko."""
+    from .guest import PROGRAM_DIR
+    from .kbuild import build_module
+
+    path = build_module(guest, PROGRAM_DIR / f"{name}.c", confirm_cache(cache_dir), say)
+    with open(path, "rb") as handle:
+        return initramfs.file(f"rv/modules/{name}.ko", handle.read(), 0o644)
 
 
 def _rvkprobe(guest: Guest, cache_dir: str | None, say) -> initramfs.Entry:
@@ -303,7 +327,7 @@ def _boot_pair(guest: Guest, base: RunPlan, mine: RunPlan, extra: list, cmdline:
             entries = extra + [initramfs.file("rv/run.sh", run_script(plan).encode())]
             specs.append(qemu.BootSpec(guest.kernel, run_initrd(guest, entries, directory), cmdline, request.cpus))
         limit = request.boot_timeout_s + request.trigger_timeout_s
-        boots = qemu.boot_all(specs, accel, limit, qemu=binary)
+        boots = qemu.boot_all(specs, accel, limit, qemu=binary, fault=shows_fault)
     return tuple(Run(b.accel, b.cmdline, b.seconds, b.ended, read_console(b.console)) for b in boots)
 
 

@@ -139,6 +139,11 @@ def read_console(text: str) -> Console:
                    tuple(faults), tuple(times))
 
 
+def shows_fault(data: bytes) -> bool:
+    """Whether a piece of console output holds a kernel fault line (``FAULT``)."""
+    return FAULT.search(data.decode("utf-8", "replace")) is not None
+
+
 def message(line: str) -> str:
     """A console line without its printk timestamp."""
     return _STAMP.sub("", line)

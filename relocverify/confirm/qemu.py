@@ -5,7 +5,8 @@ with the kernel ELF booted through its PVH note, the initramfs and the command l
 serial console on a pipe and nothing else (``-nodefaults``: no network, no display, no disks).
 It ends the guest, however the boot goes, before it returns: the guest powers off (``poweroff
 -f``; a panic reboots, which ``-no-reboot`` turns into an exit), or the time limit passes
-(``ended='timeout'``), or the console passes ``console_cap`` bytes (``ended='flood'``); then the
+(``ended='timeout'``; sooner once the console shows a kernel fault: a kernel that oopsed with a lock
+held may never power off), or the console passes ``console_cap`` bytes (``ended='flood'``); then the
 whole process group is killed with SIGKILL and waited for.  An exception on the host (Ctrl-C)
 ends it the same way.  Nothing is left running.
 
@@ -81,9 +82,12 @@ def boot(kernel: str, initrd: str, cmdline: str, accel: str, limit_s: float, con
 
 
 def boot_all(specs: list[BootSpec], accel: str, limit_s: float, console_cap: int = CONSOLE_CAP,
-             qemu: str | None = None) -> list[Boot]:
+             qemu: str | None = None, fault: Callable[[bytes], bool] | None = None,
+             after_fault_s: float = 8.0) -> list[Boot]:
     """Boot every spec at once (each its own QEMU, all read by one loop) and return when all are gone;
-    each has the time limit and the console cap of ``boot``."""
+    each has the time limit and the console cap of ``boot``.  ``fault``: told each piece of a console;
+    once it says the kernel faulted, that boot has ``after_fault_s`` more to finish (a kernel that
+    oopses with interrupts off or a lock held may never power off)."""
     qemu = qemu or find_qemu()
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
@@ -98,7 +102,7 @@ def boot_all(specs: list[BootSpec], accel: str, limit_s: float, console_cap: int
                                               stderr=subprocess.STDOUT, start_new_session=True))
             except OSError as exc:
                 raise InputError(f"cannot run {argv[0]}: {exc.strerror}") from None
-        _read(procs, chunks, ended, seconds, start, start + limit_s, console_cap)
+        _read(procs, chunks, ended, seconds, start, start + limit_s, console_cap, fault, after_fault_s)
     finally:
         for proc in procs:
             _end(proc, 0.0)
@@ -108,24 +112,32 @@ def boot_all(specs: list[BootSpec], accel: str, limit_s: float, console_cap: int
             for spec, c, e, s, p in zip(specs, chunks, ended, seconds, procs)]
 
 
-def _read(procs, chunks, ended, seconds, start: float, deadline: float, cap: int) -> None:
-    """Read every console until its QEMU closes it, the deadline passes or it passes ``cap`` bytes."""
+def _read(procs, chunks, ended, seconds, start: float, deadline: float, cap: int, fault=None,
+          after_fault_s: float = 8.0) -> None:
+    """Read every console until its QEMU closes it, its deadline passes or it passes ``cap`` bytes."""
     open_fds = {p.stdout.fileno(): i for i, p in enumerate(procs)}
     totals = [0] * len(procs)
+    deadlines = [deadline] * len(procs)
     while open_fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for i in open_fds.values():
-                ended[i], seconds[i] = "timeout", time.monotonic() - start
+        now = time.monotonic()
+        for fd, i in list(open_fds.items()):
+            if deadlines[i] <= now:
+                ended[i], seconds[i] = "timeout", now - start
                 _end(procs[i], 0.0)
+                del open_fds[fd]
+        if not open_fds:
             return
-        ready, _, _ = select.select(list(open_fds), [], [], min(left, 0.5))
+        left = min(deadlines[i] for i in open_fds.values()) - now
+        ready, _, _ = select.select(list(open_fds), [], [], max(0.0, min(left, 0.5)))
         for fd in ready:
             i = open_fds[fd]
             data = os.read(fd, 1 << 16)
             if data:
                 chunks[i].append(data)
                 totals[i] += len(data)
+                if fault is not None and deadlines[i] > time.monotonic() + after_fault_s and \
+                        fault(b"".join(chunks[i][-2:])):
+                    deadlines[i] = time.monotonic() + after_fault_s
             if not data or totals[i] > cap:
                 ended[i] = "flood" if data else "exit"
                 _end(procs[i], 0.0 if data else 5.0)

@@ -1,9 +1,10 @@
 """Triggers as data: the programs that make the guest execute a probed site, one row each.
 
 A trigger is a C program in ``programs/`` built statically into the cached guest as
-``/rv/bin/NAME``, with the arguments it runs with, the kernel modules it needs (loaded in both
-boots, before any probe), the tracer and audit groups it is the shipped trigger of, and why it
-reaches them.  ``--trigger NAME`` names a row; ``--trigger PROGRAM [ARGS...]`` runs a statically
+``/rv/bin/NAME`` (or a guest command, reading a test module's /proc file), with the arguments it runs
+with, the kernel modules it needs (loaded in both boots, before any probe; a test module built
+against the package's headers among them), the tracer and audit groups it is the shipped trigger of,
+and why it reaches them.  ``--trigger NAME`` names a row; ``--trigger PROGRAM [ARGS...]`` runs a statically
 linked program of the user's instead (copied into that boot's initramfs).  Every shipped trigger
 prints only what the kernel's answers decide (no PIDs, no times), so the boot without the probe
 and the boot with it print the same bytes unless the probe changed what ran.
@@ -26,6 +27,8 @@ class Trigger:
     functions: tuple[str, ...] = ()  # kernel functions it runs: where controls are taken from
     stand_ins: tuple[str, ...] = ()  # sites of its groups' class it runs, probed where the audit's own cannot be
     via: str = "events"  # how the stand-ins are probed
+    command: tuple[str, ...] = ()  # the argv in the guest when it runs a guest program, not programs/<program>.c
+    test_module: str = ""  # programs/<test_module>.c, a module built against the package's headers, loaded first
 
 
 TRIGGERS: tuple[Trigger, ...] = (
@@ -47,6 +50,14 @@ TRIGGERS: tuple[Trigger, ...] = (
             "kprobes' prepare_emulation reads as jcc; kprobe_events refuses these notrace functions, so probe "
             "them with --via module",
             stand_ins=("sha256_ssse3:sha256_transform_rorx+0xd8",), via="module"),
+    Trigger("lret", "", (), (), "kprobes",
+            ("lret", "far return", "computed exit"),
+            "reads /proc/rv-test, whose handler (test module rvtest, built against the package's headers) calls "
+            "rv_far_return 1,000 times: push CS, push the next instruction's address, lretq, as startup_64 "
+            "reloads CS; kprobes emulates lretq as a near ret, and optprobes copies push and lretq into its slot "
+            "while the far return lands inside the jump it wrote. No kernel path runs startup_64 after boot",
+            stand_ins=("rvtest:rv_far_return+0xa",), via="module", command=("/bin/cat", "/proc/rv-test"),
+            test_module="rvtest"),
     Trigger("strlen", "strlen", ("20",), (), "uprobes",
             ("vex",),
             "glibc's strlen over every length 0..300 at 64 alignments; static, so glibc's ifunc picks "
@@ -57,7 +68,7 @@ TRIGGERS: tuple[Trigger, ...] = (
 
 BY_NAME = {t.name: t for t in TRIGGERS}
 #: The programs every guest carries: the helper and the shipped triggers.
-PROGRAMS = ("rvctl",) + tuple(sorted({t.program for t in TRIGGERS}))
+PROGRAMS = ("rvctl",) + tuple(sorted({t.program for t in TRIGGERS if t.program}))
 
 
 def group_class(group: str, raw: bytes = b"") -> str:
