@@ -4,6 +4,7 @@ says what to do, and exit code 2, before any long work; nothing prints a traceba
 from __future__ import annotations
 
 import io
+import os
 import json
 import sqlite3
 import subprocess
@@ -275,3 +276,11 @@ def test_no_argument_vector_gives_a_traceback(argv):
     assert "Traceback" not in err and "Traceback" not in out
     if code == 2 and not err.startswith("usage:"):
         assert err.count("\n") == 1, (argv, err)
+
+
+@pytest.mark.parametrize("command", [["vmlinux", "--db", "s.sqlite"], ["selftest"], ["gate", "--decoder", "iced", "--baseline", "b"]])
+@pytest.mark.parametrize("n", ["0", "-1", "10000", str((os.cpu_count() or 1) + 1), "1e3", "many"])
+def test_jobs_past_the_cpus_is_one_line_and_exit_2(command, n):
+    """--jobs is 1 to this machine's CPUs in every command (issue 44: 10,000 forked ~4,000 workers)."""
+    code, out, err = run(*command, "--jobs", n)
+    assert code == 2 and err.count("\n") == 1 and "--jobs" in err, (command, n, err)

@@ -15,6 +15,19 @@ EXIT_CLEAN, EXIT_FINDINGS = 0, 1
 DEFAULT_CONSENSUS = ("capstone", "iced")
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: as every command's (``arguments.jobs``: 1 to this machine's CPUs), named by argparse."""
+    import argparse
+
+    from ..errors import InputError
+    from .arguments import jobs
+
+    try:
+        return jobs(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(sub) -> None:
     g = sub.add_parser("gate", help="gate a decoder: compare its answers with a baseline, the other "
                                     "decoders and the plans that follow (docs/gate.md)")
@@ -44,7 +57,7 @@ def add_parser(sub) -> None:
     g.add_argument("--junit", metavar="FILE", default=None, help="also write the result as JUnit XML")
     g.add_argument("--sarif", metavar="FILE", default=None, help="also write the result as SARIF 2.1.0")
     g.add_argument("--json", action="store_true", help="print the result as JSON (every cohort of answers)")
-    g.add_argument("--jobs", type=int, default=None, metavar="N",
+    g.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                    help="worker processes for sweeping and decoding (default 1: on a busy machine a pool costs "
                         "more than it saves)")
     g.add_argument("--prove", type=int, default=3, metavar="N",

@@ -55,7 +55,8 @@ ADDRESS, IN_FILE, OUT_FILE, VERDICTS = _typed(parse_address), _typed(A.input_fil
 #: The argument types, for commands that add their own subparser (``add_parser(sub, TYPES)``).
 TYPES = {"SECONDS": SECONDS, "COUNT": COUNT, "CODE": CODE, "TRAMP": TRAMP, "RANGE": RANGE, "ADDRESS": ADDRESS,
          "IN_FILE": IN_FILE, "OUT_FILE": OUT_FILE, "VERDICTS": VERDICTS, "SCHEDULER": _typed(A.scheduler_address),
-         "IN_PATH": _typed(A.file_or_directory), "LOCATION": LOCATION, "TRIALS": _typed(A.trials)}
+         "IN_PATH": _typed(A.file_or_directory), "LOCATION": LOCATION, "TRIALS": _typed(A.trials),
+         "JOBS": _typed(A.jobs)}
 
 
 def cmd_check(args, out: TextIO) -> int:

@@ -25,7 +25,8 @@ def add_parser(sub, types: dict) -> None:
                    help="only these operators (names, or class numbers 1-22, 0 for controls)")
     s.add_argument("--states", type=types["COUNT"], default=12, metavar="N",
                    help="CPU states per proved candidate (default 12)")
-    s.add_argument("--jobs", type=types["COUNT"], default=None, metavar="N", help="worker processes (default: CPUs)")
+    s.add_argument("--jobs", type=types["JOBS"], default=None, metavar="N",
+                   help="worker processes, at most one per CPU (default: CPUs)")
     s.add_argument("--json", action="store_true", help="print the tallies and false proofs as JSON")
     s.add_argument("--validate-forms", action="store_true",
                    help="instead: run every instruction form of the sources below on this CPU and merge the "
