@@ -151,9 +151,9 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
     optimized = request.optimized if request.optimized is not None else request.tracer == "optprobes"
     probe = Probe(kind, site.probe_target, optimized, request.via)
     if request.via == "module":
-        extra = extra + [_rvkprobe(guest, cache_dir, say)]
+        extra = extra + [_built(guest, "rvkprobe", cache_dir, say)]
     if trigger.row is not None and trigger.row.test_module:
-        extra = extra + [_test_module(guest, trigger.row.test_module, cache_dir, say)]
+        extra = extra + [_built(guest, trigger.row.test_module, cache_dir, say)]
     live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
              len(site.file_bytes)),) if kind == "kprobes" else ()
     return _Prepared(site, probe, trigger, tuple(extra), _modules(guest, trigger, site), live)
@@ -297,24 +297,15 @@ def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say) -> Site:
     return resolve_module_site(rest, module, path)
 
 
-def _test_module(guest: Guest, name: str, cache_dir: str | None, say) -> initramfs.Entry:
-    """A shipped trigger's test module, built against the package's headers, as /rv/modules/NAME.ko."""
+def _built(guest: Guest, name: str, cache_dir: str | None, say) -> initramfs.Entry:
+    """``programs/NAME.c`` built as a module against the package's headers (rvkprobe, a trigger's test
+    module), as /rv/modules/NAME.ko."""
     from .guest import PROGRAM_DIR
     from .kbuild import build_module
 
     path = build_module(guest, PROGRAM_DIR / f"{name}.c", confirm_cache(cache_dir), say)
     with open(path, "rb") as handle:
         return initramfs.file(f"rv/modules/{name}.ko", handle.read(), 0o644)
-
-
-def _rvkprobe(guest: Guest, cache_dir: str | None, say) -> initramfs.Entry:
-    """The module that places a kprobe by register_kprobe, built against the package's headers."""
-    from .guest import PROGRAM_DIR
-    from .kbuild import build_module
-
-    path = build_module(guest, PROGRAM_DIR / "rvkprobe.c", confirm_cache(cache_dir), say)
-    with open(path, "rb") as handle:
-        return initramfs.file("rv/modules/rvkprobe.ko", handle.read(), 0o644)
 
 
 def _boot_pair(guest: Guest, base: RunPlan, mine: RunPlan, extra: list, cmdline: str, accel: str,
