@@ -187,6 +187,16 @@ def test_live_bytes_of_a_boot_variant_are_patched_at_boot_and_name_the_variant()
     assert "the model's variant 'retpoline: call *%r10'" in d.evidence
 
 
+def test_a_variant_longer_than_the_files_instruction_is_recognised():
+    nop = Site("filldir64+0x8f", A, "filldir64+0x8f", b"\x90",
+               (("alternative: original (on disk)", b"\x90"), ("alternative: replacement (cpuid 0x134)",
+                                                                  bytes.fromhex("0f01cb"))), "", "filldir64+0x8f")
+    base, mine = runs(console_text(probe=False, live="0f01cb"), console_text(live="0f01cb"))
+    d = decide(nop, PROBE, base, mine)
+    assert d.outcome is Outcome.PATCHED_AT_BOOT and d.live == bytes.fromhex("0f01cb")
+    assert d.live_variant == "alternative: replacement (cpuid 0x134)"
+
+
 def test_live_bytes_no_variant_predicts_are_a_finding_of_their_own():
     live = "90" * 6
     base, mine = runs(console_text(probe=False, live=live), console_text(live=live))

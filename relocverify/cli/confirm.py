@@ -161,7 +161,7 @@ def render(r) -> str:
     if d.optimized is not None:
         facts.append("listed [OPTIMIZED]" if d.optimized else "listed as an int3 kprobe")
     if d.live is not None:
-        facts.append(f"live bytes {d.live.hex()}" + (" (the file's)" if d.live == s.file_bytes else ""))
+        facts.append(f"live bytes {d.live.hex()}" + (" (the file's)" if d.live.startswith(s.file_bytes) else ""))
     base, mine = r.baseline.console.trigger, r.probed.console.trigger
     if base is not None:
         facts.append(f"without the probe the trigger {base.describe()}" +

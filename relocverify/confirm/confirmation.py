@@ -68,7 +68,9 @@ class Confirmation:
                 "probe": self.site.probe_target, "outcome": d.outcome.label, "evidence": d.evidence,
                 "console": list(d.excerpt), "hits": d.hits, "missed": d.missed,
                 "listed_optimized": d.optimized,
-                "file_bytes": self.site.file_bytes.hex(), "live_bytes": None if d.live is None else d.live.hex(),
+                "file_bytes": self.site.file_bytes.hex(),
+                "live_bytes": None if d.live is None else d.live[:len(self.site.file_bytes)].hex(),
+                "live_read": None if d.live is None else d.live.hex(),
                 "live_variant": d.live_variant, "variants": [[n, b.hex()] for n, b in self.site.variants],
                 "trigger": list(self.trigger),
                 "trigger_report": {name: None if run.console.trigger is None else {
@@ -154,8 +156,9 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
         extra = extra + [_built(guest, "rvkprobe", cache_dir, say)]
     if trigger.row is not None and trigger.row.test_module:
         extra = extra + [_built(guest, trigger.row.test_module, cache_dir, say)]
-    live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}",
-             len(site.file_bytes)),) if kind == "kprobes" else ()
+    length = max([len(site.file_bytes)] + [len(raw) for _, raw in site.variants])  # the longest a variant may be
+    live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}", length),) \
+        if kind == "kprobes" else ()
     return _Prepared(site, probe, trigger, tuple(extra), _modules(guest, trigger, site), live)
 
 

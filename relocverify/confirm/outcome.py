@@ -75,15 +75,16 @@ class Decision:
     excerpt: tuple[str, ...]
     hits: int | None
     missed: int | None
-    live: bytes | None  # the site's bytes before any probe, as the guest read them
+    live: bytes | None  # the site's bytes before any probe, as the guest read them (as many as the longest variant)
     live_variant: str | None  # the model's variant the live bytes are, or None
     optimized: bool | None  # what kprobes/list showed
 
 
 def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
     """See the module doc.  ``probe``: the one placed at ``site`` (of the probes the boot placed)."""
-    live = _live(baseline.console, site)
-    variant = _variant(site, live)
+    read = _live(baseline.console, site)  # as many bytes as the longest variant
+    variant = _variant(site, read)
+    live = None if read is None else read[:len(site.file_bytes)]
     patched = live is not None and live != site.file_bytes
     hits, missed = profile_hits(probed.console.listed("profile"), probe.tracer, probe.event)
     opt = None
@@ -93,8 +94,8 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
 
     def made(outcome: Outcome, evidence: str, excerpt: tuple[str, ...] = ()) -> Decision:
         if patched and outcome is not Outcome.PATCHED_AT_BOOT:
-            evidence += f"; the live bytes are not the file's ({_patched_words(site, live, variant)})"
-        return Decision(outcome, evidence, excerpt, hits, missed, live, variant, opt)
+            evidence += f"; the live bytes are not the file's ({_patched_words(site, read, variant)})"
+        return Decision(outcome, evidence, excerpt, hits, missed, read, variant, opt)
 
     reproduced = divergence(baseline, probed)
     if reproduced is not None:
@@ -102,7 +103,7 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
     refusal = _refusal(probed.console, probe)
     if patched:
         more = f"; the kernel refused the probe: {refusal[0]}" if refusal else ""
-        return made(Outcome.PATCHED_AT_BOOT, _patched_words(site, live, variant) + more,
+        return made(Outcome.PATCHED_AT_BOOT, _patched_words(site, read, variant) + more,
                     refusal[1] if refusal else ())
     if refusal is not None:
         return made(Outcome.REFUSED, *refusal)
@@ -188,12 +189,14 @@ def _live(con: Console, site: Site) -> bytes | None:
     if found is None:
         return None
     try:
-        return bytes.fromhex(found)[:len(site.file_bytes)]
+        return bytes.fromhex(found)
     except ValueError:
         return None
 
 
 def _variant(site: Site, live: bytes | None) -> str | None:
+    """The model's variant the live bytes start with (an instruction longer than the file's: stac where the
+    file has a one-byte nop), the one on disk first."""
     if live is None:
         return None
     for name, raw in site.variants:
