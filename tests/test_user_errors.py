@@ -284,3 +284,32 @@ def test_jobs_past_the_cpus_is_one_line_and_exit_2(command, n):
     """--jobs is 1 to this machine's CPUs in every command (issue 44: 10,000 forked ~4,000 workers)."""
     code, out, err = run(*command, "--jobs", n)
     assert code == 2 and err.count("\n") == 1 and "--jobs" in err, (command, n, err)
+
+
+def _exit_with_stdout_closed(*argv: str, close_stderr: bool = False) -> tuple[int, str]:
+    """Run relocverify with its stdout a pipe whose reader is gone before it writes (and stderr closed)."""
+    import os as _os
+
+    read, write = _os.pipe()
+    _os.close(read)  # the reader went away (``| head -0``, a crashed consumer)
+    stderr = subprocess.DEVNULL if close_stderr else subprocess.PIPE
+    p = subprocess.run([sys.executable, "-m", "relocverify", *argv], stdout=write, stderr=stderr, text=True,
+                       timeout=300, **({"pass_fds": ()} if not close_stderr else {}))
+    _os.close(write)
+    return p.returncode, p.stderr or ""
+
+
+@pytest.mark.parametrize("argv,code", [(("check", "cc"), 1), (("check", "90"), 0), (("policy",), 0)])
+def test_the_exit_code_survives_a_closed_stdout(argv, code):
+    """A finding stays exit 1 and a clean run exit 0 when the reader of stdout is gone (issue 44: a
+    broken pipe turned a refuted or --fail-on exit 1 into 0 under pipefail)."""
+    got, err = _exit_with_stdout_closed(*argv)
+    assert got == code, (argv, got, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_a_closed_stderr_changes_nothing():
+    p = subprocess.run([sys.executable, "-c", "import os, sys; os.close(2); from relocverify.cli import main; "
+                        "sys.exit(main(['check', '90']))"], capture_output=False, stdout=subprocess.PIPE, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "verdict: proved" in p.stdout

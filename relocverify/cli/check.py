@@ -90,7 +90,7 @@ def _names_a_location(words: list[str]) -> bool:
         return False
 
 
-def _default_image(args, err: TextIO) -> None:
+def _default_image(args) -> str:
     """A location with no ``--image`` is read in the default kernel, as ``vmlinux`` and ``audit`` default to it,
     when it is in the cache already (a typo must not start a 300 MB download); else say how to give one."""
     from ..engine.verify import DEFAULT_KERNEL
@@ -101,16 +101,22 @@ def _default_image(args, err: TextIO) -> None:
         raise InputError(f"{args.hex[0]} is a location, not hex: name the kernel it is in with --image VMLINUX, "
                          f"or fetch the default kernel once (relocverify corpus fetch {DEFAULT_KERNEL}) and it "
                          f"is read there")
-    err.write(f"check: {args.hex[0]} without --image: reading it in the default kernel, {DEFAULT_KERNEL} "
-              f"(give --image VMLINUX for another)\n")
     args.image = path
+    return f"{args.hex[0]} without --image: read in the default kernel, {DEFAULT_KERNEL} (give --image VMLINUX " \
+           f"for another)"
 
 
 def command(args, out: TextIO) -> int:
+    defaulted = None
     if not getattr(args, "image", None) and args.at is None and _names_a_location(args.hex):
-        _default_image(args, sys.stderr)
+        defaulted = _default_image(args)
     index = locate.image_index(args)
-    decoded, loc = _instruction(args, index)
+    try:
+        decoded, loc = _instruction(args, index)
+    except InputError as exc:
+        raise InputError(f"{exc} ({defaulted})" if defaulted else str(exc)) from None
+    if defaulted:
+        sys.stderr.write(f"check: {defaulted}\n")
 
     from ..engine.one_instruction import verify_instruction
     from ..environment import default_proof_cache_dir

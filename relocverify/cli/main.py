@@ -16,6 +16,7 @@ unless ``--debug`` asks for it.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -321,6 +322,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             signal.signal(signal.SIGTERM, _terminate)
         except ValueError:  # not the main thread
             pass
+    if out is None and err is None:
+        _usable_std_streams()
     out = out or sys.stdout
     err = err or sys.stderr
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -335,7 +338,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             parser.print_help(err)
             return EXIT_USAGE
         check_io(args)
-        return args.func(args, out)
+        return _run(args, out, err)
     except _VersionAsked:
         out.write(_versions() + "\n")
         return EXIT_CLEAN
@@ -368,6 +371,56 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         err.write(f"relocverify: internal error: {type(e).__name__}: {_one_line(e)} "
                   f"(rerun with --debug for the traceback, and report it)\n")
         return EXIT_INTERNAL
+
+
+def _run(args, out: TextIO, err: TextIO) -> int:
+    """The command, its output held until it ends and then written: the exit code is the command's whatever
+    becomes of stdout (a reader that closed the pipe early must not turn a finding's exit 1 into 0: issue 44).
+    Output already made is written even when the command is interrupted or fails."""
+    held = io.StringIO()
+    try:
+        code = args.func(args, held)
+    finally:
+        _deliver(held.getvalue(), out, err)
+    return code
+
+
+def _deliver(text: str, out: TextIO, err: TextIO) -> None:
+    if not text:
+        return
+    try:
+        out.write(text)
+        out.flush()
+    except (BrokenPipeError, ValueError, OSError):  # closed or broken: the output is lost, the exit code is not
+        if out is sys.stdout:
+            _drop_stdout()
+        try:
+            err.write("relocverify: stdout is closed: the output was not written (the exit code stands)\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _drop_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush at exit says nothing."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _usable_std_streams() -> None:
+    """A closed stdout or stderr (``2>&-``: Python then has None) becomes /dev/null: what would have gone
+    there is lost, and the run and its exit code are what they would have been (issue 44)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            usable = stream is not None and os.fstat(stream.fileno()) is not None
+        except (OSError, ValueError, AttributeError):
+            usable = False
+        if not usable:
+            setattr(sys, name, open(os.devnull, "w"))
 
 
 def _store_of(argv) -> str:
