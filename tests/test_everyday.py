@@ -36,3 +36,20 @@ def test_the_help_examples_of_check_are_instructions_of_the_default_kernel(debia
     for example in examples:
         code, out, err = run("check", example)
         assert code == cli.EXIT_CLEAN and "inside an instruction" not in err, (example, err)
+
+
+def test_a_cloud_deb_finds_its_dbg_package_beside_it(debian_kernels, tmp_path):
+    """``package DEB`` with the matching -dbg .deb in the same directory needs no --dbg (issue 43)."""
+    import os
+
+    from relocverify.image.debian import from_debs
+    from relocverify.image.fetch import default_cache_dir
+
+    debian_kernels("debian-6.1-cloud")
+    cache = default_cache_dir()
+    for name in os.listdir(cache):
+        if name.startswith("linux-image-6.1.0-53-cloud-amd64-") and name.endswith(".deb"):
+            os.symlink(os.path.join(cache, name), tmp_path / name)
+    image = next(p for p in tmp_path.iterdir() if "-unsigned_" in p.name)
+    parts = from_debs(image)
+    assert parts.vmlinux.endswith("vmlinux-6.1.0-53-cloud-amd64") and "/usr/lib/debug/" in parts.vmlinux

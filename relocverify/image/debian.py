@@ -41,6 +41,7 @@ from typing import Callable
 
 from ..environment import default_cache_dir
 from ..errors import FetchError, InputError
+from .apt import download_version
 
 MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 #: A real System.map names tens of thousands of symbols; Debian's placeholder is one 83-byte line.
@@ -211,6 +212,8 @@ def from_debs(image_deb: str | os.PathLike, dbg_deb: str | os.PathLike | None = 
             if image.endswith(DBG_SUFFIXES) else f"{image or 'a package'}, not a linux-image package"
         raise InputError(f"{os.fspath(image_deb)}: {what}")
     dbg_fields = None
+    if dbg_deb is None:
+        dbg_deb = matching_dbg(image_deb, image, version, cache_dir, progress)
     if dbg_deb is not None:
         dbg_fields = control_fields(dbg_deb)
         name = dbg_fields.get("Package", "")
@@ -229,6 +232,32 @@ def from_debs(image_deb: str | os.PathLike, dbg_deb: str | os.PathLike | None = 
             raise InputError(f"--dbg {os.fspath(dbg_deb)}: has no usr/lib/debug/boot/vmlinux-{release}: "
                              f"not the -dbg package of {image}")
     return _parts(_Tree(roots), release, Path(os.fspath(image_deb)).name, dbg_deb is not None)
+
+
+def dbg_name(image: str) -> str:
+    """The ``-dbg`` package of a linux-image package: ``linux-image-6.1.0-53-cloud-amd64-unsigned`` ->
+    ``linux-image-6.1.0-53-cloud-amd64-dbg``."""
+    return image.removesuffix("-unsigned") + "-dbg"
+
+
+def matching_dbg(image_deb: str | os.PathLike, image: str, version: str, cache_dir=None, progress=None) -> Path | None:
+    """The ``-dbg`` package of ``image`` at ``version`` when none was given: a .deb of that name and version
+    beside ``image_deb``, else one in the cache, else one ``apt-get download`` fetches into the cache by
+    name and version; None when none is to be had (then the image's own symbols serve, or the refusal says
+    to pass --dbg).  Only a package whose control fields say that name and version is taken."""
+    name = dbg_name(image)
+    cache = Path(cache_dir or default_cache_dir())
+    for where in (Path(os.fspath(image_deb)).resolve().parent, cache):
+        for candidate in sorted(where.glob(f"{name}_*.deb")):
+            fields = control_fields(candidate)
+            if fields.get("Package") == name and fields.get("Version") == version:
+                return candidate
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        (progress or (lambda line: None))(f"downloading {name}={version} (its symbols) into {cache} ...")
+        return download_version(cache, name, version)
+    except (FetchError, OSError):
+        return None
 
 
 # --- directories ---------------------------------------------------------------------------

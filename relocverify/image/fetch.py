@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from ..environment import default_cache_dir
 from ..errors import FetchError
+from .apt import download, last_line
 from .debian import KernelParts, module_order, open_data_tar
 
 
@@ -138,7 +139,7 @@ def stripped_copy(vmlinux: str | os.PathLike, destination: str | os.PathLike | N
             result = subprocess.run([objcopy, "--strip-all", str(source), str(partial)],
                                     capture_output=True, text=True)
             if result.returncode != 0:
-                raise FetchError(f"objcopy --strip-all {source} failed: {_last_line(result.stderr)}")
+                raise FetchError(f"objcopy --strip-all {source} failed: {last_line(result.stderr)}")
         else:
             partial.write_bytes(strip_elf(source.read_bytes()))
         os.replace(partial, target)
@@ -269,7 +270,7 @@ def _obtain_deb(cache: Path, package: str, manifest: _Manifest, verify: bool, sa
     existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
     if not existing:
         say(f"downloading {package} into {cache} with apt-get download ...")
-        _apt_download(cache, package)
+        download(cache, package)
         existing = sorted(cache.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
         if not existing:
             raise FetchError(f"apt-get download {package} reported success but left no .deb in {cache}")
@@ -277,33 +278,6 @@ def _obtain_deb(cache: Path, package: str, manifest: _Manifest, verify: bool, sa
     manifest.record("debs", package, deb)
     return deb
 
-
-def _apt_download(cache: Path, package: str) -> None:
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise FetchError(f"apt-get not found: download {package} from a Debian mirror into {cache} "
-                         "and run the fetch again")
-    result = _run([apt, "download", package], cache)
-    if result.returncode != 0 and ("Unable to locate package" in result.stderr
-                                   or "Can't find a source" in result.stderr):
-        update = _run([apt, "update"], cache)
-        if update.returncode != 0:
-            raise FetchError(f"apt-get update failed: {_last_line(update.stderr)}")
-        result = _run([apt, "download", package], cache)
-    if result.returncode != 0:
-        raise FetchError(f"apt-get download {package} failed: {_last_line(result.stderr)}")
-
-
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise FetchError(f"cannot run {command[0]}: {exc.strerror}") from None
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if not line.startswith("W:")]
-    return lines[-1] if lines else "(no message)"
 
 
 # --- extraction ------------------------------------------------------------------
