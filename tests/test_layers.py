@@ -22,7 +22,7 @@ STAGES = [
     ("kernel", "corpus"),  # kernel sites and patch ranges (read proofs); the corpora runner
     ("store", "selftest", "gate"),  # results on disk; the false-proof generator; the decoder gate
     ("engine", "report"),  # batch orchestration; the HTML report (reads the store)
-    ("runtime", "tracers"),  # probes placed for proved plans; tracer models audited
+    ("runtime", "tracers", "confirm"),  # probes placed for proved plans; tracer models audited; audits confirmed on a booted kernel
     ("cli",),  # parse, call, render
     ("__main__",),
 ]
