@@ -313,3 +313,12 @@ def test_a_closed_stderr_changes_nothing():
                         "sys.exit(main(['check', '90']))"], capture_output=False, stdout=subprocess.PIPE, text=True,
                        timeout=300)
     assert p.returncode == 0 and "verdict: proved" in p.stdout
+
+
+@pytest.mark.parametrize("flag", ["--junit", "--sarif"])
+def test_an_unwritable_gate_report_is_refused_before_the_run(flag, tmp_path):
+    """One line and exit 2 at once, before any instruction is decoded (issue 44)."""
+    t0 = time.monotonic()
+    code, out, err = run("gate", "--decoder", "iced", "--fuzz", "100000", "--baseline", str(tmp_path / "b.json"),
+                         flag, str(tmp_path / "no-such-dir" / "r.xml"))
+    assert code == 2 and err.count("\n") == 1 and flag in err and time.monotonic() - t0 < 10, err

@@ -15,6 +15,20 @@ EXIT_CLEAN, EXIT_FINDINGS = 0, 1
 DEFAULT_CONSENSUS = ("capstone", "iced")
 
 
+def _output(text: str) -> str:
+    """``--junit``/``--sarif``: a file the gate may write, checked before the run (issue 44: an unwritable
+    path was refused only after the whole run)."""
+    import argparse
+
+    from ..errors import InputError
+    from .arguments import output_file
+
+    try:
+        return output_file(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _jobs(text: str) -> int:
     """``--jobs``: as every command's (``arguments.jobs``: 1 to this machine's CPUs), named by argparse."""
     import argparse
@@ -54,8 +68,10 @@ def add_parser(sub) -> None:
                    help="the baseline JSON: accepted disagreements and a digest per input section")
     g.add_argument("--update-baseline", action="store_true",
                    help="accept the current state: write it to --baseline and exit 0")
-    g.add_argument("--junit", metavar="FILE", default=None, help="also write the result as JUnit XML")
-    g.add_argument("--sarif", metavar="FILE", default=None, help="also write the result as SARIF 2.1.0")
+    g.add_argument("--junit", metavar="FILE", default=None, type=_output,
+                   help="also write the result as JUnit XML (checked writable before the run)")
+    g.add_argument("--sarif", metavar="FILE", default=None, type=_output,
+                   help="also write the result as SARIF 2.1.0 (checked writable before the run)")
     g.add_argument("--json", action="store_true", help="print the result as JSON (every cohort of answers)")
     g.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                    help="worker processes for sweeping and decoding (default 1: on a busy machine a pool costs "
