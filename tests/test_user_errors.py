@@ -322,3 +322,10 @@ def test_an_unwritable_gate_report_is_refused_before_the_run(flag, tmp_path):
     code, out, err = run("gate", "--decoder", "iced", "--fuzz", "100000", "--baseline", str(tmp_path / "b.json"),
                          flag, str(tmp_path / "no-such-dir" / "r.xml"))
     assert code == 2 and err.count("\n") == 1 and flag in err and time.monotonic() - t0 < 10, err
+
+
+@pytest.mark.parametrize("timeout", ["1e300", "1e10", "86401", "1e308"])
+def test_a_timeout_past_a_day_is_one_line(timeout):
+    """Issue 44: --timeout 1e300 overflowed a time_t (an internal error, exit 4)."""
+    code, out, err = run("check", "90", "--timeout", timeout)
+    assert code == 2 and err.count("\n") == 1 and "timeout" in err, err

@@ -14,14 +14,21 @@ from ..errors import InputError
 TRAMPOLINE_SPAN = inputs.TRAMPOLINE_SPAN
 
 
+#: The longest timeout: a day.  The solver, the watchdog and the pools take deadlines as time_t and ms in
+#: 32 bits; 1e300 s overflowed them (an internal error).
+MAX_SECONDS = 86_400.0
+
+
 def seconds(text: str) -> float:
-    """A timeout: a finite number of seconds above 0."""
+    """A timeout: a finite number of seconds above 0, at most a day (``MAX_SECONDS``)."""
     try:
         v = float(text)
     except ValueError:
         raise InputError(f"{text!r} is not a number of seconds, e.g. 10 or 0.5") from None
     if not math.isfinite(v) or v <= 0:
         raise InputError(f"a timeout must be a finite number of seconds above 0, not {text!r}")
+    if v > MAX_SECONDS:
+        raise InputError(f"a timeout of {text} s is more than a day ({MAX_SECONDS:.0f} s), the longest one")
     return v
 
 
