@@ -337,6 +337,16 @@ def test_a_control_the_audit_calls_agree_is_not_reproduced(debian_kernels):
 
 
 @pytest.mark.slow
+def test_a_uprobe_on_a_vex_instruction_with_opcode_74_corrupts_strlen(debian_kernels):
+    _needs_the_guest_tools()
+    debian_kernels("debian-6.1-cloud")
+    code, (result,), _ = confirm_json("--tracer", "uprobes", "--site", "__strlen_avx2+0x84")
+    assert code == 1 and result["outcome"] == "reproduced", result["evidence"]
+    assert result["hits"] > 0 and result["probe"].startswith("/rv/bin/strlen:0x")
+    assert "without the probe: align 0: sum of strlen(0..300) = 45150" in result["console"]
+
+
+@pytest.mark.slow
 def test_a_site_outside_the_text_is_refused_before_any_boot(debian_kernels):
     _needs_the_guest_tools()
     debian_kernels("debian-6.1-cloud")
