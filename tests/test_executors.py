@@ -198,3 +198,47 @@ def test_a_learned_finding_crosses_a_pipe_as_it_was(finding, shareable, address,
     sent = expected is not None and not derivable  # one its cached finding gives back travels as its fresh mark
     assert (b"relocverify.proof.verdict" in message) == sent
     assert pickle.loads(bytes(ForkingPickler.dumps(back))).finding == expected  # and sent on again (``accept``)
+
+
+def test_a_worker_ends_with_its_killed_parent(tmp_path):
+    """A parent killed with SIGKILL runs no cleanup; its pool workers end with it (issue 44: they ran on)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    script = ("import multiprocessing, os, time\n"
+              "from relocverify.processes import pool_worker\n"
+              "def pid(_):\n"
+              "    return os.getpid()\n"
+              f"with multiprocessing.get_context('fork').Pool(2, pool_worker) as pool:\n"
+              f"    open({str(pids)!r}, 'w').write(' '.join(map(str, set(pool.map(pid, range(8))))))\n"
+              "    time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int(p) for p in pids.read_text().split()]
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [w for w in workers if _alive(w)]
+    assert not alive, f"workers {alive} outlived their killed parent"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (reaped by init later) is not running
+        return open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

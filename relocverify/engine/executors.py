@@ -32,6 +32,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Callable
 
 from ..errors import RelocverifyError
+from ..processes import die_with_parent
 from .pipeline import own_alarm
 from .smt_helper import use_helper
 from .worker import Job, Worker, empty_harvest, merge_harvest
@@ -60,6 +61,7 @@ class WorkerError(RelocverifyError):
 
 
 def _serve(job: Job, conn, progress, current, index: int) -> None:
+    die_with_parent()  # a run killed with SIGKILL leaves no worker behind
     own_alarm()  # this process runs nothing but the worker: its proofs' watchdogs keep SIGALRM installed
     use_helper()  # its SMT checks go to the session's helper, if one runs
     worker = Worker(job)
