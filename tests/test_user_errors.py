@@ -329,3 +329,20 @@ def test_a_timeout_past_a_day_is_one_line(timeout):
     """Issue 44: --timeout 1e300 overflowed a time_t (an internal error, exit 4)."""
     code, out, err = run("check", "90", "--timeout", timeout)
     assert code == 2 and err.count("\n") == 1 and "timeout" in err, err
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_a_proof_cache_path_that_is_no_directory_says_what_it_is_and_how_out(kind, tmp_path, monkeypatch):
+    """Issue 44: the advice named --cache-dir, which check does not have."""
+    import os as _os
+
+    path = tmp_path / "cache"
+    if kind == "file":
+        path.write_text("")
+    else:
+        _os.symlink(tmp_path / "nowhere", path)
+    monkeypatch.setenv("RELOCVERIFY_PROOF_CACHE", str(path))
+    code, out, err = run("check", "90")
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("a file" if kind == "file" else "nowhere") in err and "--no-cache" in err
+    assert run("check", "90", "--no-cache")[0] == 0

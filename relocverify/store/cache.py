@@ -179,8 +179,11 @@ class ProofCache:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create the cache directory {directory}: {exc.strerror}; "
-                             f"pass --cache-dir DIR or --no-cache") from None
+            what = ("is a file, not a directory" if os.path.isfile(directory) else
+                    "is a link to nowhere" if os.path.islink(directory) and not os.path.exists(directory) else
+                    f"cannot be created: {exc.strerror}")
+            raise StoreError(f"the proof cache's directory {directory} {what}: name a directory with "
+                             f"RELOCVERIFY_PROOF_CACHE (or a batch command's --cache-dir), or pass --no-cache") from None
         _refuse_foreign(self.path)
         try:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
