@@ -11,10 +11,12 @@ from __future__ import annotations
 
 
 def printable(text: str) -> str:
-    """``text`` with every non-printable character (C0, DEL, C1, separators, unassigned) as an escape."""
+    """``text`` with every non-printable character (C0, DEL, C1, separators, unassigned) as an escape; a byte
+    of a file name that is no UTF-8 (carried as a surrogate, PEP 383) as the byte it was, ``\\xNN``."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else
+                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"\\u{ord(c):04x}"
                    for c in text)
 
 

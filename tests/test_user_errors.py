@@ -346,3 +346,20 @@ def test_a_proof_cache_path_that_is_no_directory_says_what_it_is_and_how_out(kin
     assert code == 2 and err.count("\n") == 1, err
     assert ("a file" if kind == "file" else "nowhere") in err and "--no-cache" in err
     assert run("check", "90", "--no-cache")[0] == 0
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=1, max_size=6).filter(lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b"..")))
+def test_a_file_name_of_any_bytes_is_verified_and_printed(tmp_path, name):
+    """Issue 44: a Latin-1 file name reached SQLite as surrogates (an internal error, exit 4)."""
+    import os as _os
+    import shutil
+
+    path = _os.path.join(_os.fsencode(str(tmp_path)), b"p-" + name)
+    shutil.copy("/bin/true", path)
+    db = tmp_path / f"s{abs(hash(name))}.sqlite"
+    p = subprocess.run([sys.executable, "-m", "relocverify", "elf", path, "--db", str(db), "--no-progress"],
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.decode("utf-8")  # what reaches the terminal is UTF-8, whatever the name's bytes
+    assert "image: " in out

@@ -309,7 +309,9 @@ class Store:
 
     # -- images and runs ---------------------------------------------------------
     def image_id(self, sha256: str, path: str, fmt: str, symbol_source: str, info: dict) -> int:
-        """The id of the image with this sha256, adding it if new."""
+        """The id of the image with this sha256, adding it if new.  ``path`` is kept as text: a name that is no
+        UTF-8 (a Latin-1 file name, carried as surrogates) keeps its odd bytes as ``\\xNN``."""
+        path = os.fsencode(path).decode("utf-8", "backslashreplace")
         with self._transaction():
             row = self.db.execute("SELECT id FROM images WHERE sha256=?", (sha256,)).fetchone()
             if row is not None:
