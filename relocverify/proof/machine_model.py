@@ -178,6 +178,10 @@ MACHINE_MODEL: tuple[Row, ...] = (
         (Context.KERNEL,), O, "machine_model.added_indirect_branches", "SDM Vol. 1 §18.3; Linux arch/x86/kernel/cet.c",
         "the Debian 6.12 kernel enforces IBT: an indirect branch the original does not make has a target the "
         "checker cannot show to be endbr64"),
+    Row("ibt-emulated-target", "IBT and an emulated indirect call or jmp at CPL 0", (Context.KERNEL,), P,
+        "machine_model.check_machine", "SDM Vol. 1 §18.3; Linux exc_control_protection (ibt=warn, ibt=fatal)",
+        "the original's indirect branch lands on an endbr64, as every indirect-branch target of a kernel that "
+        "runs with IBT does: the tracer's emulation sets rip without the check the CPU makes"),
     Row("ibt-kernel-off", "a kernel that enforces no IBT", (Context.KERNEL,), P, "machine_model.added_indirect_branches",
         "FreeBSD amd64 (kinst's kernel): no kernel IBT",
         "said by the caller (a tracer model of a kernel without IBT): an added indirect branch assumes IBT is off"),
@@ -368,7 +372,7 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
     context, kernel_ibt = machine.context, machine.kernel_ibt
     orig = machine_classes(raw, at)
     if code is None:
-        return _check_effects(orig, effects, context)
+        return _check_effects(orig, effects, machine)
     ranges = tuple(tracer_ranges) or ((tramp, len(code)),)
     walk = reachable(code, tramp).instructions
     reloc = [(a, machine_classes(r, a, ranges)) for a, r in walk]
@@ -396,10 +400,12 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
     return MachineCheck(assumes=tuple(dict.fromkeys(assumes)))
 
 
-def _check_effects(orig: MachineClasses, effects, context: Context) -> MachineCheck:
+def _check_effects(orig: MachineClasses, effects, machine: Machine) -> MachineCheck:
     assumes = [ROWS["fault-at-t"].reason]
     if orig.shadow in ("push", "pop"):
         assumes.append(ROWS["shadow-stack-emulation"].reason)
+    if orig.indirect and machine.context is Context.KERNEL and machine.kernel_ibt:
+        assumes.append(ROWS["ibt-emulated-target"].reason)
     found = compare_accesses(orig.accesses, effect_classes(effects))
     return found if found is not None else MachineCheck(assumes=tuple(assumes))
 
