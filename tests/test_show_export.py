@@ -14,6 +14,8 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relocverify.cli import export, show
 from relocverify.cli.main import TYPES, _Parser
@@ -23,8 +25,8 @@ from relocverify.errors import RelocverifyError
 from relocverify.image.functions import find_functions
 from relocverify.image.loader import load_image
 from relocverify.kernel.sites import find_sites
-from relocverify.report.probe_files import event_name
-from relocverify.report.probe_points import Image, ProbePoint
+from relocverify.report.probe_files import event_name, render_dtrace, render_perf
+from relocverify.report.probe_points import Export, Image, ProbePoint
 from relocverify.store.store import Store
 
 TRAMP = 0xFFFFFFFFC0001000
@@ -480,3 +482,38 @@ def test_show_on_the_debian_kernel_is_the_same_from_the_store_and_the_image(debi
         # the texts may differ only in a call target's name: the store holds the first 120 functions only
         strip = lambda doc: [dict(i, text=i["text"].split(" <")[0]) for i in json.loads(doc)["instructions"]]
         assert strip(a) == strip(b), name
+
+
+#: File names of modules as a hostile or careless package may spell them (issue 44).
+HOSTILE_MODULES = st.text(alphabet=st.sampled_from(list("ab.-_$()`;|&<>*?[]{}'\"\\ \t\n#~!%:=")), min_size=1,
+                          max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(HOSTILE_MODULES)
+def test_perf_lines_run_nothing_a_module_name_holds(tmp_path_factory, module):
+    """Every exported perf line, run by sh with ``perf`` a function that records its arguments, passes the
+    module name as one argument and runs nothing else (issue 44: ``$(...)`` in a name ran)."""
+    image = Image(2, "module", module, "m.ko", "0" * 64, TRAMP)
+    found = Export("s.sqlite", ("proved",), None, (image,),
+                   (ProbePoint(image, "f_leaf", 7, 0x1007, "proved", "", ".text", True),), 1)
+    script = render_perf(found)
+    d = tmp_path_factory.mktemp("sh")
+    runner = d / "run.sh"
+    runner.write_text("set -u\nperf() { printf '%s\\n' \"$@\" > args; }\n" + script)
+    done = subprocess.run(["sh", str(runner)], cwd=d, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    args = (d / "args").read_text()
+    assert args == "\n".join(["probe", "-m", module, "-a", "relocverify:f_leaf_7=f_leaf+7"]) + "\n", args
+    assert sorted(p.name for p in d.iterdir()) == ["args", "run.sh"], "the line made a file"
+
+
+@settings(max_examples=40, deadline=None)
+@given(HOSTILE_MODULES)
+def test_dtrace_probe_descriptions_hold_only_names_d_takes(module):
+    image = Image(2, "module", module, "m.ko", "0" * 64, TRAMP)
+    found = Export("s.sqlite", ("proved",), None, (image,),
+                   (ProbePoint(image, "f_leaf", 7, 0x1007, "proved", "", ".text", True),), 1)
+    probes = [line for line in render_dtrace(found).splitlines()[1:] if not line.startswith("/*")]
+    assert all(DTRACE_LINE.fullmatch(line.replace(f"kinst:{module}:", "kinst::")) and
+               re.fullmatch(r"[A-Za-z0-9_.-]+", module) for line in probes if line.startswith("kinst:"))

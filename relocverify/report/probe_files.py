@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 
 from ..text import printable
 from .probe_points import Export, ProbePoint
@@ -30,6 +31,9 @@ from .probe_points import Export, ProbePoint
 #: compiler clones (foo.isra.0, foo.cold): bpftrace since 0.10 (bpftrace PR #1111), perf-probe (its
 #: special characters are = @ + : ;) and DTrace probe descriptions all take it.
 ADDRESSABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: A module name a DTrace probe description can hold: its module field ends at ':' and takes no glob
+#: characters, quotes or white space (D's probe-description grammar); kernel modules are named so.
+DTRACE_MODULE = re.compile(r"[A-Za-z0-9_.-]+")
 #: Sections the kernel frees after boot (a module's after its init): no probe can be placed there.
 FREED = (".init.text", ".exit.text")
 PERF_GROUP = "relocverify"
@@ -48,6 +52,7 @@ LEFT_OUT = (
     ("module", "of kernel modules (bpftrace checks a kprobe's offset in vmlinux, which lacks them)"),
     ("freed", "in .init.text or .exit.text (freed after boot: the kernel refuses probes there)"),
     ("name", "whose names the probe syntax cannot take (only [A-Za-z_][A-Za-z0-9_.]*)"),
+    ("module-name", "of modules whose file names the probe syntax cannot take (only [A-Za-z0-9_.-]+)"),
     ("shared", "whose names several functions share (static functions: FUNC+OFF cannot tell them apart)"),
 )
 
@@ -61,6 +66,8 @@ def _why_not(p: ProbePoint, tool: str) -> str | None:
         return "freed"
     if not ADDRESSABLE.fullmatch(p.function):
         return "name"
+    if tool == "dtrace" and p.image.module and not DTRACE_MODULE.fullmatch(p.image.module):
+        return "module-name"
     if not p.unique:
         return "shared"
     return None
@@ -135,7 +142,7 @@ def render_perf(found: Export) -> str:
     lines = ["#!/bin/sh"] + [f"# {n}" for n in notes]
     events: set[str] = set()
     for p in kept:
-        module = f"-m {p.image.module} " if p.image.module else ""
+        module = f"-m {shlex.quote(p.image.module)} " if p.image.module else ""  # a file name, any bytes
         lines.append(f"perf probe {module}-a '{PERF_GROUP}:{event_name(p, events)}={p.function}+{p.offset}'")
     return "\n".join(lines) + "\n"
 
