@@ -4,10 +4,10 @@ fuzzing, JUnit and SARIF.  Real decoders throughout."""
 
 from __future__ import annotations
 
-import re
 import io
 import json
 import os
+import re
 import sys
 import shutil
 import time
@@ -15,6 +15,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from relocverify.cli import gate as gate_cli
 from relocverify.cli.main import _Parser
@@ -347,3 +349,22 @@ def test_junit_stays_valid_xml_when_names_carry_control_characters(tmp_path):
     root = ET.parse(junit).getroot()  # raises on an invalid character
     names = [s.get("name") for s in root.iter("testsuite")]
     assert any("\\x1b" in n and "\\x07" in n for n in names), names
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.sampled_from(list("ab:#?% &;$=+,[]@!'()*~ü")), min_size=1, max_size=10))
+def test_sarif_names_an_input_of_any_name_as_a_uri_reference_to_it(tmp_path, name):
+    """A corpus file named with ':', '#', '?', '%' or spaces, in a directory: the SARIF uri is an RFC 3986
+    reference that resolves to that very file (issue 44: cut at ':', directories dropped, '#?%' raw)."""
+    from urllib.parse import unquote, urlsplit
+
+    from relocverify.gate.sarif import artifact_uri
+
+    d = tmp_path / "in dir"
+    d.mkdir(exist_ok=True)
+    path = d / f"{name}.toml"
+    uri = artifact_uri(str(path), "corpus:x")
+    parts = urlsplit(uri)
+    assert parts.scheme in ("", "file") and not parts.query and not parts.fragment, uri
+    assert Path(unquote(parts.path)).resolve() == path.resolve() if parts.scheme else \
+        (Path.cwd() / unquote(parts.path)).resolve() == path.resolve()

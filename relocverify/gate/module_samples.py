@@ -50,7 +50,7 @@ def module_units(path: str) -> list[Unit]:
         for function in find_functions(image):
             unit = units.get(function.section)
             if unit is None:
-                unit = units[function.section] = Unit(f"{label}:{function.section}")
+                unit = units[function.section] = Unit(f"{label}:{function.section}", path=path)
             # addresses differ between modules, so a string's first address is the first module's
             unit.instructions += sweep_into(function_bytes(image, function), function.start, unit.samples, facts)
     remember(IcedAdapter(), facts)

@@ -39,6 +39,7 @@ class UnitResult:
     distinct: int
     digest: str
     digest_changed: bool = False
+    path: str | None = None  # the unit's input file (``Unit.path``)
 
 
 @dataclass
@@ -129,7 +130,7 @@ def run_gate(tested: Decoder, others: list[Decoder], units: list[Unit], baseline
             d = digest(unit.samples, table[tested.name])
             old = baseline.unit_digest(unit.name) if baseline else None
             results.append(UnitResult(unit.name, unit.instructions, len(unit.samples), d,
-                                      digest_changed=old is not None and old != d))
+                                      digest_changed=old is not None and old != d, path=unit.path))
     accepted = baseline.accepted if baseline else frozenset()
     new = [f for f in findings if f.failing and (f.klass, f.shape) not in accepted]
     report = GateReport(tested.name, versions, results, findings, new)

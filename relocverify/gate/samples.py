@@ -31,6 +31,7 @@ class Unit:
     name: str
     samples: dict[bytes, list[int]] = field(default_factory=dict)
     instructions: int = 0
+    path: str | None = None  # the input file (an image, a module tree, a corpus); None for a fuzz run
 
     def add(self, address: int, raw: bytes) -> None:
         self.instructions += 1
@@ -74,7 +75,7 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         for section, (samples, count) in part.items():
             unit = units.get(section)
             if unit is None:
-                unit = units[section] = Unit(f"{base}:{section}")
+                unit = units[section] = Unit(f"{base}:{section}", path=path)
             unit.instructions += count
             mine = unit.samples
             for raw, seen in samples.items():
@@ -115,7 +116,7 @@ def corpus_units(paths: list[str]) -> list[Unit]:
 
     units = []
     for path in paths:
-        unit = Unit(f"corpus:{os.path.basename(path)}")
+        unit = Unit(f"corpus:{os.path.basename(path)}", path=path)
         for entry in load_file(path):
             unit.add(entry.at, entry.raw[:15])
         units.append(unit)
