@@ -414,13 +414,26 @@ def _usable_std_streams() -> None:
     """A closed stdout or stderr (``2>&-``: Python then has None) becomes /dev/null: what would have gone
     there is lost, and the run and its exit code are what they would have been (issue 44)."""
     for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        try:
-            usable = stream is not None and os.fstat(stream.fileno()) is not None
-        except (OSError, ValueError, AttributeError):
-            usable = False
-        if not usable:
+        if not _usable(getattr(sys, name)):
             setattr(sys, name, open(os.devnull, "w"))
+
+
+def _usable(stream) -> bool:
+    """A stream to write to: not None, not closed, and its file descriptor open (a stream with no descriptor,
+    such as a test's capture, is usable)."""
+    if stream is None or getattr(stream, "closed", False):
+        return False
+    try:
+        fd = stream.fileno()
+    except (AttributeError, io.UnsupportedOperation):
+        return True
+    except ValueError:
+        return False
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _store_of(argv) -> str:

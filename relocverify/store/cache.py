@@ -27,6 +27,10 @@ same tools and the same policy:
   site_indexes  an image's kernel sites (``kernel.sites.SiteIndex``), under the digest
                of the image and relocverify's source (``engine.site_memo``)
 
+Every value is sealed (``store.seal``: a keyed BLAKE2b MAC, the key in ``proofs.key`` beside the file, bound
+to the value's tag or key); one whose seal does not match (edited, forged, from another cache or from before
+seals) is absent: proved again and written again sealed.  ``proof_seals`` holds the seals of ``proofs``.
+
 Why an instance key may stand for its finding: it determines the full key
 (tested), and a full key determines a reusable verdict (the argument is in
 ``proof.cache_key``).  A key marked ``per_instance`` has no shareable
@@ -51,6 +55,7 @@ from operator import attrgetter
 
 from ..environment import default_cache_dir
 from ..errors import StoreError
+from .seal import Seal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -66,16 +71,19 @@ CREATE TABLE IF NOT EXISTS jump_segments (id INTEGER PRIMARY KEY, tag BLOB NOT N
 CREATE TABLE IF NOT EXISTS function_rows (key BLOB PRIMARY KEY, context BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS row_outcomes (digest BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS site_indexes (key BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS proof_seals (tag BLOB NOT NULL, key BLOB NOT NULL, seal BLOB NOT NULL,
+    PRIMARY KEY (tag, key)) WITHOUT ROWID;
 """
 CACHE_SCHEMA = "2"
 FILE_NAME = "proofs.sqlite"
 #: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
 APPLICATION_ID = 0x52565043
 _TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments", "function_rows", "row_outcomes",
-                     "site_indexes"})
+                     "site_indexes", "proof_seals"})
 _OLDER_TABLES = (frozenset({"meta", "proofs", "derivations", "segments"}),  # before jump answers were kept
                  frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"}),  # before rows were
-                 _TABLES - {"site_indexes"})  # before sites were
+                 _TABLES - {"site_indexes", "proof_seals"},  # before sites were
+                 _TABLES - {"proof_seals"})  # before seals were
 ROWS_BATCH = 500  # function keys asked for in one query (SQLite allows 32,766 parameters)
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
@@ -174,6 +182,7 @@ class ProofCache:
         self.directory = directory
         self.path = None if directory is None else os.path.join(directory, FILE_NAME)
         self.db = None
+        self.seal: Seal | None = None
         if self.path is None:
             return
         try:
@@ -185,6 +194,11 @@ class ProofCache:
             raise StoreError(f"the proof cache's directory {directory} {what}: name a directory with "
                              f"RELOCVERIFY_PROOF_CACHE (or a batch command's --cache-dir), or pass --no-cache") from None
         _refuse_foreign(self.path)
+        try:
+            self.seal = Seal(directory)
+        except OSError as exc:
+            raise StoreError(f"{directory}: cannot read or make the proof cache's key ({exc.strerror}): pass "
+                             f"--no-cache, or name another directory with RELOCVERIFY_PROOF_CACHE") from None
         try:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
@@ -217,8 +231,8 @@ class ProofCache:
         """Every instance key's finding under ``tag`` (later segments win)."""
         if self.db is None:
             return {}
-        return _loaded(data for (data,) in self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id",
-                                                          (tag,)))
+        return _loaded(self._opened(tag, self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id",
+                                                                (tag,))))
 
     def add_findings(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
         if self.db is None or not findings:
@@ -234,8 +248,13 @@ class ProofCache:
             t = f.template()
             i = templates.setdefault(t, len(templates))
             entries.append((key, i, f.proof_us))
-        blob = marshal.dumps((list(templates), entries))
+        blob = self.seal.seal(marshal.dumps((list(templates), entries)), tag)
         self.db.execute("INSERT INTO segments (tag, entries, data) VALUES (?,?,?)", (tag, len(entries), blob))
+
+    def _opened(self, tag: bytes, rows) -> list[bytes]:
+        """The data of sealed blobs (one-column rows) whose seals match; the others are left out (their
+        entries are made again)."""
+        return [d for d in (self.seal.open(blob, tag) for (blob,) in rows) if d is not None]
 
     def _compact_when_due(self, table: str, tag: bytes, append_merged) -> None:
         """``_compact_segments`` once the tag has more than ``COMPACT_AFTER`` segments in ``table``."""
@@ -254,7 +273,7 @@ class ProofCache:
         if len(ids) < 2:
             return
         marks = ",".join("?" * len(ids))
-        blobs = [d for (d,) in self.db.execute(f"SELECT data FROM {table} WHERE id IN ({marks}) ORDER BY id", ids)]
+        blobs = self._opened(tag, self.db.execute(f"SELECT data FROM {table} WHERE id IN ({marks}) ORDER BY id", ids))
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute(f"DELETE FROM {table} WHERE id IN ({marks})", ids)
@@ -269,8 +288,8 @@ class ProofCache:
         """Every jump answer kept under ``tag``, its segments merged in order (``merge_jump_entries``)."""
         if self.db is None:
             return {}
-        return _merged_jump(data for (data,) in self.db.execute(
-            "SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,)))
+        return _merged_jump(self._opened(tag, self.db.execute(
+            "SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,))))
 
     def add_jump_entries(self, tag: bytes, entries: dict[tuple, object]) -> None:
         """One new segment of jump answers; the newest segments merged into one past ``COMPACT_AFTER``."""
@@ -281,7 +300,7 @@ class ProofCache:
 
     def _append_jump(self, tag: bytes, entries: dict[tuple, object]) -> None:
         self.db.execute("INSERT INTO jump_segments (tag, entries, data) VALUES (?,?,?)",
-                        (tag, len(entries), marshal.dumps(list(entries.items()))))
+                        (tag, len(entries), self.seal.seal(marshal.dumps(list(entries.items())), tag)))
 
     # -- functions' rows -----------------------------------------------------------------
     def function_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
@@ -292,7 +311,10 @@ class ProofCache:
         for i in range(0, len(keys), ROWS_BATCH):
             part = keys[i:i + ROWS_BATCH]
             marks = ",".join("?" * len(part))
-            out.update(self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({marks})", part))
+            for key, blob in self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({marks})", part):
+                data = self.seal.open(blob, key)
+                if data is not None:
+                    out[key] = data
         return out
 
     def row_outcomes(self) -> dict[bytes, tuple[tuple, str]]:
@@ -301,7 +323,10 @@ class ProofCache:
         if self.db is None:
             return {}
         out = {}
-        for digest, data in self.db.execute("SELECT digest, data FROM row_outcomes"):
+        for digest, blob in self.db.execute("SELECT digest, data FROM row_outcomes"):
+            data = self.seal.open(blob, digest)
+            if data is None:
+                continue
             try:
                 outcome, reason = marshal.loads(data)
                 out[digest] = (tuple(outcome), reason)
@@ -316,9 +341,10 @@ class ProofCache:
             return
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            self.db.executemany("INSERT OR IGNORE INTO row_outcomes VALUES (?,?)", outcomes.items())
+            self.db.executemany("INSERT OR REPLACE INTO row_outcomes VALUES (?,?)",
+                                [(k, self.seal.seal(d, k)) for k, d in outcomes.items()])
             self.db.executemany("INSERT OR REPLACE INTO function_rows VALUES (?,?,?)",
-                                [(k, c, d) for k, (c, d) in rows.items()])
+                                [(k, c, self.seal.seal(d, k)) for k, (c, d) in rows.items()])
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -330,26 +356,31 @@ class ProofCache:
         if self.db is None:
             return None
         row = self.db.execute("SELECT data FROM site_indexes WHERE key=?", (key,)).fetchone()
-        return None if row is None else row[0]
+        return None if row is None else self.seal.open(row[0], key)
 
     def add_site_index(self, key: bytes, data: bytes) -> None:
         if self.db is not None:
-            self.db.execute("INSERT OR REPLACE INTO site_indexes VALUES (?,?)", (key, data))
+            self.db.execute("INSERT OR REPLACE INTO site_indexes VALUES (?,?)", (key, self.seal.seal(data, key)))
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
         if self.db is None:
             return {}
-        return {r[0]: CachedProof(*r[1:]) for r in self.db.execute(
-            "SELECT key, verdict, reason, method, proof_us FROM proofs WHERE tag=?", (tag,))}
+        return {r[0]: CachedProof(*r[1:5]) for r in self.db.execute(
+            "SELECT p.key, verdict, reason, method, proof_us, seal FROM proofs p JOIN proof_seals s "
+            "ON s.tag = p.tag AND s.key = p.key WHERE p.tag=?", (tag,)) if self._proof_sealed(tag, r)}
 
     def proof(self, tag: bytes, key: bytes) -> CachedProof | None:
         """One proof by its full key (a single question need not load every proof of the tag)."""
         if self.db is None:
             return None
-        row = self.db.execute("SELECT verdict, reason, method, proof_us FROM proofs WHERE tag=? AND key=?",
-                              (tag, key)).fetchone()
-        return None if row is None else CachedProof(*row)
+        row = self.db.execute("SELECT p.key, verdict, reason, method, proof_us, seal FROM proofs p JOIN proof_seals s "
+                              "ON s.tag = p.tag AND s.key = p.key WHERE p.tag=? AND p.key=?", (tag, key)).fetchone()
+        return None if row is None or not self._proof_sealed(tag, row) else CachedProof(*row[1:5])
+
+    def _proof_sealed(self, tag: bytes, row) -> bool:
+        key, verdict, reason, method, _, seal = row
+        return self.seal.open(seal, tag, key, verdict.encode(), reason.encode(), method.encode()) == b""
 
     def lookup(self, tag: bytes) -> "ProofLookup":
         """A mapping for ``engine.pipeline.Prover`` that asks for each key on demand."""
@@ -371,6 +402,9 @@ class ProofCache:
             try:
                 db.executemany("INSERT OR REPLACE INTO proofs VALUES (?,?,?,?,?,?)",
                                [(tag, k, p.verdict, p.reason, p.method, p.proof_us) for k, p in proofs.items()])
+                db.executemany("INSERT OR REPLACE INTO proof_seals VALUES (?,?,?)",
+                               [(tag, k, self.seal.seal(b"", tag, k, p.verdict.encode(), p.reason.encode(),
+                                                        p.method.encode())) for k, p in proofs.items()])
                 db.executemany("INSERT OR REPLACE INTO derivations VALUES (?,?,?)",
                                [(tag, k, v) for k, v in (derivations or {}).items()])
                 db.execute("COMMIT")
