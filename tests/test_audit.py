@@ -464,3 +464,19 @@ def test_a_user_space_elf_is_audited_with_the_user_policy(tmp_path):
     assert all(t["totals_add_up"] for t in summary["tracers"].values())
     fasttrap = summary["tracers"]["fasttrap"]
     assert any(g["group"].startswith("loop") for g in fasttrap["groups"]["tracer-wrong"])  # (cx--) != 0
+
+
+def test_an_external_tracer_is_remembered_by_its_content(tmp_path):
+    """Issue 44: --tracer-cmd answers were kept under the command line alone, so an edited tracer was
+    reported with the old one's answers."""
+    import sys
+
+    from relocverify.tracers.external import content_tag
+
+    script = tmp_path / "tracer.py"
+    script.write_text("print('refuse one')\n")
+    command = f"{sys.executable} {script}"
+    before = content_tag(command)
+    assert content_tag(command) == before
+    script.write_text("print('refuse two')\n")
+    assert content_tag(command) != before

@@ -19,6 +19,11 @@ A line that is neither form is the tracer's answer "unknown" with the reason.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shlex
+import shutil
+
 from ..x86.decoders.external import ExternalAdapter
 from ..x86.instruction import Instruction
 from .model import NO_CONTEXT, Answer, Cite, Context, Refuse, Relocate, Unmodelled
@@ -42,6 +47,28 @@ def parse_answer(line: str, cite: Cite) -> Answer:
     return Unmodelled(f"protocol: expected 'refuse REASON' or 'reloc HEX', got {line[:60]!r}", cite)
 
 
+def content_tag(command: str) -> str:
+    """What a command's remembered answers are kept under: its words, and the SHA-256 of every file they name
+    (the program found on PATH, a script given to an interpreter), so an edited tracer is asked again
+    instead of being reported with the old one's answers (issue 44: they were kept under the command line
+    alone)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    digest = hashlib.sha256(command.encode())
+    for i, word in enumerate(words):
+        path = (shutil.which(word) if i == 0 else None) or (word if os.path.isfile(word) else None)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                digest.update(hashlib.file_digest(fh, "sha256").digest())
+        except OSError:
+            digest.update(b"unreadable:" + path.encode())
+    return f"{command}|{digest.hexdigest()[:32]}"
+
+
 class ExternalTracer:
     """A tracer answered by a command, in batches (``prefetch``), each answer remembered."""
 
@@ -52,7 +79,7 @@ class ExternalTracer:
         self.command = command
         self.name = f"cmd:{command}"
         self.source = f"--tracer-cmd {command}"
-        self.version_tag = command
+        self.version_tag = content_tag(command)
         self.cite = Cite(f"--tracer-cmd {command}", "its answer")
         self._process = _Process(command, answer_seconds)
         self._answers: dict[tuple[int, int, bytes], Answer] = {}
