@@ -44,15 +44,14 @@ def forwarded(program: cpu.Program) -> tuple[cpu.Program, dict[int, int]]:
 
 
 def variants(c: Candidate, states: list[MachineState], rng: random.Random, user: bool) -> list[MachineState]:
-    out = []
-    for s in states:
-        out += non_canonical(c.orig, c.at, s)
-        if user:
-            out.append(with_ac(s))
-            moved = misaligned(c.orig, c.at, s, rng)
-            if moved is not None:
-                out.append(with_ac(moved))
-    return out
+    """Every state with AC set (at a user site), then the first one with its accesses moved off alignment
+    and one per register made non-canonical: which signal these raise depends on the register and the
+    instruction, not on the values, and each fault costs the CPU judge a new child process."""
+    out = [with_ac(s) for s in states] if user else []
+    moved = misaligned(c.orig, c.at, states[0], rng) if user else None
+    if moved is not None:
+        out.append(with_ac(moved))
+    return out + non_canonical(c.orig, c.at, states[0])
 
 
 def _mapped(o: Outcome, back: dict[int, int]) -> Outcome:

@@ -84,7 +84,10 @@ def non_canonical(orig: bytes, at: int, state: MachineState) -> list[MachineStat
 
 
 def with_ac(state: MachineState) -> MachineState:
-    return MachineState(state.registers | {"rflags": state.registers.get("rflags", 2) | AC}, state.memory)
+    """RFLAGS.AC set, and RSP 8-aligned as the ABI keeps it (a random RSP the original never uses would
+    make a relocation's push raise #AC only because the state is one no process has)."""
+    regs = state.registers
+    return MachineState(regs | {"rflags": regs.get("rflags", 2) | AC, "rsp": regs.get("rsp", 0) & ~7}, state.memory)
 
 
 def misaligned(orig: bytes, at: int, state: MachineState, rng: random.Random) -> MachineState | None:

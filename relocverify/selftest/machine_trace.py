@@ -307,6 +307,22 @@ def _image(state: MachineState, side: Side) -> dict[int, bytes]:
     return {p: bytes(v) for p, v in pages.items()}
 
 
+def _final_bytes(uc, written: set[int]) -> dict[int, int]:
+    """The bytes at ``written`` now, read a run of consecutive addresses at a time."""
+    out: dict[int, int] = {}
+    addresses = sorted(written)
+    k = 0
+    while k < len(addresses):
+        end = k
+        while end + 1 < len(addresses) and addresses[end + 1] == addresses[end] + 1 and \
+                addresses[end + 1] & (PAGE - 1):
+            end += 1
+        data = uc.mem_read(addresses[k], end - k + 1)
+        out.update(zip(addresses[k:end + 1], data))
+        k = end + 1
+    return out
+
+
 def _registers(uc) -> dict[str, int]:
     return {name: uc.reg_read(UC_REGISTERS[name]) for name in COMPARED}
 
@@ -346,7 +362,7 @@ def run_trace(side: Side, state: MachineState, *, absent: frozenset[int] = froze
     run._finish_step()
     if run.exit is None and run.fault is None and run.limit is None:
         run.limit = "stopped inside the code"
-    memory = {a: uc.mem_read(a, 1)[0] for a in sorted(run.written)}
+    memory = _final_bytes(uc, run.written)
     trace = Trace(tuple(run.steps), run.exit, run.fault, _registers(uc), memory, run.limit)
     for h in hooks:  # the binding keeps its hooks in a cycle with the engine: without them it is freed now
         uc.hook_del(h)
