@@ -517,3 +517,52 @@ def test_dtrace_probe_descriptions_hold_only_names_d_takes(module):
     probes = [line for line in render_dtrace(found).splitlines()[1:] if not line.startswith("/*")]
     assert all(DTRACE_LINE.fullmatch(line.replace(f"kinst:{module}:", "kinst::")) and
                re.fullmatch(r"[A-Za-z0-9_.-]+", module) for line in probes if line.startswith("kinst:"))
+
+
+FORGE_ASM = r"""
+    .section .text, "ax"
+    .globl f_irq
+    .type f_irq, @function
+f_irq:
+    push %rbp
+    sti
+    pop %rbp
+    ret
+    .size f_irq, .-f_irq
+"""
+FORGE_LDS = """
+SECTIONS {
+  . = 0xffffffff81000000;
+  .text : { *(.text) }
+  /DISCARD/ : { *(.note.gnu.property) *(.comment) }
+}
+"""
+
+
+@pytest.mark.parametrize("forgery", [
+    "UPDATE outcomes SET verdict='proved' WHERE klass='sti'",
+    "UPDATE outcomes SET verdict='proved', rule='position-independent', plan_kind='copy' WHERE klass='sti'",
+    "UPDATE outcomes SET verdict='proved', rule='position-independent', plan_kind='copy', klass='push' "
+    "WHERE klass='sti'",
+])
+def test_export_refuses_a_verdict_the_policy_does_not_allow(tmp_path, forgery):
+    """A store edited to call sti proved: export leaves it out and says so (issue 44: export trusted the
+    store's verdicts without consulting the policy)."""
+    import sqlite3
+
+    import elfbuild
+
+    from relocverify import cli as main_cli
+
+    image = str(elfbuild.build_elf(tmp_path, FORGE_ASM, FORGE_LDS))
+    db = str(tmp_path / "s.sqlite")
+    assert main_cli.main(["vmlinux", image, "--db", db, "--no-progress"], io.StringIO(), io.StringIO()) in (0, 1)
+    assert "the store was altered" not in _export(db, "bpftrace")
+    con = sqlite3.connect(db)
+    assert con.execute(forgery).rowcount == 1
+    con.commit()
+    con.close()
+    assert "kprobe:f_irq+1 " not in _export(db, "bpftrace")
+    assert "=f_irq+1'" not in _export(db, "perf")
+    assert not [p for p in json.loads(_export(db, "json"))["probes"] if p["function"] == "f_irq" and p["offset"] == 1]
+    assert "the store was altered" in _export(db, "bpftrace")

@@ -101,6 +101,9 @@ def header(found: Export, kept: list[ProbePoint], left: dict, tool: str) -> list
         tramp = f", trampoline {image.tramp:#x}" if image.tramp is not None else ""
         label = f"module {image.module}" if image.module else "kernel"
         lines.append(f"{label}: {image.path} (sha256 {image.sha256}{tramp}): the offsets hold for this build only")
+    if found.refused:
+        lines.append(f"left out: {_n(found.refused, 'instruction')} whose stored verdict the policy does not allow "
+                     f"for its bytes: the store was altered; verify the image again into a new store")
     for key, why in LEFT_OUT:
         if key in left:
             names, functions, n = left[key]
@@ -178,6 +181,7 @@ def render_dtrace(found: Export) -> str:
 def render_json(found: Export) -> str:
     head = {"store": found.store, "verdicts": list(found.verdicts), "functions": found.glob,
             "matched": found.functions, "probe_points": len(found.points),
+            "refused": found.refused,  # rows whose stored verdict the policy does not allow: an altered store
             "images": [{"kind": m.kind, "module": m.module, "path": m.path, "sha256": m.sha256,
                         "trampoline": None if m.tramp is None else hex(m.tramp)} for m in found.images]}
     text = json.dumps(head, ensure_ascii=True, indent=1)[:-2]  # reopened to append the probes, one a line

@@ -7,8 +7,11 @@ Each point says its image (kind, module name, path, sha256, the trampoline its n
 function, offset, address, verdict, reason and section, and whether its function's name is the only one
 of its kind in the store's kernel images; which of them a tool can address is ``probe_files``' question.
 
-The store is checked for integrity first (every point comes from a row).  An unusable store, a store with
-no image, or a glob that matches no function is an InputError.  Nothing here writes.
+The store is checked for integrity first (every point comes from a row), and no row's verdict is taken on
+trust (``PolicyCheck``): a row whose stored class is not what its own bytes decode to, or whose verdict the
+policy does not allow for its rule and bytes (a store edited to call ``sti`` proved), is left out and
+counted (``Export.refused``).  An unusable store, a store with no image, or a glob that matches no function
+is an InputError.  Nothing here writes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError, StoreError
+from ..plan.policy import POLICIES
 
 #: Above this many matching functions, one pass over the image's rows beats a query per function.
 PER_FUNCTION_LIMIT = 2000
@@ -63,6 +67,7 @@ class Export:
     images: tuple[Image, ...]
     points: tuple[ProbePoint, ...]
     functions: int
+    refused: int = 0  # rows left out: their verdict is not what the policy allows for their bytes (``PolicyCheck``)
 
 
 def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
@@ -85,13 +90,16 @@ def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
         wanted = set(verdicts)
         reasons: dict[str, str] = {}  # one string per distinct reason: a kernel has millions of rows, few reasons
         points: list[ProbePoint] = []
-        matched = 0
+        matched = refused = 0
         for image in images:
             chosen = {(r.start, r.name): r for r in functions[image.id]
                       if glob is None or fnmatch.fnmatchcase(r.name, glob)}
             matched += len(chosen)
+            check = PolicyCheck("user" if image.kind == "user" else "kernel")
             for row in _rows(store, image, chosen):
-                if row.verdict in wanted:
+                if row.verdict in wanted and not check.allows(row):
+                    refused += 1
+                elif row.verdict in wanted:
                     r = chosen[(row.function_start, row.function)]
                     points.append(ProbePoint(image, r.name, row.address - r.start, row.address, row.verdict,
                                              reasons.setdefault(row.reason, row.reason), r.section,
@@ -101,7 +109,54 @@ def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
     if glob is not None and not matched:
         raise InputError(f"--functions {glob!r} matches no function of {path} (the glob is case-sensitive, "
                          f"fnmatch: 'vfs_*', 'tcp_v4_?cv')")
-    return Export(path, verdicts, glob, tuple(images), tuple(points), matched)
+    return Export(path, verdicts, glob, tuple(images), tuple(points), matched, refused)
+
+
+class PolicyCheck:
+    """Whether a stored row's verdict is one the policy allows: for a claim that a probe is safe (``proved``,
+    ``opaque``), its class is what its bytes decode to (iced, per distinct bytes), its rule rejects nothing,
+    and the policy,
+    asked again on the bytes of the first row of each (class, rule), does not reject them."""
+
+    def __init__(self, policy: str):
+        self.rules = POLICIES[policy]
+        self.rejecting = {r.name for r in self.rules if r.strategy == "reject"}
+        self.classes: dict[bytes, str] = {}
+        self.judged: dict[tuple[str, str], bool] = {}
+
+    def allows(self, row) -> bool:
+        if row.verdict.value in ("rejected", "unknown", "refuted"):  # claims no probe is safe there
+            return True
+        if row.rule in self.rejecting or row.rule.startswith("site:"):
+            return False
+        klass = self.classes.get(row.raw)
+        if klass is None:
+            klass = self.classes[row.raw] = _class_of(row.raw, row.address)
+        if klass != row.klass:
+            return False
+        seen = self.judged.get((row.klass, row.rule))
+        if seen is None:
+            seen = self.judged[(row.klass, row.rule)] = _policy_allows(row.raw, row.address, row.rule, self.rules)
+        return seen
+
+
+def _class_of(raw: bytes, address: int) -> str:
+    """The class the engine stores for an instruction: iced's mnemonic, lower case."""
+    import iced_x86
+
+    from ..proof.forms import MNEMONIC_NAMES
+
+    ins = iced_x86.Decoder(64, raw, ip=address).decode()
+    return "" if ins.is_invalid else MNEMONIC_NAMES.get(ins.mnemonic, "")
+
+
+def _policy_allows(raw: bytes, address: int, rule: str, rules) -> bool:
+    from ..plan.policy import classify
+    from ..x86.decode import decode
+    from ..x86.instruction import Instruction
+
+    decoded = decode(raw, address)
+    return isinstance(decoded, Instruction) and classify(decoded, rules).name == rule
 
 
 def _rows(store, image: Image, chosen: dict):
