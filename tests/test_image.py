@@ -27,7 +27,7 @@ import elfbuild
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relocverify.image import fetch as fetch_module
+from relocverify.image import apt as apt_module
 from relocverify.errors import FetchError, ImageError
 from conftest import TEST_KERNELS
 from relocverify.image.fetch import KERNELS, KernelSpec, fetch, strip_elf, stripped_copy
@@ -429,8 +429,8 @@ def fake_kernel(monkeypatch, tiny, tmp_path):
         shutil.copy(next(store.glob(f"{command[2]}_*.deb")), cwd)
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(fetch_module, "_run", fake_run)
-    monkeypatch.setattr(fetch_module.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(apt_module, "_run", fake_run)  # apt-get, as image.apt runs it
+    monkeypatch.setattr(apt_module.shutil, "which", lambda name: "/usr/bin/" + name)
     return spec, calls
 
 
@@ -459,7 +459,7 @@ def test_fetch_downloads_extracts_and_is_idempotent(fake_kernel, tmp_path, tiny)
 def test_fetch_errors(monkeypatch, tmp_path, fake_kernel):
     assert "unknown kernel" in str(pytest.raises(FetchError, fetch, "no-such-kernel", tmp_path).value)
     spec, _ = fake_kernel
-    monkeypatch.setattr(fetch_module, "_run", lambda command, cwd: subprocess.CompletedProcess(
+    monkeypatch.setattr(apt_module, "_run", lambda command, cwd: subprocess.CompletedProcess(
         command, 0 if command[1] == "update" else 100, "", "E: Unable to locate package x"))
     message = str(pytest.raises(FetchError, fetch, spec.name, tmp_path / "c").value)
     assert "apt-get download linux-image-test-unsigned failed" in message

@@ -99,7 +99,7 @@ def test_a_kernel_deb_without_its_dbg_is_refused_in_one_line_with_the_way_out(tm
     code, out, err = run_main("package", image, "--db", tmp_path / "p.sqlite", "--no-progress")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "placeholder" in err and "--dbg" in err
-    assert is_placeholder(tmp_path / "cache" / "debs" / image.name.removesuffix(".deb") / f"boot/System.map-{RELEASE}")
+    assert is_placeholder(unpacked(image, tmp_path / "cache") / f"boot/System.map-{RELEASE}")
 
 
 def test_packages_that_do_not_go_together_are_refused(vmlinux, tmp_path):

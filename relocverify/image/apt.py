@@ -10,15 +10,15 @@ from pathlib import Path
 from ..errors import FetchError
 
 
-def download(cache: Path, package: str) -> None:
+def download(cache: Path, package: str, update: bool = True) -> None:
     """``apt-get download package`` (``name`` or ``name=version``) run in ``cache``; FetchError with apt's last
-    line when it fails."""
+    line when it fails.  ``update``: run ``apt-get update`` once when the lists do not know the package."""
     apt = shutil.which("apt-get")
     if apt is None:
         raise FetchError(f"apt-get not found: download {package} from a Debian mirror into {cache} "
                          "and run the fetch again")
     result = _run([apt, "download", package], cache)
-    if result.returncode != 0 and ("Unable to locate package" in result.stderr
+    if update and result.returncode != 0 and ("Unable to locate package" in result.stderr
                                    or "Can't find a source" in result.stderr):
         update = _run([apt, "update"], cache)
         if update.returncode != 0:
@@ -28,10 +28,10 @@ def download(cache: Path, package: str) -> None:
         raise FetchError(f"apt-get download {package} failed: {last_line(result.stderr)}")
 
 
-def download_version(cache: Path, package: str, version: str) -> Path:
+def download_version(cache: Path, package: str, version: str, update: bool = True) -> Path:
     """``apt-get download package=version`` into ``cache``: the .deb it left (FetchError if none)."""
     before = set(cache.glob(f"{package}_*.deb"))
-    download(cache, f"{package}={version}")
+    download(cache, f"{package}={version}", update)
     after = sorted(set(cache.glob(f"{package}_*.deb")) - before) or sorted(cache.glob(f"{package}_*.deb"))
     if not after:
         raise FetchError(f"apt-get download {package}={version} left no .deb in {cache}")

@@ -133,29 +133,62 @@ def member_path(name: str) -> PurePosixPath | None:
     return PurePosixPath(*parts)
 
 
+#: Bounds on what one package may make us write, checked from each member's header before it is written.
+MAX_MEMBERS = 100_000  # members read (Debian's largest kernel image package has under 8,000)
+MAX_MEMBER_BYTES = 2 << 30  # one file (a debug vmlinux is under 1 GiB)
+MAX_TOTAL_BYTES = 8 << 30  # everything extracted from one package
+
+
 def extract(deb: str | os.PathLike, wanted: Callable[[PurePosixPath], bool], target: Path,
             enough: Callable[[list[PurePosixPath]], bool] = lambda found: False) -> list[PurePosixPath]:
     """Extract the regular files of ``deb`` whose package path ``wanted`` accepts into ``target``
-    under that path; stop reading once ``enough`` says so.  Returns the paths extracted."""
+    under that path; stop reading once ``enough`` says so.  Returns the paths extracted.
+
+    A jail: only regular files are written (no link, device or directory entry is followed or made), at a
+    path inside ``target`` (no ``..``, no absolute path), each checked against the bounds from its header
+    before a byte is written (``MAX_MEMBER_BYTES``, ``MAX_TOTAL_BYTES``; a sparse member counts at its full
+    size), at most ``MAX_MEMBERS`` members read; a member named twice is an error, not a silent overwrite;
+    a partial file is removed whatever stops the copy."""
     found: list[PurePosixPath] = []
+    seen: set[PurePosixPath] = set()
+    total = members = 0
+    name = Path(deb).name
     try:
         with open_data_tar(deb) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:
             for entry in archive:
+                members += 1
+                if members > MAX_MEMBERS:
+                    raise FetchError(f"{name}: more than {MAX_MEMBERS:,} members; not a kernel package")
                 path = member_path(entry.name)
                 if path is None or not entry.isfile() or not wanted(path):
                     continue
-                destination = target / path
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                partial = destination.with_name(destination.name + ".part")
-                with archive.extractfile(entry) as source, open(partial, "wb") as sink:
-                    shutil.copyfileobj(source, sink, 1 << 20)
-                os.replace(partial, destination)
+                if path in seen:
+                    raise FetchError(f"{name}: {path} appears twice in the package; refused rather than one "
+                                     f"of them dropped")
+                seen.add(path)
+                total += entry.size
+                if entry.size > MAX_MEMBER_BYTES or total > MAX_TOTAL_BYTES:
+                    raise FetchError(f"{name}: {path} would make {entry.size:,} bytes ({total:,} in all), past "
+                                     f"the bound of {MAX_MEMBER_BYTES:,} a file and {MAX_TOTAL_BYTES:,} a package")
+                _write_member(archive, entry, target / path)
                 found.append(path)
                 if enough(found):
                     break
     except (tarfile.TarError, EOFError, ValueError, OSError, lzma.LZMAError) as exc:
-        raise FetchError(f"cannot extract {Path(deb).name}: {exc}") from None
+        raise FetchError(f"cannot extract {name}: {exc}") from None
     return found
+
+
+def _write_member(archive, entry, destination: Path) -> None:
+    """One member's bytes to ``destination`` through a partial file, removed if the copy stops."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".part")
+    try:
+        with archive.extractfile(entry) as source, open(partial, "wb") as sink:
+            shutil.copyfileobj(source, sink, 1 << 20)
+        os.replace(partial, destination)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # --- kernel packages ---------------------------------------------------------------------
@@ -171,19 +204,37 @@ def _dbg_wanted(path: PurePosixPath) -> bool:
     return path.parent == PurePosixPath("usr/lib/debug/boot") and path.name.startswith(("vmlinux-", "System.map-"))
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _directory_name(package: str, version: str, digest: str) -> str:
+    """``<package>_<version>_<sha256 prefix>`` with every character outside [A-Za-z0-9.+~_-] dropped: never
+    empty, ``.`` or ``..`` (a file named ``.deb`` made it the cache's ``debs/`` itself, removed whole), and two
+    packages with one name, size and time but other bytes never share it."""
+    keep = lambda text: "".join(c for c in text if c.isascii() and (c.isalnum() or c in ".+~_-"))  # noqa: E731
+    return f"{keep(package)[:80]}_{keep(version)[:40]}_{digest[:16]}"
+
+
 def unpacked(deb: str | os.PathLike, cache_dir: str | os.PathLike | None = None, progress=None,
              fields: dict[str, str] | None = None) -> Path:
-    """The directory ``<cache>/debs/<file name>/`` holding what ``package`` needs of ``deb`` (its
-    ``boot/`` files and modules, or a -dbg package's vmlinux and System.map), extracted on first use."""
+    """The directory ``<cache>/debs/<package>_<version>_<digest>/`` holding what ``package`` needs of ``deb``
+    (its ``boot/`` files and modules, or a -dbg package's vmlinux and System.map), extracted on first use
+    (``extract``: the jail), named by the package's content."""
     deb = Path(deb)
     fields = fields if fields is not None else control_fields(deb)
     package = fields.get("Package", "")
     dbg = package.endswith(DBG_SUFFIXES)
-    target = Path(cache_dir or default_cache_dir()) / "debs" / deb.name.removesuffix(".deb")
+    digest = _sha256(deb)
+    target = Path(cache_dir or default_cache_dir()) / "debs" / _directory_name(package, fields.get("Version", ""),
+                                                                              digest)
     marker = target / ".complete"
     stat = deb.stat()
     stamp = {"package": package, "version": fields.get("Version", ""), "size": stat.st_size,
-             "mtime_ns": stat.st_mtime_ns}
+             "mtime_ns": stat.st_mtime_ns, "sha256": digest}
     try:
         if json.loads(marker.read_text()) == stamp:
             return target
@@ -255,7 +306,7 @@ def matching_dbg(image_deb: str | os.PathLike, image: str, version: str, cache_d
     try:
         cache.mkdir(parents=True, exist_ok=True)
         (progress or (lambda line: None))(f"downloading {name}={version} (its symbols) into {cache} ...")
-        return download_version(cache, name, version)
+        return download_version(cache, name, version, update=False)  # the lists as they are: no apt-get update
     except (FetchError, OSError):
         return None
 
