@@ -363,3 +363,15 @@ def test_a_file_name_of_any_bytes_is_verified_and_printed(tmp_path, name):
     assert p.returncode == 0, p.stderr
     out = p.stdout.decode("utf-8")  # what reaches the terminal is UTF-8, whatever the name's bytes
     assert "image: " in out
+
+
+@pytest.mark.parametrize("e_type", [0, 4, 0xFE00, 0xFF00])
+@pytest.mark.parametrize("command", ["vmlinux", "elf"])
+def test_an_elf_that_is_no_program_is_refused_in_one_line(tmp_path, e_type, command):
+    """Issue 44: an ET_CORE file was accepted as a program (and by vmlinux refused only for its addresses)."""
+    data = bytearray(open("/bin/true", "rb").read())
+    data[16:18] = e_type.to_bytes(2, "little")
+    path = tmp_path / "x.elf"
+    path.write_bytes(data)
+    code, out, err = run(command, str(path), "--db", str(tmp_path / "s.sqlite"), "--no-progress")
+    assert code == 2 and err.count("\n") == 1 and "not a program or a kernel" in err, err

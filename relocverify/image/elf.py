@@ -15,7 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ..errors import ImageError
-from .image import (EM_X86_64, ET_REL, SHF_EXECINSTR, SHT_DYNSYM, SHT_NOBITS, SHT_NULL, SHT_REL, SHT_RELA,
+from .image import (EM_X86_64, ET_DYN, ET_EXEC, ET_REL, SHF_EXECINSTR, SHT_DYNSYM, SHT_NOBITS, SHT_NULL, SHT_REL, SHT_RELA,
                     SHT_STRTAB, SHT_SYMTAB, Section, Symbol, one_line)
 
 # --- ELF -----------------------------------------------------------------
@@ -57,6 +57,10 @@ def _check_elf_header(path: str, buffer, what: str) -> None:
     if e_type == ET_REL:
         raise ImageError(f"{path}: a relocatable object (a .ko module?) has no link-time addresses; "
                          "pass a linked vmlinux")
+    if e_type not in (ET_EXEC, ET_DYN):  # ET_CORE (a core dump), ET_NONE, OS- and processor-specific types
+        kind = {0: "an ELF of no type (ET_NONE)", 4: "a core dump (ET_CORE)"}.get(e_type, f"an ELF of type {e_type:#x}")
+        raise ImageError(f"{path}: {kind}, not a program or a kernel: pass an executable, a shared library or a "
+                         f"vmlinux")
     if e_shoff == 0:
         raise ImageError(f"{path}: {what} has no section headers; relocverify needs them")
     if e_shentsize != 64:

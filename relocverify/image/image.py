@@ -26,6 +26,8 @@ SHT_DYNSYM = 11
 
 EM_X86_64 = 62
 ET_REL = 1
+ET_EXEC = 2
+ET_DYN = 3
 
 
 #: KASLR moves the kernel in steps of CONFIG_PHYSICAL_ALIGN (2 MiB on x86-64).
