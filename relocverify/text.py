@@ -9,6 +9,8 @@ needs nothing more than ``ensure_ascii`` (its default in the standard library).
 
 from __future__ import annotations
 
+import html
+
 
 def printable(text: str) -> str:
     """``text`` with every non-printable character (C0, DEL, C1, separators, unassigned) as an escape; a byte
@@ -28,3 +30,10 @@ def one_line(value: object) -> str:
 def printable_lines(text: str) -> str:
     """As ``printable``, keeping line breaks (for multi-line messages)."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def html_text(text: object, quote: bool = True) -> str:
+    """``text`` for HTML and XML: ``printable`` first (a C0 or C1 control, which XML 1.0 cannot hold and a
+    browser shows as nothing, is spelled ``\\xNN``), then ``html.escape``.  The one HTML encoder of the
+    report."""
+    return html.escape(printable(str(text)), quote)

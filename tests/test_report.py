@@ -399,3 +399,23 @@ def test_report_shows_jump_probe_answers(debian_kernels, tmp_path, browser):
     assert "eligible" in listing or "range:" in listing
     assert "refused: range:" in p.page.inner_text("#insn-detail")
     assert p.problems == []
+
+
+def test_html_text_spells_every_control_character():
+    """The report's one HTML encoder (``text.html_text``): C0 and C1 controls, which XML 1.0 cannot hold and a
+    browser shows as nothing, and terminal escapes reach the page as visible ``\\xNN`` (issue 44)."""
+    import re as _re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from relocverify.text import html_text
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FF, blacklist_categories=("Cs",))))
+    def check(name):
+        out = html_text(name)
+        assert not _re.search(r"[\x00-\x1f\x7f-\x9f<>&\"']", out.replace("&amp;", "").replace("&lt;", "")
+                              .replace("&gt;", "").replace("&quot;", "").replace("&#x27;", "")), (name, out)
+
+    check()

@@ -5,7 +5,7 @@ Every label goes through ``html.escape``; colours and sizes are SVG attributes
 
 from __future__ import annotations
 
-from html import escape
+from ..text import html_text as escape
 
 COLOURS = {"proved": "#2e7d32", "opaque": "#9e9d24", "unknown": "#f9a825", "rejected": "#6d4c41",
            "refuted": "#c62828", "fresh": "#1565c0", "cached": "#90a4ae", "none": "#eeeeee"}

@@ -3,9 +3,9 @@ Content-Security-Policy.  Every string from the input goes through ``html.escape
 
 from __future__ import annotations
 
-from html import escape
 
 from ..outputs import REPORT_MARK
+from ..text import html_text as escape
 from . import charts
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

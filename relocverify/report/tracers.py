@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-from html import escape
 
 from ..outputs import REPORT_MARK
+from ..text import html_text as escape
 from .page import CSP
 
 BUCKETS = ("agree", "tracer-wrong", "tracer-refuses-provable", "both-refuse", "unknown")
