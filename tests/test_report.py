@@ -419,3 +419,26 @@ def test_html_text_spells_every_control_character():
                               .replace("&gt;", "").replace("&quot;", "").replace("&#x27;", "")), (name, out)
 
     check()
+
+
+def test_a_killed_report_s_staging_is_swept_by_the_next(tmp_path):
+    """A report killed with SIGKILL leaves its staging directory; the next report removes it (issue 44)."""
+    import subprocess
+    import sys
+
+    from relocverify.cli.report import _build_staged
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".relocverify-report-{dead}-abc"
+    (stale / "data").mkdir(parents=True)
+    (stale / "data" / "big").write_bytes(b"x" * 1000)
+    mine = tmp_path / f".relocverify-report-{os.getpid()}-live"  # a running report's (this process): kept
+    mine.mkdir()
+
+    def build(staging):
+        open(os.path.join(staging, "index.html"), "w").write("ok")
+        return {}
+
+    _build_staged(str(tmp_path / "out"), build)
+    assert not stale.exists() and mine.exists() and (tmp_path / "out" / "index.html").read_text() == "ok"

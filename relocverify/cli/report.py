@@ -42,6 +42,33 @@ def command(args, out: TextIO) -> int:
     return 0
 
 
+def _sweep_stale(directory: str, prefix: str) -> None:
+    """Remove the staging directories a killed report left in ``directory`` (``<prefix><pid>-*`` of a process
+    that is gone: a SIGKILL runs no ``finally``; issue 44: an 84 MB one stayed for good)."""
+    import shutil
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _build_staged(output: str, build):
     """``build(staging)`` into a new directory beside ``output``, then its entries (index.html, assets/,
     data/) moved into ``output`` one rename each: a failure (a full or read-only disk) leaves ``output``
@@ -52,16 +79,19 @@ def _build_staged(output: str, build):
     from ..outputs import environment_error
 
     parent = os.path.dirname(os.path.abspath(output))
+    _sweep_stale(parent, ".relocverify-report-")
+    _sweep_stale(output, ".relocverify-old-")
+    pid = os.getpid()
     try:
         os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".relocverify-report-", dir=parent)
+        staging = tempfile.mkdtemp(prefix=f".relocverify-report-{pid}-", dir=parent)
     except OSError as exc:
         raise environment_error(exc, output) or InputError(f"{output}: cannot write: {exc.strerror}") from None
     aside = None
     try:
         done = build(staging)
         os.makedirs(output, exist_ok=True)
-        aside = tempfile.mkdtemp(prefix=".relocverify-old-", dir=output)
+        aside = tempfile.mkdtemp(prefix=f".relocverify-old-{pid}-", dir=output)
         for name in sorted(os.listdir(staging), key=lambda n: n == "index.html"):  # index.html last
             target = os.path.join(output, name)
             if os.path.lexists(target):
