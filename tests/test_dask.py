@@ -105,3 +105,46 @@ def test_a_bad_scheduler_address_is_a_one_line_error(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "--scheduler" in err and "Traceback" not in err
+
+
+def test_a_scheduler_that_never_answers_is_not_waited_on_for_ever(tmp_path, capsys):
+    """A server that accepts the connection and says nothing (issue 44: waited on for ever): one line, exit 2,
+    within the scheduler's wait."""
+    import socket
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import elfbuild
+    import test_engine
+
+    from relocverify.cli import main
+    from relocverify.engine.dask_pool import SCHEDULER_WAIT_S
+
+    image = str(elfbuild.build_elf(tmp_path, test_engine.SMALL_ASM, test_engine.SMALL_LDS))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        code = main(["vmlinux", image, "--db", str(tmp_path / "s.sqlite"), "--no-progress", "--scheduler",
+                     f"tcp://127.0.0.1:{server.getsockname()[1]}"])
+    finally:
+        stop.set()
+        server.close()
+        for c in held:
+            c.close()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "did not answer" in err, err
+    assert time.monotonic() - t0 < SCHEDULER_WAIT_S + 8

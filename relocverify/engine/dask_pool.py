@@ -147,11 +147,12 @@ class DaskPool:
                                                          silence_logs=logging.ERROR, local_directory=self._scratch)
             scheduler = self._cluster.scheduler_address
         try:
-            self.client = distributed.Client(scheduler, timeout="30s")
-        except OSError as exc:
+            self.client, info = _answered(lambda: _connect(scheduler), SCHEDULER_WAIT_S,
+                                          f"the Dask scheduler at {scheduler}")
+        except (OSError, WorkerError) as exc:
             self._close_cluster()
             raise WorkerError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
-        self.n = max(1, len(self.client.scheduler_info()["workers"]) or (local_workers or 1))
+        self.n = max(1, len(info["workers"]) or (local_workers or 1))
         self._counter = itertools.count(1)
         self._done = 0
         self._shards: list[str] = []
@@ -271,3 +272,37 @@ class DaskPool:
         self.close()
         return False
 
+
+#: How long a scheduler has to answer the connection and the first question (a silent one was waited on for
+#: ever: issue 44).
+SCHEDULER_WAIT_S = 20.0
+
+
+def _connect(scheduler):
+    import distributed
+
+    client = distributed.Client(scheduler, timeout=f"{SCHEDULER_WAIT_S:g}s")
+    return client, client.scheduler_info()
+
+
+def _answered(call, seconds: float, what: str):
+    """``call()``'s value, or WorkerError when it has not returned within ``seconds`` (the call is left on a
+    daemon thread, which the process's end takes with it)."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="relocverify-dask-connect", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise WorkerError(f"{what} did not answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
