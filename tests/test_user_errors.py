@@ -375,3 +375,17 @@ def test_an_elf_that_is_no_program_is_refused_in_one_line(tmp_path, e_type, comm
     path.write_bytes(data)
     code, out, err = run(command, str(path), "--db", str(tmp_path / "s.sqlite"), "--no-progress")
     assert code == 2 and err.count("\n") == 1 and "not a program or a kernel" in err, err
+
+
+@pytest.mark.parametrize("base", ["0xffffffff90000000", "0xffff888000000000", "0xffffffffff000000"])
+def test_a_module_base_outside_module_space_is_refused_not_replaced(tmp_path, base):
+    """Issue 44: a --base outside module space was replaced in silence by module space's start."""
+    import elfbuild
+    import test_engine
+
+    kernel = elfbuild.build_elf(tmp_path, test_engine.SMALL_ASM, test_engine.SMALL_LDS)
+    ko = tmp_path / "m.ko"
+    ko.write_bytes(b"\x7fELF")
+    code, out, err = run("module", str(ko), "--kernel", str(kernel), "--db", str(tmp_path / "s.sqlite"),
+                         "--base", base, "--no-progress")
+    assert code == 2 and err.count("\n") == 1 and "outside module space" in err, err

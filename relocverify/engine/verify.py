@@ -290,7 +290,7 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
     ``complete``: every total adds up, the jump probes' too when asked for."""
     from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
-    from ..image.module import MODULE_BASE, load_modules
+    from ..image.module import MODULE_BASE, MODULES_END, MODULES_VADDR, load_modules
     from .progress import Progress
     from .run import run
     from .summary import RunSummary, empty_summary
@@ -300,6 +300,11 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
     base = MODULE_BASE if base is None else base
     if base & 0xFFF:
         raise InputError(f"--base {base:#x} is not page-aligned: module_alloc() gives pages; e.g. {MODULE_BASE:#x}")
+    if not MODULES_VADDR <= base < MODULES_END:
+        # outside module space the first module would not fit, and load_modules would start over at
+        # MODULE_BASE: the base given would be replaced in silence (issue 44)
+        raise InputError(f"--base {base:#x} is outside module space ({MODULES_VADDR:#x}..{MODULES_END:#x}), where "
+                         f"module_alloc() places modules; e.g. {MODULE_BASE:#x}")
     t0 = time.monotonic()
     results: dict[str, dict] = {}
     for path, image in load_modules(modules, vmlinux, base):

@@ -29,7 +29,8 @@ from elftools.elf.relocation import RelocationSection
 from ..errors import ImageError
 from .image import SHF_ALLOC, SHF_EXECINSTR, Image, ImageSource, OpenInput, Section, Symbol, one_line
 
-MODULE_BASE = 0xFFFFFFFFC0100000  # module space (MODULES_VADDR is 0xffffffffc0000000 on x86-64)
+MODULES_VADDR = 0xFFFFFFFFC0000000  # where module space starts on x86-64
+MODULE_BASE = 0xFFFFFFFFC0100000  # the first module's place in module space
 UNRESOLVED = 0xFFFFFFFFFF000000  # where a symbol of another module is taken to be
 MASK64 = (1 << 64) - 1
 
