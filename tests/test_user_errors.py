@@ -389,3 +389,17 @@ def test_a_module_base_outside_module_space_is_refused_not_replaced(tmp_path, ba
     code, out, err = run("module", str(ko), "--kernel", str(kernel), "--db", str(tmp_path / "s.sqlite"),
                          "--base", base, "--no-progress")
     assert code == 2 and err.count("\n") == 1 and "outside module space" in err, err
+
+
+def test_a_symbol_past_its_section_is_said_not_clamped_in_silence(tmp_path):
+    """Issue 44: a function symbol whose size runs past its section was cut at the section's end in
+    silence; the summary says so."""
+    import elfbuild
+    import test_engine
+
+    asm = test_engine.SMALL_ASM.replace("    .size f_plain, .-f_plain", "    .size f_plain, 0x100000")
+    assert asm != test_engine.SMALL_ASM
+    image = elfbuild.build_elf(tmp_path, asm, test_engine.SMALL_LDS)
+    code, out, err = run("vmlinux", str(image), "--db", str(tmp_path / "s.sqlite"), "--no-progress")
+    assert code == 0, err
+    assert "note: 1 function symbol(s) run past the end of their section" in out

@@ -94,6 +94,7 @@ def render_summary(s: dict, escape=lambda text: text) -> str:
              "by section:"]
     if s.get("proved_share_of_relocatable") is not None:
         lines.insert(3, f"proved: {100 * s['proved_share_of_relocatable']:.2f}% of the instructions the policy relocates")
+    lines[1:1] = [f"note: {escape(str(note))}" for note in img.get("notes") or ()]  # what the loader adjusted
     for sec, d in sorted(s["by_section"].items()):
         lines.append(f"  {escape(sec):<24} " + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items())))
     lines.append("top reasons:")
