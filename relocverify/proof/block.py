@@ -418,7 +418,7 @@ def block_key(block: BlockPlan) -> bytes | None:
             return None
         sig.append(role)
     layout = ",".join(str(x - t) for x in block.starts) + "|" + ",".join(str(x - t) for x, _ in _slots(block))
-    return (b"block|" + cache_tag() + (b"k" if Context.of(block.address) is Context.KERNEL else b"u")
+    return (b"block|" + cache_tag() + (b"k" if Context.of(block.tramp) is Context.KERNEL else b"u")
             + shape_of(run, ofields) + b"|" + shape_of(block.trampoline, tfields) + b"|"
             + ",".join(sig).encode() + b"|" + layout.encode())
 
@@ -487,7 +487,7 @@ def piece_key(block: BlockPlan, i: int, clearance: int = 1 << 20) -> bytes | Non
         else:
             return None
         tsig.append(role)
-    context = b"k" if Context.of(block.address) is Context.KERNEL else b"u"  # the machine model's rows differ
+    context = b"k" if Context.of(block.tramp) is Context.KERNEL else b"u"  # the machine model's rows differ
     return (f"piece|{i}/{len(block.instructions)}|".encode() + context + shape_of(insn.raw, ofields) + b"|"
             + shape_of(piece, tfields) + b"|" + ",".join(osig).encode() + b"|" + ",".join(tsig).encode())
 

@@ -168,7 +168,7 @@ def cache_key(decoded: Decoded, plan: Plan, where: Machine | None = None) -> byt
     """
     if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return None
-    tag = cache_tag() + _context(where or Machine.at(decoded.address), plan.tramp)
+    tag = cache_tag() + _context(where or Machine.at(plan.tramp), plan.tramp)
     if plan.kind is PlanKind.COPY and classify(decoded).strategy == "copy":
         form = b"r" if len(plan.trampoline) == decoded.length + 5 else b"a"
         return b"copy|" + tag + form + copy_shape(decoded)

@@ -66,8 +66,9 @@ class Context(str, Enum):
 @dataclass(frozen=True)
 class Machine:
     """The machine a relocation runs in: its context, and at CPL 0 whether the kernel may enforce IBT (every
-    Linux kernel may: Debian 6.12 does; FreeBSD, kinst's kernel, does not).  ``Machine.at(A)`` is the
-    default: the context of A's half of the address space.  A tracer model says its own (uprobes and
+    Linux kernel may: Debian 6.12 does; FreeBSD, kinst's kernel, does not).  ``Machine.at(T)`` is the
+    default: the context of the half of the address space the relocated code runs in (SMEP keeps CPL 0 from
+    running user pages, and CPL 3 cannot run kernel ones, so T's half is the code's privilege level).  A tracer model says its own (uprobes and
     fasttrap run user code; kinst a kernel without IBT)."""
 
     context: Context
@@ -367,8 +368,8 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
                   tracer_ranges: tuple[tuple[int, int], ...] = (), machine: Machine | None = None) -> MachineCheck:
     """The rows of ``MACHINE_MODEL`` decided from the instructions alone (the one that needs the symbolic
     stack pointer at each boundary, ``interrupt-frame``, is ``smt.stack_exposure``).  ``machine``: where the
-    code runs (default ``Machine.at(at)``)."""
-    machine = machine or Machine.at(at)
+    code runs (default ``Machine.at(tramp)``)."""
+    machine = machine or Machine.at(tramp)
     context, kernel_ibt = machine.context, machine.kernel_ibt
     orig = machine_classes(raw, at)
     if code is None:

@@ -78,7 +78,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     """The verdict, with the machine model's preconditions attached to a proof (``machine_model``; ``where``
     the code runs: by default the context of its address)."""
     t0 = time.perf_counter()
-    where = where or Machine.at(decoded.address)
+    where = where or Machine.at(tramp)  # the relocated code runs at T: its privilege is T's
     machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges), where)
     if machine.refutes:
         return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,

@@ -38,7 +38,7 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
         if code is not None:
             exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0,
-                                      context or Context.of(decoded.address))
+                                      context or Context.of(tramp))
             if exposed is not None:
                 return exposed
         x = claripy.BVS("x", 64, explicit_name=True)
