@@ -1167,7 +1167,9 @@ def unaligned_slot(shape: Shape, rng: random.Random) -> Candidate | None:
     if kind == 0:
         return _at(site, "unaligned-slot", 21, shape.raw, _abs_back(site, shape.raw, site.at + n, odd),
                    f"the absolute jump back's qword {odd} bytes off alignment")
-    reg = rng.choice(_SCRATCH)
+    reg = _free(shape.ins, tuple(rng.sample(_SCRATCH, len(_SCRATCH))))
+    if reg is None:
+        return None
     body = _code(site, [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(0, odd), reg)], shape.raw,
                  [_I.create_reg_mem(_C.MOV_R64_RM64, reg, site.slot_at(0, odd))])
     reloc = _back(site, body, n) if kind == 1 else _abs_back(site, body, site.at + n, odd)
@@ -1253,10 +1255,19 @@ def _wants_shift(raw: bytes) -> bool:
 # Controls of the machine classes
 
 
+def _writes_rsp(ins: iced.Instruction) -> bool:
+    """``ins`` writes RSP other than as the stack of push and pop (xchg %esp, mov to %rsp, ...)."""
+    return not ins.is_stack_instruction and any(
+        iced.RegisterExt.full_register(u.register) == _R.RSP and u.access not in (iced.OpAccess.READ,
+                                                                                 iced.OpAccess.COND_READ)
+        for u in _INFO.info(ins).used_registers())
+
+
 def control_stack_order(shape: Shape, rng: random.Random) -> Candidate | None:
     """At CPL 0: pop as a load then ``lea 8(%rsp),%rsp``, push as ``lea -8(%rsp),%rsp`` then a store,
-    leave likewise: nothing is ever below RSP at a boundary, and lea leaves the flags alone."""
-    if not _stack_form(shape) or shape.mnemonic == "ret":
+    leave likewise: nothing is ever below RSP at a boundary, and lea leaves the flags alone.  Shapes with
+    one prefix at most (a REX): redundant prefixes make forms of their own, few of them validated exact."""
+    if not _stack_form(shape) or shape.mnemonic == "ret" or shape.prefixes > 1:
         return None
     ins, m = shape.ins, shape.mnemonic
     rsp = lambda d: iced.MemoryOperand(_R.RSP, displ=d, displ_size=1 if d else 0)  # noqa: E731
@@ -1277,10 +1288,12 @@ def control_stack_order(shape: Shape, rng: random.Random) -> Candidate | None:
 def control_aligned_slot(shape: Shape, rng: random.Random) -> Candidate | None:
     """At CPL 3: the copy with an aligned save slot around it, and the jump back rel32 or absolute with an
     aligned qword."""
-    if not _position_independent(shape):
+    if not _position_independent(shape) or _writes_rsp(shape.ins):
         return None
     site, n = USER, len(shape.raw)
-    reg = rng.choice(_SCRATCH)
+    reg = _free(shape.ins, tuple(rng.sample(_SCRATCH, len(_SCRATCH))))
+    if reg is None:
+        return None
     body = _code(site, [_I.create_mem_reg(_C.MOV_RM64_R64, site.slot_at(1), reg)], shape.raw,
                  [_I.create_reg_mem(_C.MOV_R64_RM64, reg, site.slot_at(1))])
     reloc = _back(site, body, n) if rng.random() < 0.5 else _abs_back(site, body, site.at + n)
@@ -1299,7 +1312,7 @@ def control_same_segment(shape: Shape, rng: random.Random) -> Candidate | None:
     """A memory operand's base moved onto another register of the same segment class (DS onto DS, rsp
     onto rbp): the same address, the same fault."""
     ins = shape.ins
-    if not _position_independent(shape) or not _based(ins) or ins.has_lock_prefix:
+    if not _position_independent(shape) or not _based(ins) or ins.has_lock_prefix or _writes_rsp(ins):
         return None  # a locked operation's operand rebased is another atomic operation to the checker
     if ins.memory_base == _R.RSP:
         new = _free(ins, (_R.RBP,))
