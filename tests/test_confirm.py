@@ -429,6 +429,15 @@ def test_a_group_is_classed_by_its_bytes_and_words():
     assert for_group("kprobes", group_class("call via kprobe_emulate_call: differs in mem[]",
                                             CS_CALL)).name == "syscalls"
     assert BY_NAME["strlen"].stand_ins and BY_NAME["afalg"].via == "module"
+    from relocverify.confirm.groups import stand_ins
+
+    vex = group_class("vmovdqu via kprobe_emulate_jcc: differs in mem[]", bytes.fromhex("c5fa7f07"))
+    assert [s.site for _, s in stand_ins("kprobes", vex)] == ["sha256_ssse3:sha256_transform_rorx+0xd8"]
+    assert [s.site for _, s in stand_ins("uprobes", vex)] == ["__strlen_avx2+0x19"]
+    assert [s.site for _, s in stand_ins("kprobes", group_class("retf via kprobe_emulate_ret: differs in rsp"))] \
+        == ["rvtest:rv_far_return+0xa"]
+    assert [s.site for _, s in stand_ins("kprobes", group_class("call via kprobe_emulate_call: differs in mem[]",
+                                                                CS_CALL))] == ["dcache_readdir+0x8f"]
 
 
 def test_controls_are_spread_over_the_functions():

@@ -3,13 +3,15 @@
 For every ``tracer-wrong`` group of the audit's summary (``STORE.audit.json``, ``tracers.audit``) of a
 tracer confirm can place (kprobes, optprobes, uprobes; kinst and fasttrap are FreeBSD's), the
 group's first instance is probed with the shipped trigger of its class (``triggers.group_class``,
-``for_group``).  Where the audit's own instances cannot show the class here, the trigger's
-stand-ins are probed too, and the result says so: uprobes' instances in a kernel image are kernel
-addresses (uprobes probes user programs: the stand-in is a site of the same class in the trigger
-program); an instance the trigger does not reach comes out ``not-executed`` and a stand-in of its
-class, if the trigger has one, is tried.  ``--controls N`` adds, per kernel tracer, ``N`` sites the
-audit puts in ``agree`` among the functions the control trigger runs (``controls``), probed all at
-once; each must come out ``not-reproduced`` (or ``not-executed``: the trigger missed it).
+``for_group``), through ``register_kprobe`` when kprobe_events refuses it.  When that does not show
+the class here (not executed, refused), the shipped stand-ins of the class are probed (``stand_ins``:
+sites the triggers run, of the same class, each saying why it stands for it), and the result says so:
+uprobes' instances in a kernel image are kernel addresses (uprobes probes user programs), the
+cs-call group's first instances are ptrace requests, ``blake2s_compress_avx512`` never runs on a CPU
+without AVX-512, ``startup_64`` runs once at boot.  A stand-in several groups share is probed once.
+``--controls N`` adds, per kernel tracer, ``N`` sites the audit puts in ``agree`` among the
+functions the control trigger runs (``controls``), probed all at once; each must come out
+``not-reproduced`` (or ``not-executed``: the trigger missed it).
 
 The result is a ``GroupResult`` per group (and per tracer's controls), written beside the store as
 ``STORE.confirm.json`` as well as returned.
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 from ..errors import InputError
 from .confirmation import Confirmation, Request, confirm
 from .outcome import Outcome
-from .triggers import BY_NAME, for_group, group_class
+from .triggers import BY_NAME, TRIGGERS, group_class
 
 PLACEABLE = {"kprobes": "kprobes", "optprobes": "optprobes", "uprobes": "uprobes"}
 
@@ -75,6 +77,7 @@ def confirm_audit(store: str, guest, base: Request, names: tuple[str, ...] = (),
     ``tracers``: only these (kprobes or kprobes@6.1; empty: every tracer confirm can place)."""
     summary = load_summary(store)
     results = []
+    memo: dict = {}
     for tracer, tally in summary["tracers"].items():
         kind = PLACEABLE.get(tracer.split("@", 1)[0])
         if kind is None or (tracers and tracer not in tracers and tracer.split("@", 1)[0] not in tracers):
@@ -82,18 +85,17 @@ def confirm_audit(store: str, guest, base: Request, names: tuple[str, ...] = (),
         for group in tally.get("groups", {}).get("tracer-wrong", []):
             if names and not any(n in group["group"] for n in names):
                 continue
-            results.append(_group(tracer, kind, group, guest, base, cache_dir, say))
+            results.append(_group(tracer, kind, group, guest, base, cache_dir, say, memo))
         if controls and kind != "uprobes":
             results.append(_controls(store, tracer, kind, summary, guest, base, controls, cache_dir, say))
     _save(store, results)
     return results
 
 
-def _group(tracer: str, kind: str, group: dict, guest, base: Request, cache_dir, say) -> GroupResult:
+def _group(tracer: str, kind: str, group: dict, guest, base: Request, cache_dir, say, memo: dict) -> GroupResult:
     examples = group.get("examples") or []
     raw = bytes.fromhex(examples[0]["bytes"]) if examples and examples[0].get("bytes") else b""
     cause = group_class(group["group"], raw)
-    trigger = for_group("uprobes" if kind == "uprobes" else "kprobes", cause)
     done: list[Confirmation] = []
     notes = []
     if kind == "uprobes":
@@ -102,12 +104,19 @@ def _group(tracer: str, kind: str, group: dict, guest, base: Request, cache_dir,
         done += _first(examples[0], replace(base, tracer=kind, causes=(cause,), trigger=()), guest, cache_dir, say,
                        notes)
     shown = any(c.outcome in (Outcome.REPRODUCED, Outcome.NOT_REPRODUCED, Outcome.PATCHED_AT_BOOT) for c in done)
-    if trigger.stand_ins and not shown:
-        stand_in = replace(base, tracer=kind, sites=trigger.stand_ins, causes=(cause,), trigger=(trigger.name,),
-                           via=trigger.via, elf=None)
-        notes.append(f"stand-in of the class in the {trigger.name} trigger: {', '.join(trigger.stand_ins)}")
-        done += confirm(stand_in, guest, cache_dir, say)
+    for trigger, stand_in in [] if shown else stand_ins(kind, cause):
+        notes.append(f"stand-in of the class in the {trigger.name} trigger: {stand_in.site} ({stand_in.why})")
+        key = (kind, stand_in.site, base.cmdline)
+        if key not in memo:  # several groups of one class share a stand-in: it is probed once
+            memo[key] = confirm(replace(base, tracer=kind, sites=(stand_in.site,), causes=(cause,),
+                                        trigger=(trigger.name,), via=trigger.via, elf=None), guest, cache_dir, say)
+        done += memo[key]
     return GroupResult(tracer, "tracer-wrong", group["group"], group.get("count", 0), tuple(done), "; ".join(notes))
+
+
+def stand_ins(kind: str, cause: str) -> list:
+    """(trigger, stand-in) for a class of ``kind``'s groups: every shipped stand-in whose word the class contains."""
+    return [(t, s) for t in TRIGGERS for s in t.stand_ins if s.tracer == kind and s.word in cause]
 
 
 def _first(example: dict, request: Request, guest, cache_dir, say, notes: list) -> list[Confirmation]:

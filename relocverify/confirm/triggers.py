@@ -25,10 +25,21 @@ class Trigger:
     groups: tuple[str, ...]  # audit group causes (``for_group``) it is the shipped trigger of
     reason: str
     functions: tuple[str, ...] = ()  # kernel functions it runs: where controls are taken from
-    stand_ins: tuple[str, ...] = ()  # sites of its groups' class it runs, probed where the audit's own cannot be
+    stand_ins: tuple["StandIn", ...] = ()  # sites of its classes it runs, probed where the audit's own cannot be
     via: str = "events"  # how the stand-ins are probed
     command: tuple[str, ...] = ()  # the argv in the guest when it runs a guest program, not programs/<program>.c
     test_module: str = ""  # programs/<test_module>.c, a module built against the package's headers, loaded first
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A site a trigger runs that stands for an audit class: for ``tracer`` (kprobes, optprobes, uprobes), a
+    group whose class (``group_class``) contains ``word``."""
+
+    tracer: str
+    word: str
+    site: str
+    why: str
 
 
 TRIGGERS: tuple[Trigger, ...] = (
@@ -41,7 +52,10 @@ TRIGGERS: tuple[Trigger, ...] = (
             functions=("dcache_readdir", "iterate_dir", "filldir64", "__x64_sys_getdents64", "pipe_poll",
                        "do_sys_poll", "do_select", "proc_pident_readdir", "kernfs_fop_readdir", "proc_readdir_de",
                        "__do_proc_dointvec", "proc_sys_call_handler", "ksys_read", "vfs_read",
-                       "__x64_sys_clock_getres", "do_sys_openat2", "path_openat")),
+                       "__x64_sys_clock_getres", "do_sys_openat2", "path_openat"),
+            stand_ins=(StandIn("kprobes", "call via kprobe_emulate_call", "dcache_readdir+0x8f",
+                               "a cs-prefixed call to __x86_indirect_thunk_r10 (dir_emit's actor) that readdir of / "
+                               "runs; the audit's first instances are ptrace requests the trigger does not make"),)),
     Trigger("afalg", "afalg", (), ("af_alg", "algif_hash", "sha256_ssse3"), "kprobes",
             ("vex",),
             "a SHA-256 digest through AF_ALG by every x86 driver (sha256-avx2, -avx, -ssse3) and the generic one: "
@@ -49,21 +63,25 @@ TRIGGERS: tuple[Trigger, ...] = (
             "instructions whose opcode bytes are 70-7f (vmovdqa stores, vpshufd, vpsrld/vpslld/vpsrlq), which "
             "kprobes' prepare_emulation reads as jcc; kprobe_events refuses these notrace functions, so probe "
             "them with --via module",
-            stand_ins=("sha256_ssse3:sha256_transform_rorx+0xd8",), via="module"),
+            stand_ins=(StandIn("kprobes", "vex", "sha256_ssse3:sha256_transform_rorx+0xd8",
+                               "vmovdqa %ymm9,(%rsp,%rdi,1): VEX 0f 7f, read as jg"),), via="module"),
     Trigger("lret", "", (), (), "kprobes",
-            ("lret", "far return", "computed exit"),
+            ("retf", "lret", "far return", "computed exit"),
             "reads /proc/rv-test, whose handler (test module rvtest, built against the package's headers) calls "
             "rv_far_return 1,000 times: push CS, push the next instruction's address, lretq, as startup_64 "
             "reloads CS; kprobes emulates lretq as a near ret, and optprobes copies push and lretq into its slot "
             "while the far return lands inside the jump it wrote. No kernel path runs startup_64 after boot",
-            stand_ins=("rvtest:rv_far_return+0xa",), via="module", command=("/bin/cat", "/proc/rv-test"),
+            stand_ins=(StandIn("kprobes", "retf", "rvtest:rv_far_return+0xa", "lretq, emulated as a near ret"),
+                       StandIn("optprobes", "ret", "rvtest:rv_far_return+0x9",
+                               "push %rax before lretq: the optimized jump covers the far return's target")),
+            via="module", command=("/bin/cat", "/proc/rv-test"),
             test_module="rvtest"),
     Trigger("strlen", "strlen", ("20",), (), "uprobes",
             ("vex",),
             "glibc's strlen over every length 0..300 at 64 alignments; static, so glibc's ifunc picks "
             "__strlen_avx2 under QEMU's -cpu max, whose vpcmpeqb (VEX 0f 74) and vzeroupper (VEX 0f 77) "
             "have opcode bytes uprobes' branch_setup_xol_ops reads as jcc",
-            stand_ins=("__strlen_avx2+0x19",)),
+            stand_ins=(StandIn("uprobes", "vex", "__strlen_avx2+0x19", "vpcmpeqb (%rdi): VEX 0f 74, read as je"),)),
 )
 
 BY_NAME = {t.name: t for t in TRIGGERS}
