@@ -80,13 +80,15 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
     t0 = time.perf_counter()
     where = where or Machine.at(tramp)  # the relocated code runs at T: its privilege is T's
     machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges), where)
+    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0, where.context)
+    if result.verdict is Verdict.REFUTED:
+        return result  # a difference the semantics finds (replayed on unicorn) comes first
     if machine.refutes:
         return _outside_result(decoded, code, tramp, "machine-model", machine.what, machine.problem,
                                "the machine model's difference is not observable in a sequential replay "
                                "(docs/machine.md)", t0, machine)
-    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0, where.context)
     if result.verdict is not Verdict.PROVED:
-        return result  # a difference the semantics finds stands whatever the machine model cannot decide
+        return result  # the semantics' reason for no proof stands whatever the machine model cannot decide
     if machine.problem is not None:
         return ProofResult(Verdict.UNKNOWN, machine.problem, "machine-model", seconds=time.perf_counter() - t0)
     return replace(result, assumes=machine.assumes) if machine.assumes else result

@@ -36,11 +36,6 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
             reloc = S.execute_relocated(world, code, tramp, decoded.address)
         else:
             reloc = S.execute_effects(world, effects, decoded.address, tramp)
-        if code is not None:
-            exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0,
-                                      context or Context.of(tramp))
-            if exposed is not None:
-                return exposed
         x = claripy.BVS("x", 64, explicit_name=True)
         items = smt.items(world, orig, reloc, decoded.address, tramp, x)
         read_conds = smt.event_conditions(world, orig, reloc)
@@ -61,6 +56,14 @@ def check_by_smt(decoded: Instruction, code: bytes | None, effects: tuple[Effect
     except claripy.errors.ClaripyError as exc:
         return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {one_line(exc)}", "smt",
                            seconds=time.perf_counter() - t0)
+    if solver is None and code is not None:  # equal in sequence: now the machine between instructions
+        try:
+            exposed = _stack_exposure(world, decoded, orig, reloc, tramp, timeout_ms, t0, context or Context.of(tramp))
+        except claripy.errors.ClaripyError as exc:
+            return ProofResult(Verdict.UNKNOWN, f"solver: {type(exc).__name__}: {one_line(exc)}", "smt",
+                               seconds=time.perf_counter() - t0)
+        if exposed is not None:
+            return exposed
     if solver is None and not trusted:
         if admission.unvalidated:
             return gap_result(decoded, code, tramp, why, t0)
