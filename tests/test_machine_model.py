@@ -344,3 +344,45 @@ def test_a_value_kept_below_rsp_across_a_boundary_is_lost(reg, depth):
     reloc = with_jump_back(orig, mov_store_rsp(reg, -depth) + mov_load_rsp(reg, -depth))
     r = verdict(orig, reloc)
     assert r.verdict is not Verdict.PROVED, r.render()
+
+
+@pytest.mark.parametrize("prefix", ["", "3e", "36", "26", "2e", "64", "65"])
+@pytest.mark.parametrize("base", [4, 5, 3, 0, 12, 13])
+def test_a_segment_override_decides_the_fault_only_for_fs_and_gs(prefix, base):
+    """In 64-bit mode cs:, ds:, es: and ss: overrides are ignored: rsp and rbp bases raise #SS, others #GP
+    (this CPU: ds:8(%rsp) raises SIGBUS, ss:8(%rbx) SIGSEGV; selftest found four false proofs when the
+    override was taken at its word)."""
+    from relocverify.proof.machine_model import machine_classes
+
+    modrm = 0x40 | (0 << 3) | (base & 7)  # mov disp8(base), %rax
+    raw = bytes.fromhex(prefix) + bytes([0x48 | (base >> 3)]) + bytes([0x8B, modrm]) \
+        + (b"\x24" if base & 7 == 4 else b"") + b"\x08"
+    (access,) = machine_classes(raw, A).accesses
+    expect = "ss" if base in (4, 5) and prefix not in ("64", "65") else "flat"
+    assert access.segment == expect, (raw.hex(), access)
+
+
+@pytest.mark.parametrize("orig,at,reloc,tramp,memory", [
+    ("80882909000020", 0x30000100, "48892df9ffff004889c53e808d2909000020488b2de7ffff00e9e90000ff", 0x31000000,
+     (0x32000000, 0x100)),
+    ("3e480fba2810", 0x30000100, "48892df9ffff004889c53e480fba6d0010488b2de8ffff00e9e90000ff", 0x31000000,
+     (0x32000000, 0x100)),
+    ("3e0fc14308", 0x30000100, "48892df9ffff004889dd3e0fc14508488b2deaffff00e9ea0000ff", 0x31000000,
+     (0x32000000, 0x100)),
+    ("3e41ff0481", 0xFFFFFFFF81000100, "48892df9ffff004c89cd3eff448500488b2deaffff00e9ea0000ff", 0xFFFFFFFF82000000,
+     (0xFFFFFFFF83000000, 0x100)),
+])
+def test_selftest_s_false_proofs_of_a_ds_access_rebased_on_rbp(orig, at, reloc, tramp, memory):
+    """``relocverify selftest --pairs 2000 --seed 20261127`` (fault-segment): a ds: access moved onto
+    ``ds:(%rbp)`` raises #SS where the original raises #GP; the CPU judge saw SIGBUS against SIGSEGV."""
+    r = prove_relocation(decode(bytes.fromhex(orig), at), bytes.fromhex(reloc), tramp, tracer_memory=(memory,))
+    assert r.verdict is Verdict.REFUTED and r.method == "machine-model", r.render()
+
+
+def test_a_tracer_slot_written_before_a_boundary_is_no_stack():
+    """The relocation saves a scratch register to its slot, then the original (which moves rsp) runs: the
+    slot is no stack that an interrupt could lose (selftest saw this refuted)."""
+    r = prove_relocation(decode(bytes.fromhex("1b20"), 0x30000100),
+                         bytes.fromhex("4c891df9ffff004989c3411b234c8b1decffff00e9e90000ff"), 0x31000000,
+                         tracer_memory=((0x32000000, 0x100),))
+    assert r.method != "machine-model", r.render()

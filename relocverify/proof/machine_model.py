@@ -219,8 +219,12 @@ _RSP_REGS = frozenset({iced.Register.RSP, iced.Register.ESP, iced.Register.SP, i
 _WRITE = frozenset({iced.OpAccess.WRITE, iced.OpAccess.COND_WRITE, iced.OpAccess.READ_WRITE,
                     iced.OpAccess.READ_COND_WRITE})
 #: The segment classes a fault tells apart: a non-canonical address through SS raises #SS, through any other
-#: segment (fs and gs included: their bases are added first) #GP.
-_SEGMENT = {iced.Register.SS: "ss"}
+#: segment (fs and gs included: their bases are added first) #GP.  In 64-bit mode the CS, DS, ES and SS
+#: overrides are ignored (SDM Vol. 1 §3.3.7.1; measured on this CPU: ``ds:8(%rsp)`` still raises #SS): the
+#: segment is SS exactly when the base is rsp or rbp (or the access is the stack's own), unless an fs or gs
+#: override names another.
+_STACK_BASES = frozenset({iced.Register.RSP, iced.Register.RBP, iced.Register.ESP, iced.Register.EBP})
+_FS_GS = frozenset({iced.Register.FS, iced.Register.GS})
 _KIND = {iced.OpAccess.READ: "r", iced.OpAccess.COND_READ: "r", iced.OpAccess.WRITE: "w",
          iced.OpAccess.COND_WRITE: "w", iced.OpAccess.READ_WRITE: "rw", iced.OpAccess.READ_COND_WRITE: "rw"}
 #: Instructions whose effect lands on the next instruction (rows single-step-set, interrupt-shadow).
@@ -282,7 +286,8 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
             if any(lo <= addr < lo + n for lo, n in tracer_ranges):
                 tracer.append((addr, size))
                 continue
-        accesses.append(Access(_SEGMENT.get(m.segment, "flat"), kind, size))
+        stack = m.segment not in _FS_GS and m.base in _STACK_BASES
+        accesses.append(Access("ss" if stack else "flat", kind, size))
     deferred = _DEFERRED.get(name)
     if name == "mov" and ins.op_count and ins.op0_kind == iced.OpKind.REGISTER and ins.op0_register == iced.Register.SS:
         deferred = "interrupt-shadow"

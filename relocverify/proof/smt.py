@@ -296,8 +296,10 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
     (its *exposed* bytes).  With offsets from the entry rsp (``d``: at the boundary, ``f``: the original's
     rsp at its end), some byte ``y``:
 
-    * exposed at the boundary, at or above ``f`` (the original keeps it live at its end), and written by no
-      later store of the relocation: the interrupt's value survives where the original's does not;
+    * exposed at the boundary, at or above ``f`` (the original keeps it live at its end), not exposed on entry
+      or written by the relocation before the boundary (below ``-red_zone`` an interrupt before the original
+      could equally have written it), and written by no later store of the relocation: the interrupt's value
+      survives where the original's does not;
     * exposed at the boundary, not exposed on entry (``y >= -red_zone``: below that, an interrupt before the
       original could equally have written it) or written by the relocation before the boundary, read later,
       and written by no store between the boundary and the read;
@@ -324,13 +326,17 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
     def covers(e):
         return claripy.And(e.guard, claripy.SLE(z(e.address) - rsp0, y), claripy.SLT(y, z(e.address) - rsp0 + e.size))
 
+    def stores(events):
+        """The stores of ``events`` outside tracer memory (the tracer's slots are no stack)."""
+        return [e for e in events if e.kind == "W" and not (e.address.op == "BVV" and world.in_tracer(e.address.args[0]))]
+
     def unwritten(events):
         """``y`` is written by none of ``events``' stores."""
-        return [claripy.Not(covers(e)) for e in events if e.kind == "W"]
+        return [claripy.Not(covers(e)) for e in stores(events)]
 
     def written(events):
         """``y`` is written by one of ``events``' stores."""
-        return claripy.Or(claripy.false(), *(covers(e) for e in events if e.kind == "W"))
+        return claripy.Or(claripy.false(), *(covers(e) for e in stores(events)))
 
     found = []
     for o in reloc_outs:
@@ -339,7 +345,9 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
             top = d - red_zone
             where = f"T+{b.address - tramp:#x}"
             after = o.events[b.before:]
-            found.append((claripy.And(o.guard, claripy.SLE(f, y), claripy.SLT(y, top), *unwritten(after)),
+            before = o.events[:b.before]
+            meaningful = claripy.Or(claripy.SLE(floor, y), written(before))
+            found.append((claripy.And(o.guard, claripy.SLE(f, y), claripy.SLT(y, top), meaningful, *unwritten(after)),
                           f"at the boundary before {where} stack the original keeps is exposed, and not written "
                           f"again"))
             found.append((claripy.And(o.guard, claripy.SLT(d, low)),
@@ -348,7 +356,6 @@ def stack_exposure(world, orig_outs, reloc_outs, at: int, tramp: int, red_zone: 
                 if e.kind != "R" or (e.address.op == "BVV" and world.in_tracer(e.address.args[0])):
                     continue
                 da = z(e.address) - rsp0
-                meaningful = claripy.Or(claripy.SLE(floor, y), written(o.events[:b.before]))
                 hit = claripy.And(meaningful, claripy.SLT(y, top), claripy.SLE(da, y), claripy.SLT(y, da + e.size),
                                   *unwritten(after[:k]))
                 found.append((claripy.And(o.guard, e.guard, hit),
