@@ -279,6 +279,17 @@ def test_a_trigger_that_is_not_a_static_program_is_refused(tmp_path):
                         str(tmp_path / "missing"))[::2], "neither a shipped trigger")
 
 
+def test_a_module_trigger_that_is_not_a_module_is_refused(tmp_path):
+    source = tmp_path / "m.c"
+    source.write_text("int x;\n")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "kprobes", "--site", "f", "--module-trigger",
+                        str(source))[::2], "not a kernel module file")
+    fake = tmp_path / "m.ko"
+    fake.write_bytes(b"not an ELF")
+    one_line_error(*run("confirm", "--package", "x", "--tracer", "kprobes", "--site", "f", "--module-trigger",
+                        str(fake))[::2], "not a kernel module")
+
+
 def test_qemu_missing_is_one_line_that_says_what_to_install(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     one_line_error(*run("confirm", "--package", "debian-6.1-cloud", "--tracer", "kprobes", "--site",

@@ -48,6 +48,9 @@ def add_parser(sub, types) -> None:
     c.add_argument("--elf", default=None, metavar="PROGRAM", type=types["IN_FILE"],
                    help="uprobes: the statically linked program the sites are in (run as the trigger unless "
                         "--trigger says otherwise)")
+    c.add_argument("--module-trigger", default=None, metavar="FILE.ko", type=types["IN_FILE"],
+                   help="a test module built for this kernel, loaded in both boots before the probe (its sites are "
+                        "MODULE:FUNCTION+0xOFF; the trigger then exercises it, e.g. --trigger reading its /proc file)")
     c.add_argument("--optimized", choices=("on", "off"), default=None,
                    help="kprobes: debug.kprobes-optimization (default off for kprobes, on for optprobes)")
     c.add_argument("--via", choices=("events", "module"), default="events",
@@ -86,7 +89,8 @@ def command(args, out: TextIO) -> int:
     request = Request(tracer=tracer, sites=tuple(args.site), cmdline=args.cmdline, trigger=tuple(args.trigger),
                       elf=args.elf, optimized=None if args.optimized is None else args.optimized == "on",
                       via=args.via, trigger_timeout_s=max(1, int(args.trigger_timeout)),
-                      boot_timeout_s=args.boot_timeout, accel=args.accel, cpus=args.smp)
+                      boot_timeout_s=args.boot_timeout, accel=args.accel, cpus=args.smp,
+                      module_trigger=args.module_trigger)
     check_request(request)
     qemu.find_qemu()  # both before anything is built
     say = None if args.json else (lambda line: print(escape(line), file=sys.stderr, flush=True))

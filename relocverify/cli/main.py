@@ -161,7 +161,7 @@ IO = {
     "show": (("source", "system_map"), (), ()),
     "export": (("store",), ("output",), ()),
     "audit": (("image", "system_map", "module", "package", "dbg"), ("db", "summary_json"), ()),
-    "confirm": (("package", "dbg", "elf", "audit"), (), ()),
+    "confirm": (("package", "dbg", "elf", "audit", "module_trigger"), (), ()),
 }
 
 

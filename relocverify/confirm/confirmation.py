@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from ..errors import InputError
 from . import initramfs, qemu
 from .console import read_console, shows_fault
-from .guest import Guest, confirm_cache, is_static, run_initrd, scratch
+from .guest import Guest, confirm_cache, is_static, module_name, run_initrd, scratch
 from .outcome import Decision, Outcome, Run, Site, decide, divergence
 from .probe import Probe
 from .script import RunPlan, run_script
@@ -43,6 +43,7 @@ class Request:
     accel: str = "auto"
     causes: tuple[str | None, ...] = ()  # per site, the audit group's cause (chooses the shipped trigger)
     cpus: int = 1  # the guest's CPUs (QEMU -smp)
+    module_trigger: str | None = None  # a user's test module (.ko for this kernel), loaded before the probe
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
         site = resolve_user_site(text, elf_host, elf_guest)
         extra = extra + extra_elf
     else:
-        site = _kernel_site(text, guest, cache_dir, say)
+        site = _kernel_site(text, guest, cache_dir, say, request.module_trigger)
     if not site.probe_target:
         raise InputError(f"{text}: several functions of {site.module} have that name: kprobes cannot tell them "
                          f"apart by name")
@@ -159,7 +160,12 @@ def _prepare(request: Request, guest: Guest, k: int, text: str, cache_dir: str |
     length = max([len(site.file_bytes)] + [len(raw) for _, raw in site.variants])  # the longest a variant may be
     live = ((site.address if site.module is None else f"{site.symbol}+{site.offset:#x}", length),) \
         if kind == "kprobes" else ()
-    return _Prepared(site, probe, trigger, tuple(extra), _modules(guest, trigger, site), live)
+    modules = _modules(guest, trigger, site, request.module_trigger)
+    if request.module_trigger:
+        with open(request.module_trigger, "rb") as handle:
+            extra = extra + [initramfs.file(f"rv/modules/{module_name(request.module_trigger)}.ko", handle.read(),
+                                            0o644)]
+    return _Prepared(site, probe, trigger, tuple(extra), modules, live)
 
 
 def _run(context: _Context, prepared: tuple[_Prepared, ...]) -> list[Confirmation]:
@@ -220,6 +226,20 @@ def check_request(request: Request) -> None:
                                                       f"nor a file")
     if request.elf:
         _static_file(request.elf, "--elf", "not a file")
+    if request.module_trigger:
+        _module_file(request.module_trigger)
+
+
+def _module_file(path: str) -> None:
+    """InputError unless ``path`` is a kernel module (an ELF relocatable object with a ``.modinfo``)."""
+    from .guest import module_depends
+
+    if not os.path.isfile(path) or not path.endswith(".ko"):
+        raise InputError(f"--module-trigger {path}: not a kernel module file (.ko)")
+    try:
+        module_depends(path)
+    except Exception as exc:  # pyelftools' errors: not an ELF at all
+        raise InputError(f"--module-trigger {path}: not a kernel module ({exc})") from None
 
 
 def _static_file(path: str, option: str, missing: str) -> None:
@@ -272,9 +292,11 @@ def _elf(request: Request, guest: Guest, trigger: _Chosen, extra: list) -> tuple
         return request.elf, guest_path, [initramfs.file(guest_path.lstrip("/"), handle.read())]
 
 
-def _modules(guest: Guest, trigger: _Chosen, site: Site) -> tuple[str, ...]:
-    """The guest's modules loaded before the probe: those the trigger needs, its test module, and the site's own."""
+def _modules(guest: Guest, trigger: _Chosen, site: Site, module_trigger: str | None = None) -> tuple[str, ...]:
+    """The guest's modules loaded before the probe: those the trigger needs, its test module (or the user's),
+    and the site's own."""
     test = (trigger.row.test_module,) if trigger.row is not None and trigger.row.test_module else ()
+    test += (module_name(module_trigger),) if module_trigger else ()
     if (trigger.row is None or not trigger.row.modules) and (site.module is None or site.module in test):
         return test
     if site.module is not None and site.module not in guest.modules + test:
@@ -283,7 +305,7 @@ def _modules(guest: Guest, trigger: _Chosen, site: Site) -> tuple[str, ...]:
     return tuple(guest.modules) + test  # in load order; the guest carries exactly what the shipped triggers need
 
 
-def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say) -> Site:
+def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say, module_trigger: str | None = None) -> Site:
     from .guest import PROGRAM_DIR
     from .kbuild import build_module
     from .sites import module_of, resolve_kernel_site, resolve_module_site
@@ -291,7 +313,9 @@ def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say) -> Site:
     module, rest = module_of(text)
     if module is None:
         return resolve_kernel_site(text, guest.vmlinux, guest.system_map)
-    if any(t.test_module == module for t in TRIGGERS):
+    if module_trigger and module == module_name(module_trigger):
+        path = module_trigger
+    elif any(t.test_module == module for t in TRIGGERS):
         path = str(build_module(guest, PROGRAM_DIR / f"{module}.c", confirm_cache(cache_dir), say))
     else:
         path = dict(guest.module_paths).get(module)
