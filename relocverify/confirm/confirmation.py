@@ -260,6 +260,8 @@ def _trigger(request: Request, guest: Guest, kind: str, cause: str | None,
              module: str | None = None) -> tuple[_Chosen, list]:
     """The trigger's argv in the guest, and the entries a user's program adds to the run's initramfs; by
     default the shipped trigger of the site's audit group, or of the module the site is in."""
+    if not request.trigger and kind == "uprobes" and request.elf:  # the program the site is in runs itself
+        return _user_program(request.elf, ())
     if not request.trigger:
         row = next((t for t in TRIGGERS if module in t.modules or module == t.test_module), None) if module else None
         row = row or for_group(kind, cause)
@@ -268,8 +270,13 @@ def _trigger(request: Request, guest: Guest, kind: str, cause: str | None,
     if name in BY_NAME:
         row = BY_NAME[name]
         return _Chosen(_argv(row, args), row), []
-    guest_path = f"/rv/bin/user-{os.path.basename(name)}"
-    with open(name, "rb") as handle:
+    return _user_program(name, args)
+
+
+def _user_program(path: str, args: tuple[str, ...]) -> tuple[_Chosen, list]:
+    """A user's static program as the trigger: /rv/bin/user-NAME in the run's own initramfs."""
+    guest_path = f"/rv/bin/user-{os.path.basename(path)}"
+    with open(path, "rb") as handle:
         data = handle.read()
     return _Chosen((guest_path,) + args, None), [initramfs.file(guest_path.lstrip("/"), data)]
 
