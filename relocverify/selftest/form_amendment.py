@@ -213,7 +213,7 @@ def witnesses(form: str, instances: list[bytes], seed: int = 0, limit: int = 8) 
         pairs = EO.edge_cases_placed(raw, CODE_AT, rng)
         if not pairs:
             continue
-        states = [s for _, s in pairs]
+        states = [cpu.trim_state(s) for _, s in pairs]  # the state this CPU loads, as form validation does
         sem = EV.evaluate(raw, CODE_AT, states)
         outs = cpu.run_on_cpu(program_for(raw), states)
         for (case, _), state, c, s in zip(pairs, states, outs, sem):
