@@ -197,6 +197,15 @@ def test_a_variant_longer_than_the_files_instruction_is_recognised():
     assert d.live_variant == "alternative: replacement (cpuid 0x134)"
 
 
+def test_freed_init_text_is_not_a_boot_patch():
+    from dataclasses import replace
+
+    init = replace(SITE, variants=(("init_text: on disk", CS_CALL),), init_text=True)
+    base, mine = runs(console_text(probe=False, live="cc" * 6), console_text(live="cc" * 6, placed="22"))
+    d = decide(init, PROBE, base, mine)
+    assert d.outcome is Outcome.REFUSED and "init text, freed after boot" in d.evidence
+
+
 def test_live_bytes_no_variant_predicts_are_a_finding_of_their_own():
     live = "90" * 6
     base, mine = runs(console_text(probe=False, live=live), console_text(live=live))

@@ -2,8 +2,9 @@
 
 For every ``tracer-wrong`` group of the audit's summary (``STORE.audit.json``, ``tracers.audit``) of a
 tracer confirm can place (kprobes, optprobes, uprobes; kinst and fasttrap are FreeBSD's), the
-group's first instance is probed with the shipped trigger of its class (``triggers.group_class``,
-``for_group``), through ``register_kprobe`` when kprobe_events refuses it.  When that does not show
+group's instances the summary keeps (up to three) are probed in turn until one is executed, with the
+shipped trigger of its class (``triggers.group_class``, ``for_group``), through ``register_kprobe``
+when kprobe_events refuses one.  When that does not show
 the class here (not executed, refused), the shipped stand-ins of the class are probed (``stand_ins``:
 sites the triggers run, of the same class, each saying why it stands for it), and the result says so:
 uprobes' instances in a kernel image are kernel addresses (uprobes probes user programs), the
@@ -42,7 +43,10 @@ class GroupResult:
 
     @property
     def outcome(self) -> Outcome | None:
-        return max((c.outcome for c in self.confirmations), default=None)
+        """The strongest outcome over the sites probed, each site's last attempt counting (a refusal by
+        kprobe_events is superseded by the same site through register_kprobe)."""
+        last = {(c.site.text, c.site.address): c.outcome for c in self.confirmations}
+        return max(last.values(), default=None)
 
     def as_json(self) -> dict:
         counts: dict[str, int] = {}
@@ -100,9 +104,12 @@ def _group(tracer: str, kind: str, group: dict, guest, base: Request, cache_dir,
     notes = []
     if kind == "uprobes":
         notes.append("the audit's instances are kernel addresses and uprobes probes user programs")
-    elif examples:
-        done += _first(examples[0], replace(base, tracer=kind, causes=(cause,), trigger=()), guest, cache_dir, say,
-                       notes)
+    else:
+        for example in examples:  # the audit keeps a few instances: the next when one is not executed here
+            done += _first(example, replace(base, tracer=kind, causes=(cause,), trigger=()), guest, cache_dir, say,
+                           notes)
+            if done and done[-1].outcome is not Outcome.NOT_EXECUTED:
+                break
     shown = any(c.outcome in (Outcome.REPRODUCED, Outcome.NOT_REPRODUCED, Outcome.PATCHED_AT_BOOT) for c in done)
     for trigger, stand_in in [] if shown else stand_ins(kind, cause):
         notes.append(f"stand-in of the class in the {trigger.name} trigger: {stand_in.site} ({stand_in.why})")

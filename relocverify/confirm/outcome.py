@@ -55,6 +55,7 @@ class Site:
     symbol: str = ""  # a module's site: the function the guest looks up in /proc/kallsyms, and the offset
     offset: int = 0
     live_comparable: bool = True  # False: the module loader relocates bytes of this instruction
+    init_text: bool = False  # in .init.text: freed after boot, its bytes then the 0xcc poison
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
     read = _live(baseline.console, site)  # as many bytes as the longest variant
     variant = _variant(site, read)
     live = None if read is None else read[:len(site.file_bytes)]
-    patched = live is not None and live != site.file_bytes
+    freed = site.init_text and live is not None and set(live) == {0xCC}  # free_initmem's poison, not a patch
+    patched = live is not None and live != site.file_bytes and not freed
     hits, missed = profile_hits(probed.console.listed("profile"), probe.tracer, probe.event)
     opt = None
     if probe.tracer == "kprobes":  # a module's site is listed at the address its live bytes were read from
@@ -95,6 +97,8 @@ def decide(site: Site, probe: Probe, baseline: Run, probed: Run) -> Decision:
     def made(outcome: Outcome, evidence: str, excerpt: tuple[str, ...] = ()) -> Decision:
         if patched and outcome is not Outcome.PATCHED_AT_BOOT:
             evidence += f"; the live bytes are not the file's ({_patched_words(site, read, variant)})"
+        if freed:
+            evidence += f"; the site is init text, freed after boot (live {live.hex()}: the poison)"
         return Decision(outcome, evidence, excerpt, hits, missed, read, variant, opt)
 
     reproduced = divergence(baseline, probed)

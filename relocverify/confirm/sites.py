@@ -34,7 +34,8 @@ def resolve_kernel_site(text: str, vmlinux: str, system_map: str | None) -> Site
     variants: list[tuple[str, bytes]] = []
     note = ""
     finder = VariantFinder(index.image)
-    for patch in index.sites.sites_at(loc.address, len(raw)) if index.sites is not None else ():
+    patches = index.sites.sites_at(loc.address, len(raw)) if index.sites is not None else []
+    for patch in patches:
         found = finder.variants_at(patch, loc.address, raw)
         if isinstance(found, NoVariants):
             note = f"{patch.kind}: {found.reason}"
@@ -43,7 +44,8 @@ def resolve_kernel_site(text: str, vmlinux: str, system_map: str | None) -> Site
     name = loc.function.name
     unique = len(index.functions.by_name.get(name, [])) == 1
     target = f"{name}+{loc.offset:#x}" if unique else f"{loc.address:#x}"
-    return Site(text, loc.address, f"{name}+{loc.offset:#x}", raw, tuple(variants), note, target)
+    return Site(text, loc.address, f"{name}+{loc.offset:#x}", raw, tuple(variants), note, target,
+                init_text=any(p.kind == "init_text" for p in patches))
 
 
 #: Prefixes ``image.locations`` reads itself (bpftrace's, DTrace's); any other ``NAME:`` names a module.

@@ -72,8 +72,9 @@ TRIGGERS: tuple[Trigger, ...] = (
             "reloads CS; kprobes emulates lretq as a near ret, and optprobes copies push and lretq into its slot "
             "while the far return lands inside the jump it wrote. No kernel path runs startup_64 after boot",
             stand_ins=(StandIn("kprobes", "retf", "rvtest:rv_far_return+0xa", "lretq, emulated as a near ret"),
-                       StandIn("optprobes", "ret", "rvtest:rv_far_return+0x9",
-                               "push %rax before lretq: the optimized jump covers the far return's target")),
+                       StandIn("optprobes", "patched-range exit", "rvtest:rv_far_return+0x9",
+                               "push %rax before lretq: the copied run's far return comes back into the bytes the "
+                               "optimized jump overwrote")),
             via="module", command=("/bin/cat", "/proc/rv-test"),
             test_module="rvtest"),
     Trigger("strlen", "strlen", ("20",), (), "uprobes",
