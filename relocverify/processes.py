@@ -19,6 +19,17 @@ import signal
 _PR_SET_PDEATHSIG = 1
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts: it cannot be signalled, but it is there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def die_with_parent() -> None:
     """The kernel sends this process SIGKILL when its parent ends, however the parent ends (Linux
     ``prctl(PR_SET_PDEATHSIG)``); if the parent is gone already, this process ends now."""

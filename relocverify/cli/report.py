@@ -47,6 +47,8 @@ def _sweep_stale(directory: str, prefix: str) -> None:
     that is gone: a SIGKILL runs no ``finally``; issue 44: an 84 MB one stayed for good)."""
     import shutil
 
+    from ..processes import alive
+
     try:
         names = os.listdir(directory)
     except OSError:
@@ -55,18 +57,9 @@ def _sweep_stale(directory: str, prefix: str) -> None:
         if not name.startswith(prefix):
             continue
         pid = name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _build_staged(output: str, build):

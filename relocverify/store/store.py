@@ -65,6 +65,7 @@ from typing import Iterable, Iterator
 
 from ..errors import InputError, StoreError
 from ..inputs import input_file
+from ..processes import alive
 from ..proof.verdict import Verdict
 from . import shard
 from .forking import sqlite_work
@@ -341,7 +342,7 @@ class Store:
         host = socket.gethostname()
         n = 0
         for run, pid, run_host in self.db.execute("SELECT id, pid, host FROM runs WHERE status='running'").fetchall():
-            if run_host == host and pid is not None and _alive(pid):
+            if run_host == host and pid is not None and alive(pid):
                 continue
             if run_host != host:
                 continue  # another machine's run: it may still be going
@@ -1073,12 +1074,3 @@ class _Transaction:
             self.db.execute("ROLLBACK")
         return False
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
