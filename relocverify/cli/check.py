@@ -107,10 +107,23 @@ def _default_image(args) -> str:
 
 
 def command(args, out: TextIO) -> int:
+    from . import live as live_cli
+
+    live_cli.check_options(args)
     defaulted = None
-    if not getattr(args, "image", None) and args.at is None and _names_a_location(args.hex):
-        defaulted = _default_image(args)
+    if args.running:
+        live_cli.note("check", live_cli.running_image(args))
+    elif not getattr(args, "image", None) and args.at is None and _names_a_location(args.hex):
+        if live_cli.default_running():
+            args.running = True
+            defaulted = f"{args.hex[0]} without --image: read in {live_cli.running_image(args)} (give --image " \
+                        f"VMLINUX for another)"
+        else:
+            defaulted = _default_image(args)
     index = locate.image_index(args)
+    if live_cli.wants_live(args) and (index is None or args.at is not None):
+        raise InputError("--running and --live-text judge an ADDRESS in a kernel (e.g. kprobe:tcp_v4_rcv+28), "
+                         "not HEX at --at")
     try:
         decoded, loc = _instruction(args, index)
     except InputError as exc:
@@ -125,7 +138,11 @@ def command(args, out: TextIO) -> int:
 
     image, sites = (index.image, index.sites) if index is not None else (None, None)
     cache_dir = None if args.no_cache else default_proof_cache_dir()
-    checked = verify_instruction(decoded, args.tramp, args.timeout, cache_dir, image, sites)
+    live = _live(args, index, loc, decoded, cache_dir) if live_cli.wants_live(args) else None
+    if live is not None and not isinstance(live, live_cli.Unread):
+        decoded, checked = live.decoded, live.checked.check
+    else:
+        checked = verify_instruction(decoded, args.tramp, args.timeout, cache_dir, image, sites)
     plan, finding = checked.plan, checked.finding
     assumes = plan_assumptions(decoded, plan) if finding.verdict is Verdict.PROVED else ()
     result = ProofResult(finding.verdict, finding.reason, finding.method, finding.counterexample, assumes=assumes)
@@ -146,6 +163,8 @@ def command(args, out: TextIO) -> int:
         }
         if checked.sites is not None:
             doc["sites"] = [site.as_json() for site in checked.sites]
+        if live is not None:
+            doc["live"] = _live_json(live)
         json.dump(doc, out, indent=2, ensure_ascii=True)
         out.write("\n")
         return verdict_exit_code(result.verdict)
@@ -166,8 +185,69 @@ def command(args, out: TextIO) -> int:
         out.write(f"  the tracer emulates: {e.describe()}\n")
     for site in checked.sites or ():
         out.write(wrap(f"site: {site.kind} at {site.address:#x} ({site.consequence}): {escape(site.reason)}") + "\n")
+    for line in _live_lines(live):
+        out.write(wrap(escape(line)) + "\n")
     text = result.render()
     first, _, rest = text.partition("\n")
     out.write(wrap(first) + "\n" + rest)
     return verdict_exit_code(result.verdict)
 
+
+
+class _Live:
+    """The live instruction at the address and its judgement (``engine.one_instruction.LiveCheck``)."""
+
+    def __init__(self, decoded, checked, source: str, slide: int):
+        self.decoded, self.checked, self.source, self.slide = decoded, checked, source, slide
+
+
+def _live(args, index, loc, file_decoded, cache_dir):
+    """The instruction judged on its live bytes (``_Live``), or ``live.Unread`` when they cannot be read."""
+    from ..engine.one_instruction import verify_live
+    from ..kernel.live import live_instruction
+    from . import live as live_cli
+
+    function = loc.function if loc is not None else index.functions.containing(file_decoded.address)
+    start = function.start if function is not None else file_decoded.address
+    end = function.end if function is not None else file_decoded.address + file_decoded.length
+    text = live_cli.live_text(args, index, start, end)
+    if isinstance(text, live_cli.Unread):
+        return text
+    a = file_decoded.address
+    found = live_instruction(text, a, function.start if function is not None else None)
+    if found is None:
+        raise InputError(f"{text.source} holds no live text at {a:#x} (running address {a + text.slide:#x}): "
+                         f"capture the function's range")
+    if found.boundary is False:
+        raise InputError(f"{a:#x} is not an instruction boundary of the live text: walking the live bytes from "
+                         f"{function.name} ({function.start:#x}) passes over it, so the kernel refuses a probe "
+                         f"there (can_probe); the file has {file_decoded.raw.hex(' ')} there")
+    decoded = one_instruction(found.raw, a)
+    checked = verify_live(decoded, file_decoded.raw, args.tramp, args.timeout, cache_dir, index.image, index.sites)
+    return _Live(decoded, checked, text.source, text.slide)
+
+
+def _live_lines(live) -> list[str]:
+    from . import live as live_cli
+
+    if live is None:
+        return []
+    if isinstance(live, live_cli.Unread):
+        return [f"live: not read ({live.reason}): this is the file's verdict, over every variant the model "
+                f"allows, not the live bytes'"]
+    c = live.checked
+    same = "the file's too" if c.live_raw == c.file_raw else f"the file has {c.file_raw.hex(' ')}"
+    lines = [f"live: judged on the bytes that run, from {live.source} (KASLR slide {live.slide:#x}); {same}"]
+    lines += [f"site {s.describe(c.live_raw, c.file_raw)}" for s in c.sites]
+    return lines
+
+
+def _live_json(live) -> dict:
+    from . import live as live_cli
+
+    if isinstance(live, live_cli.Unread):
+        return {"read": False, "reason": live.reason, "judged": "file"}
+    c = live.checked
+    return {"read": True, "source": live.source, "slide": hex(live.slide), "judged": "live",
+            "live_bytes": c.live_raw.hex(), "file_bytes": c.file_raw.hex(), "differs": c.live_raw != c.file_raw,
+            "sites": [s.as_json() for s in c.sites]}

@@ -148,7 +148,7 @@ class _VersionAsked(Exception):
 #: Per command: the arguments naming files it reads, files it writes, and directories it writes; checked
 #: against each other by ``outputs.check_paths`` before the command runs (an output never overwrites an input).
 IO = {
-    "check": (("image", "system_map"), (), ()),
+    "check": (("image", "system_map", "live_text", "kallsyms"), (), ()),
     "vmlinux": (("path", "system_map"), ("db", "summary_json"), ()),
     "elf": (("paths",), ("db", "summary_json"), ()),
     "module": (("modules", "kernel", "system_map"), ("db", "summary_json"), ()),
@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system-map", default=None, metavar="FILE", type=IN_FILE,
                    help="System.map or kallsyms for --image")
     c.add_argument("--no-cache", action="store_true", help="neither read nor write the persistent proof cache")
+    from . import live as live_options
+
+    live_options.add_options(c, TYPES)
     c.set_defaults(func=cmd_check)
 
     pr = sub.add_parser("prove", help="check a relocation made by another tool")

@@ -86,3 +86,52 @@ def _with_sites(image: Image, sites, decoded: Decoded, finding: Finding, prover)
                            POLICY_BY_KIND[s.kind].consequence if s.kind in POLICY_BY_KIND else "mark",
                            POLICY_BY_KIND[s.kind].reason if s.kind in POLICY_BY_KIND else "") for s in found)
     return new, notes
+
+
+@dataclass(frozen=True)
+class LiveCheck:
+    """An instruction judged on its live bytes: their plan and finding (``check``), each site as it is live
+    (``kernel.live.LiveSite``), and the file's bytes at the address for comparison."""
+
+    check: InstructionCheck
+    sites: tuple  # kernel.live.LiveSite per verify-variants site at the instruction
+    file_raw: bytes
+    live_raw: bytes
+
+
+def verify_live(live_decoded: Decoded, file_raw: bytes, tramp: int, timeout: float, cache_dir: str | None,
+                image: Image, sites) -> LiveCheck:
+    """``live_decoded`` (the instruction as it runs) planned and proved, with the kernel sites at its address:
+    a rejecting site rejects it as in the file; at a boot-patched site the live bytes are what runs, and at a
+    site that switches again at runtime (``kernel.live.RUNTIME_KINDS``) every variant the model allows is
+    verified too and the weakest verdict kept (``kernel.site_verdicts.site_finding``)."""
+    from ..kernel.live import LiveVariants, live_variant
+    from ..kernel.site_verdicts import site_finding
+    from ..kernel.sites import POLICY_BY_KIND
+    from ..kernel.variants import VariantFinder
+    from ..plan.plan import make_plan
+    from ..proof.cache_key import cache_tag
+    from ..store.cache import ProofCache
+    from .pipeline import Prover
+
+    address, live_raw = live_decoded.address, live_decoded.raw
+    plan = make_plan(live_decoded, tramp)
+    cache = ProofCache(cache_dir)
+    try:
+        prover = Prover(tramp, timeout, (lambda: cache.lookup(cache_tag())) if cache.enabled else None)
+        finding = prover.verify(live_raw, address).finding
+        found = tuple(sites.sites_at(address, max(len(file_raw), len(live_raw))))
+        finder = VariantFinder(image)
+        finding, _ = site_finding(finding, found, address, live_raw, LiveVariants(finder, file_raw, live_raw),
+                                  lambda other: prover.verify(other, address).finding)
+        if prover.new_proofs:
+            cache.add(cache_tag(), {}, prover.new_proofs)
+    finally:
+        cache.close()
+    notes = tuple(SiteNote(s.kind, s.address, s.length,
+                           POLICY_BY_KIND[s.kind].consequence if s.kind in POLICY_BY_KIND else "mark",
+                           POLICY_BY_KIND[s.kind].reason if s.kind in POLICY_BY_KIND else "") for s in found)
+    named = tuple(live_variant(s.kind, s.address, finder.variants_at(s, address, file_raw), live_raw, file_raw)
+                  for s in found if POLICY_BY_KIND.get(s.kind) and POLICY_BY_KIND[s.kind].consequence ==
+                  "verify-variants")
+    return LiveCheck(InstructionCheck(plan, finding, notes), named, file_raw, live_raw)
