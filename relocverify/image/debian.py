@@ -25,6 +25,9 @@ stream (xz, gzip, bzip2, zstd) and read once from the front
 info, after the vmlinux) is never decompressed.  The wanted members are
 extracted once into ``<cache>/debs/<package file name>/`` with their
 package paths, and reused while the ``.deb``'s size and mtime are the same.
+A ``-dbg`` package's vmlinux (589 MB for the 6.1 cloud kernel) is extracted once per cache: when
+``image.fetch`` already extracted it from the same ``.deb`` (the same sha256) for a named kernel, the
+files are hard links to that copy (``shared_files``), and ``image.fetch`` links to ours the other way.
 """
 
 from __future__ import annotations
@@ -245,11 +248,61 @@ def unpacked(deb: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     if dbg:
-        extract(deb, _dbg_wanted, target, lambda found: len(found) >= 2)
+        if not _link_shared(Path(cache_dir or default_cache_dir()), digest, target):
+            extract(deb, _dbg_wanted, target, lambda found: len(found) >= 2)
     else:
         extract(deb, _image_wanted, target)
     marker.write_text(json.dumps(stamp))
     return target
+
+
+def shared_files(cache: Path, digest: str) -> dict[str, Path]:
+    """Files a named kernel's fetch (``image.fetch``) extracted from the .deb of sha256 ``digest``, by file name,
+    those still as its ``manifest.json`` records them (size and modification time)."""
+    for manifest in sorted(cache.glob("*/manifest.json")):
+        try:
+            data = json.loads(manifest.read_text())
+            if not any(r.get("sha256") == digest for r in data.get("debs", {}).values()):
+                continue
+            found = {}
+            for record in data.get("files", {}).values():
+                path = manifest.parent / record["file"]
+                stat = path.stat() if path.is_file() else None
+                if stat and stat.st_size == record["size"] and stat.st_mtime_ns == record["mtime_ns"]:
+                    found[record["file"]] = path
+            return found
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return {}
+
+
+def unpacked_member(cache: Path, digest: str, member: PurePosixPath) -> Path | None:
+    """``member`` as ``unpacked`` extracted it from the .deb of sha256 ``digest``, when it did."""
+    for marker in sorted((cache / "debs").glob(f"*_{digest[:16]}/.complete")):
+        try:
+            if json.loads(marker.read_text()).get("sha256") == digest and (marker.parent / member).is_file():
+                return marker.parent / member
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def _link_shared(cache: Path, digest: str, target: Path) -> bool:
+    """A -dbg package's vmlinux and System.map hard-linked into ``target`` from a named kernel's extraction of
+    the same .deb; False (nothing left behind) when there is none or a link cannot be made."""
+    shared = {name: path for name, path in shared_files(cache, digest).items()
+              if _dbg_wanted(PurePosixPath("usr/lib/debug/boot") / name)}
+    if not any(name.startswith("vmlinux-") for name in shared):
+        return False
+    boot = target / "usr/lib/debug/boot"
+    boot.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, path in shared.items():
+            os.link(path, boot / name)
+    except OSError:
+        shutil.rmtree(boot, ignore_errors=True)
+        return False
+    return True
 
 
 def from_debs(image_deb: str | os.PathLike, dbg_deb: str | os.PathLike | None = None,

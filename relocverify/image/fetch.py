@@ -28,13 +28,13 @@ import struct
 import subprocess
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from ..environment import default_cache_dir
 from ..errors import FetchError
 from .apt import download, last_line
-from .debian import KernelParts, module_order, open_data_tar
+from .debian import KernelParts, module_order, open_data_tar, unpacked_member
 
 
 class KernelSpec(NamedTuple):
@@ -297,6 +297,9 @@ def _extract_members(deb: Path, members: dict[str, str], target: Path,
     paths = {role: target / Path(member).name for member, role in members.items()}
     if all(manifest.matches("files", role, paths[role], verify) for role in members.values()):
         return paths
+    linked = _link_unpacked(deb, members, paths, manifest)
+    if linked is not None:
+        return linked
     say(f"extracting {', '.join(sorted(members.values()))} from {deb.name} ...")
     found: dict[str, Path] = {}
     try:
@@ -323,6 +326,29 @@ def _extract_members(deb: Path, members: dict[str, str], target: Path,
         raise FetchError(f"{deb.name} has no {', '.join(missing)} "
                          f"(looked for {', '.join(sorted(members))})")
     return found
+
+
+def _link_unpacked(deb: Path, members: dict[str, str], paths: dict[str, Path],
+                   manifest: _Manifest) -> dict[str, Path] | None:
+    """The members hard-linked from ``image.debian.unpacked``'s extraction of the same .deb (``package DEB``
+    ran first), so the cache holds one copy of a 589 MB vmlinux; None when that extraction lacks one of them."""
+    record = next((r for r in manifest.data["debs"].values() if r.get("file") == deb.name), None)
+    if record is None:
+        return None
+    sources = {role: unpacked_member(deb.parent, record["sha256"], PurePosixPath(member.lstrip("./")))
+               for member, role in members.items()}
+    if any(path is None for path in sources.values()):
+        return None
+    for role, source in sources.items():
+        partial = paths[role].with_name(f"{paths[role].name}.{os.getpid()}.part")
+        try:
+            os.link(source, partial)
+            os.replace(partial, paths[role])
+        except OSError:
+            partial.unlink(missing_ok=True)
+            return None
+        manifest.record("files", role, paths[role])
+    return dict(paths)
 
 
 def _copy_hashing(source, sink) -> str:
