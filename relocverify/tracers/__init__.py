@@ -20,6 +20,9 @@ _MODELS = {
     "optprobes@6.12": ("optprobes", "MODEL_6_12"),
     "uprobes@6.1": ("uprobes_6_1", "MODEL"),
     "uprobes@6.12": ("uprobes_6_12", "MODEL"),
+    "kprobes@6.1+findings": ("findings", "KPROBES_6_1"),  # docs/findings' patches applied
+    "optprobes@6.1+findings": ("findings", "OPTPROBES_6_1"),
+    "uprobes@6.1+findings": ("findings", "UPROBES_6_1"),
     "kinst": ("kinst", "MODEL"),
     "fasttrap": ("fasttrap", "MODEL"),
 }
