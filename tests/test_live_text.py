@@ -116,7 +116,7 @@ def test_the_live_variant_is_named_or_the_model_is_found_wrong():
 def test_a_kernel_that_is_not_debian_and_not_installed_is_one_line_saying_so():
     kernel = RunningKernel("6.18.44-fc-v657", "#1 SMP PREEMPT_DYNAMIC @0", None)
     assert kernel.debian_version is None
-    with pytest.raises(InputError, match="not a Debian kernel .* give its vmlinux with --image"):
+    with pytest.raises(InputError, match="not a Debian kernel .* name its vmlinux instead"):
         running_image(kernel)
     assert RunningKernel("6.1.0-53-cloud-amd64", "#1 SMP PREEMPT_DYNAMIC Debian 6.1.187-1 (2025-05-31)",
                          None).debian_version == "6.1.187-1"
@@ -132,6 +132,20 @@ def test_running_on_this_machine_answers_or_gives_one_line_why_not():
         assert err.count("\n") == 1 and f"the running kernel {kernel.release} is not a Debian kernel" in err
     else:  # a Debian machine: the answer, or one line (no permission, no symbols to be had)
         assert code != cli.EXIT_INTERNAL and (out or err.count("\n") == 1), err
+
+
+def test_show_running_takes_the_function_alone_or_says_why_not():
+    from relocverify.image.running import identify
+
+    code, out, err = run("show", "--running", "vfs_read")
+    if identify().debian_version is None:
+        assert code == cli.EXIT_USAGE and out == "" and err.count("\n") == 1 and "not a Debian kernel" in err
+    else:
+        assert code != cli.EXIT_INTERNAL, err
+    code, out, err = run("show", "vfs_read")
+    assert code == cli.EXIT_USAGE and "show needs SOURCE and FUNCTION" in err and "--running" in err
+    code, out, err = run("show", "--running", "vmlinux", "vfs_read")
+    assert code == cli.EXIT_USAGE and "give no SOURCE" in err
 
 
 def test_the_build_id_is_read_from_notes():

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 from typing import TextIO
 
+from ..errors import InputError
 from ..image.functions import Function
 from ..plan.plan import DEFAULT_TRAMP
 from ..proof.verdict import Verdict
@@ -47,9 +49,10 @@ def add_parser(sub, types: dict) -> None:
                                    "reason. SOURCE is a result store (instant) or a vmlinux/bzImage (the "
                                    "function is verified first). Exit 0; 2 for an unknown or ambiguous "
                                    "function or an unusable SOURCE.")
-    s.add_argument("source", metavar="SOURCE", type=types["IN_FILE"],
-                   help="a store written by `relocverify vmlinux`, or a vmlinux ELF or bzImage")
-    s.add_argument("function", metavar="FUNCTION", type=types["LOCATION"],
+    s.add_argument("source", metavar="SOURCE",
+                   help="a store written by `relocverify vmlinux`, or a vmlinux ELF or bzImage (left out with "
+                        "--running)")
+    s.add_argument("function", metavar="FUNCTION", nargs="?", default=None,
                    help="a function name, NAME@0xADDR (one of several static functions of that name), "
                         "NAME+0x1c (marks that instruction) or an address inside a function")
     s.add_argument("--system-map", default=None, metavar="FILE", type=types["IN_FILE"],
@@ -67,10 +70,37 @@ def add_parser(sub, types: dict) -> None:
                    help="with an image: solver timeout per proof in seconds (default 10)")
     s.add_argument("--no-cache", action="store_true",
                    help="with an image: neither read nor write the persistent proof cache")
+    from .live import add_options
+
+    add_options(s, types, live=False)
     s.set_defaults(func=command)
 
 
+def _sources(args) -> None:
+    """SOURCE and FUNCTION checked (``show --running FUNCTION``: the running kernel's image is the source)."""
+    from ..inputs import input_file
+    from .live import running_image
+    from .locate import location
+
+    if args.running:
+        if args.function is not None:
+            raise InputError("show --running FUNCTION: the running kernel is the source; give no SOURCE")
+        args.function = location(args.source)
+        args.image = None
+        line = running_image(args)
+        args.source = args.image
+        sys.stderr.write(f"show: {line}; the file's bytes and every boot variant are judged here (the live bytes "
+                         f"of one instruction: relocverify check --running FUNCTION+OFF)\n")
+        return
+    if args.function is None:
+        raise InputError("show needs SOURCE and FUNCTION (a store or an image, then a function), or --running "
+                         "FUNCTION for the kernel this machine runs")
+    input_file(args.source)
+    args.function = location(args.function)
+
+
 def command(args, out: TextIO) -> int:
+    _sources(args)
     shown = from_source(args.source, args.function, args.system_map, args.tramp, args.timeout, not args.no_cache)
     if args.json:
         json.dump(as_json(shown), out, indent=2, ensure_ascii=True)

@@ -115,8 +115,8 @@ def running_image(kernel: RunningKernel, cache_dir: str | None = None, progress=
     if version is None:
         raise InputError(f"the running kernel {kernel.release} is not a Debian kernel (uname -v: "
                          f"{kernel.version.strip()!r}) and no image of it is installed ({DEBUG_BOOT}/vmlinux-"
-                         f"{kernel.release}), so its symbols cannot be had: give its vmlinux with --image, and "
-                         f"its live text with --live-text DUMP --kallsyms FILE"
+                         f"{kernel.release}), so its symbols cannot be had: name its vmlinux instead (check --image "
+                         f"VMLINUX, show VMLINUX FUNCTION), with its live text as --live-text DUMP --kallsyms FILE"
                          + (f" ({'; '.join(tried)})" if tried else ""))
     path = _debian_dbg(kernel, version, cache_dir, progress)
     if not _same_build(kernel, path):
