@@ -148,6 +148,33 @@ def test_show_running_takes_the_function_alone_or_says_why_not():
     assert code == cli.EXIT_USAGE and "give no SOURCE" in err
 
 
+def test_export_running_finds_the_running_kernels_store_or_says_why_not():
+    from relocverify.image.running import identify
+
+    code, out, err = run("export", "--running", "--format", "bpftrace")
+    if identify().debian_version is None:
+        assert code == cli.EXIT_USAGE and out == "" and err.count("\n") == 1 and "not a Debian kernel" in err
+    else:  # its store, or the line naming the command that writes it
+        assert code == cli.EXIT_CLEAN or "relocverify vmlinux" in err, err
+    code, out, err = run("export", "--format", "bpftrace")
+    assert code == cli.EXIT_USAGE and "export needs a STORE" in err
+
+
+def test_the_running_kernels_store_is_where_vmlinux_writes_it(tmp_path):
+    """export --running looks where ``relocverify vmlinux IMAGE`` writes by default: the same path from the
+    image index's identity as from the loaded image's."""
+    import elfbuild
+
+    from relocverify.engine.verify import default_store, store_path
+    from relocverify.image.loader import load_image
+    from relocverify.store.image_index import indexed
+
+    image = str(elfbuild.build_elf(tmp_path, ".text\n.globl f\n.type f,@function\nf: nop\n ret\n.size f,.-f\n",
+                                   "SECTIONS { . = 0xffffffff81000000; .text : { *(.text) } }"))
+    assert store_path(image, indexed(image, kernel=False, cache_dir=str(tmp_path)).identity) == \
+        default_store(image, load_image(image))
+
+
 def test_the_build_id_is_read_from_notes():
     note = struct.pack("<III", 4, 4, 3) + b"GNU\0" + bytes.fromhex("deadbeef")
     other = struct.pack("<III", 6, 4, 1) + b"Linux\0\0\0" + b"\0" * 4

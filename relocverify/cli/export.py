@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from ..errors import InputError
 from ..report.probe_files import FORMATS, RENDERERS
 from ..report.probe_points import collect
 
@@ -46,8 +47,9 @@ def add_parser(sub, types: dict) -> None:
                                    "Functions a tool cannot address by FUNCTION+OFFSET (a name several functions "
                                    "share, code freed after boot, ...) are left out with a comment saying how "
                                    "many and why. Exit 0; 2 for an unusable store or a glob matching nothing.")
-    e.add_argument("store", metavar="STORE", type=types["IN_FILE"],
-                   help="a store written by `relocverify vmlinux` (or `package`)")
+    e.add_argument("store", metavar="STORE", type=types["IN_FILE"], nargs="?", default=None,
+                   help="a store written by `relocverify vmlinux` (or `package`); with --running, the running "
+                        "kernel's own (the one `relocverify vmlinux VMLINUX` writes beside its image)")
     e.add_argument("--format", required=True, choices=FORMATS, help="the syntax to write")
     e.add_argument("--functions", default=None, metavar="GLOB",
                    help="only functions whose name matches GLOB (fnmatch, case-sensitive: 'vfs_*', 'tcp_v4_?cv')")
@@ -56,11 +58,39 @@ def add_parser(sub, types: dict) -> None:
                         "that the relocated instruction behaves as the original)")
     e.add_argument("-o", "--output", default=None, metavar="FILE", type=types["OUT_FILE"],
                    help="write FILE (atomically) instead of the standard output")
+    from .live import add_options
+
+    add_options(e, types, live=False)
     e.set_defaults(func=command)
+
+
+def running_store(args) -> str:
+    """The store of the running kernel's image, where ``relocverify vmlinux VMLINUX`` writes it; one line if
+    there is none yet."""
+    import os
+
+    from ..engine.verify import store_path
+    from ..store.image_index import indexed
+    from .live import running_image
+
+    if args.store is not None:
+        raise InputError("export --running: the running kernel's store is found beside its image; give no STORE")
+    line = running_image(args)
+    store = store_path(args.image, indexed(args.image).identity)
+    if not os.path.isfile(store):
+        raise InputError(f"no store of the running kernel yet ({line}): `relocverify vmlinux {args.image}` writes "
+                         f"it to {store}")
+    return store
 
 
 def command(args, out: TextIO) -> int:
     from ..outputs import write_atomic
+
+    if args.running:
+        args.store = running_store(args)
+    elif args.store is None:
+        raise InputError("export needs a STORE (written by `relocverify vmlinux`), or --running for the kernel "
+                         "this machine runs")
 
     found = collect(args.store, args.functions, args.verdict)
     text = RENDERERS[args.format](found)

@@ -53,6 +53,11 @@ def default_store(path: str, image: Image) -> str:
     return _store_path(path, image.identity)
 
 
+def store_path(path: str, identity: str) -> str:
+    """``default_store`` for an image known by its path and content hash (an image index's ``identity``)."""
+    return _store_path(path, identity)
+
+
 def _store_path(path: str, identity: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(path)), f"relocverify-{identity[:12]}.sqlite")
 
