@@ -114,7 +114,7 @@ def command(args, out: TextIO) -> int:
     if args.running:
         live_cli.note("check", live_cli.running_image(args))
     elif not getattr(args, "image", None) and args.at is None and _names_a_location(args.hex):
-        if live_cli.default_running():
+        if not args.live_text and live_cli.default_running():  # a captured live text is not this machine's
             args.running = True
             defaulted = f"{args.hex[0]} without --image: read in {live_cli.running_image(args)} (give --image " \
                         f"VMLINUX for another)"
