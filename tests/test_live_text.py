@@ -259,3 +259,28 @@ def test_the_guest_booted_twice_gives_live_text_that_names_each_variant(debian_k
             assert live["live_bytes"] == site[name]["live"]
             assert site[name]["variant"] in [s["variant"] for s in live["sites"]]
         assert boot_capture(guest, functions, c["cmdline"], cache_dir=str(tmp_path)).seconds is None  # cached
+
+
+def test_unreadable_live_text_judges_the_file_and_says_so(tmp_path):
+    """--running where /proc/kcore cannot be read (here: there is none; elsewhere: not root): the file is judged,
+    and the answer says the live bytes were not read and why."""
+    import os
+    from types import SimpleNamespace
+
+    import elfbuild
+
+    from relocverify.cli import check as check_cli
+    from relocverify.cli import live as live_cli
+    from relocverify.store.image_index import indexed
+
+    image = str(elfbuild.build_elf(tmp_path, ".text\n.globl f\n.type f,@function\nf: nop\n ret\n.size f,.-f\n",
+                                   "SECTIONS { . = 0xffffffff81000000; .text : { *(.text) } }"))
+    index = indexed(image, kernel=False, cache_dir=str(tmp_path))
+    got = live_cli.live_text(SimpleNamespace(running=True, live_text=None), index, 0xFFFFFFFF81000000,
+                             0xFFFFFFFF81000002)
+    if os.access("/proc/kcore", os.R_OK) and os.access("/proc/kallsyms", os.R_OK):
+        return  # readable here: the other tests judge live text
+    assert isinstance(got, live_cli.Unread) and got.reason
+    said = check_cli._live_lines(got)
+    assert len(said) == 1 and "live: not read" in said[0] and "the file's verdict" in said[0]
+    assert check_cli._live_json(got) == {"read": False, "reason": got.reason, "judged": "file"}
