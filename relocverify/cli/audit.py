@@ -151,12 +151,20 @@ def render(summary: dict) -> str:
         lines.append(f"{escape(name):<{width}}" + "".join(f"{t['buckets'][b]:>25,}" for b in BUCKETS)
                      + ("" if t["totals_add_up"] else "   (totals do not add up)"))
     for name, t in summary["tracers"].items():
+        cpu = t.get("cpu_replay") or {}
+        if any(cpu.values()):
+            lines.append(f"  {escape(name)}: counterexamples unicorn did not confirm, run on this CPU: "
+                         f"{cpu['confirmed']:,} confirmed (unknown -> tracer-wrong; unknown without the CPU: "
+                         f"{t['buckets']['unknown'] + cpu['confirmed']:,}), {cpu['no_difference']:,} no difference, "
+                         f"{cpu['needs_guest']:,} need the guest, {cpu['not_run']:,} not run")
+    for name, t in summary["tracers"].items():
         for g in t["groups"]["tracer-wrong"]:
             ex = g["examples"][0]
             lines.append(f"  tracer-wrong {escape(name)}: {g['count']:,} x {escape(g['group'])} "
                          f"(e.g. {ex['function']} {ex['bytes']})")
             cex = g["detail"].get("counterexample")
-            if cex and g["detail"].get("answer", {}).get("block"):  # replayed inside the block proof, or structural
+            if cex and (g["detail"].get("answer", {}).get("block")  # replayed inside the block proof, or structural
+                        or cex.get("replay_note", "").startswith("confirmed on CPU")):  # unicorn could not run it
                 lines.append(f"    {escape(cex['replay_note'])}")
             elif cex:
                 lines.append(f"    replay: {escape(cex['replay'])}")

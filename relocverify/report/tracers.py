@@ -82,6 +82,7 @@ def _group(g: dict) -> str:
                         f"{escape(str(d['relocated']))}</li>" for d in cex.get("differences", []))
         regs = ", ".join(f"{escape(k)}={escape(v)}" for k, v in cex.get("registers", {}).items())
         replay = (f"<p>{escape(cex.get('replay_note', ''))}</p>" if detail.get("answer", {}).get("block")
+                  or cex.get("replay_note", "").startswith("confirmed on CPU")
                   else f"<p>replay: <code>{escape(cex.get('replay', ''))}</code></p>")
         parts.append(f"<p>counterexample: {regs or '(any registers)'}</p><ul>{diffs}</ul>{replay}")
     examples = ", ".join(f"{escape(e['function'])} ({escape(e['address'])})" for e in g.get("examples", []))

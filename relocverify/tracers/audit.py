@@ -50,7 +50,7 @@ from ..x86.decode import decode
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from . import linux_facts
-from .judge import proof_key, prove_answer
+from .judge import CPU_METHODS, UNCONFIRMED, proof_key, prove_answer, replay_unconfirmed, reusable_here
 from .model import Context, Refuse, RelocateBlock, machine_of
 
 BUCKETS = ("agree", "tracer-wrong", "tracer-refuses-provable", "both-refuse", "unknown")
@@ -149,10 +149,13 @@ class Tally:
     instructions: int = 0
     buckets: dict = field(default_factory=lambda: {b: 0 for b in BUCKETS})
     groups: dict = field(default_factory=dict)  # (bucket, group) -> [count, detail, examples]
+    cpu: dict = field(default_factory=lambda: {m: 0 for m in CPU_METHODS})  # instructions the CPU judged, by method
 
     def add(self, bucket: str, outcome: TracerOutcome, count: int, examples: list) -> None:
         self.instructions += count
         self.buckets[bucket] += count
+        if outcome.method in self.cpu:
+            self.cpu[outcome.method] += count
         g = self.groups.get((bucket, outcome.group))
         if g is None:
             g = self.groups[(bucket, outcome.group)] = [0, outcome.detail, []]
@@ -166,7 +169,16 @@ class Tally:
                                    "examples": [{"address": hex(a), "function": f"{fn}+{off:#x}", "bytes": raw or None}
                                                 for a, fn, off, raw in examples]})
         return {"instructions": self.instructions, "buckets": dict(self.buckets),
-                "totals_add_up": sum(self.buckets.values()) == self.instructions, "groups": groups}
+                "totals_add_up": sum(self.buckets.values()) == self.instructions, "groups": groups,
+                "cpu_replay": cpu_replay(self.cpu)}
+
+
+def cpu_replay(by_method: dict) -> dict:
+    """The summary's account of the counterexamples unicorn did not confirm and the CPU judged
+    (``judge.replay_unconfirmed``), in instructions: ``confirmed`` moved from unknown to tracer-wrong,
+    the rest stayed unknown (the CPU saw no difference, the instruction needs the guest, or was not run)."""
+    return {"confirmed": by_method.get("cpu", 0), "no_difference": by_method.get("cpu-same", 0),
+            "needs_guest": by_method.get("cpu-guest", 0), "not_run": by_method.get("cpu-not-run", 0)}
 
 
 class Auditor:
@@ -184,15 +196,17 @@ class Auditor:
         self.new_proofs: dict[bytes, CachedProof] = {}
         self.memo = OutcomeMemo(cache_dir)
         digest = models_digest()
-        self.memo_tags = {m.name: self.tag + f"|{m.name}|{getattr(m, 'version_tag', digest)}".encode()
+        here = _judge_tag()  # outcomes the CPU decided hold for this CPU and feature mask only
+        self.memo_tags = {m.name: self.tag + here + f"|{m.name}|{getattr(m, 'version_tag', digest)}".encode()
                           for m in models}
         self.outcomes = {m.name: self.memo.load(self.memo_tags[m.name], m.name) for m in models}
-        self.verdicts: dict[bytes, tuple] = self.memo.load(self.tag + b"|obligations", "obligations")
+        self.obligations_tag = self.tag + here + b"|obligations"
+        self.verdicts: dict[bytes, tuple] = self.memo.load(self.obligations_tag, "obligations")
         self.verdicts_known = len(self.verdicts)
         self.walks: dict[str, dict] = {}
         self.walks_changed: set[str] = set()
         self.counts = {"keys_judged": 0, "proofs_made": 0, "proofs_shared": 0, "per_instance": 0,
-                       "pieces_proved": 0, "blocks_composed": 0}
+                       "pieces_proved": 0, "blocks_composed": 0, "cpu_replays": 0}
         self.pieces: dict[bytes, bool] = {}  # proof.block.piece_key -> piece_proved, for this audit's blocks
 
     def walk(self, spec: str, data: bytes, start: int, offsets: list[int]) -> frozenset[int]:
@@ -211,7 +225,7 @@ class Auditor:
 
     def close(self) -> None:
         if len(self.verdicts) != self.verdicts_known:
-            self.memo.save(self.tag + b"|obligations", "obligations", self.verdicts)
+            self.memo.save(self.obligations_tag, "obligations", self.verdicts)
         for spec in self.walks_changed:
             self.memo.save(self.tag + b"|walk|" + spec.encode(), "walks", self.walks[spec])
         for m in self.models:
@@ -247,7 +261,7 @@ class Auditor:
             return TracerOutcome(answer.kind, "unknown", answer.reason, "", f"{answer.kind}: {answer.reason}",
                                  json.dumps({"answer": answer.as_json()}))
         verdict, reason, method, cex = self.verdict(insn, answer, where)
-        group = _group(insn, answer, verdict, reason, cex)
+        group = _group(insn, answer, verdict, reason, cex, method)
         run = block.instructions if block is not None else (insn,)
         detail = {"answer": answer.as_json(), "original": "; ".join(i.text for i in run),
                   "bytes": b"".join(i.raw for i in run).hex(), "address": hex(insn.address),
@@ -262,6 +276,8 @@ class Auditor:
         before (single instructions: blocks are remembered per function instead), else proved now."""
         key = proof_key(insn, answer, self.tramp, self.rules, where)
         hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
+        if hit is not None and hit.reason.startswith(UNCONFIRMED):  # proved again: its counterexample goes to the CPU
+            hit = None
         if hit is not None:
             self.counts["proofs_shared"] += 1
             return hit.verdict, hit.reason, hit.method, None
@@ -276,8 +292,12 @@ class Auditor:
         if result is None:
             result = prove_answer(insn, answer, self.tramp, self.timeout_s, where)
             self.counts["proofs_made"] += 1
+            decided = replay_unconfirmed(insn, answer, result)
+            if decided is not result:
+                self.counts["cpu_replays"] += 1
+                result = decided
         verdict, reason, method = result.verdict.value, result.reason, result.method
-        if key is not None and reusable(key, result):
+        if key is not None and reusable(key, result) and reusable_here(method):
             self.new_proofs[key] = CachedProof(verdict, reason, method, max(1, int((time.perf_counter() - t0) * 1e6)))
         cex = result.counterexample.as_json() if result.counterexample is not None \
             and result.verdict is Verdict.REFUTED else None
@@ -374,6 +394,14 @@ class Auditor:
         return not d.ok or not isinstance(ours, Instruction) or d.length != ours.length
 
 
+def _judge_tag() -> bytes:
+    """This CPU as the judge sees it, under its feature mask (``concrete.cpu.identity``)."""
+    from ..concrete.cpu import identity
+
+    return b"|cpu:" + hashlib.blake2b(json.dumps(identity().as_json(), sort_keys=True).encode(),
+                                      digest_size=8).hexdigest().encode()
+
+
 def _obligation(insn: Instruction, answer, tramp: int, where=None) -> bytes:
     """The proof obligation itself: the original's bytes at A, what runs from T, and the machine it runs
     in (``tracers.model.machine_of``).  The same obligation under the same tools (the memo's tag) has the same verdict,
@@ -385,13 +413,16 @@ def _obligation(insn: Instruction, answer, tramp: int, where=None) -> bytes:
                            + (b"" if where is None else b"|" + where.key), digest_size=20).digest()
 
 
-def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | None) -> str:
+def _group(insn: Instruction, answer, verdict: str, reason: str, cex: dict | None, method: str = "") -> str:
     cite = answer.cite.function
+    if method in CPU_METHODS and method != "cpu":  # unknown, and what the CPU did about z3's counterexample
+        return f"{insn.opname} via {cite}: z3's counterexample not confirmed by unicorn; {CPU_METHODS[method]}"
     if verdict == "refuted" and isinstance(answer, RelocateBlock) and answer.entries:
         return f"a {answer.entries[0].how} from outside the function lands in the jmp ({cite}: patched-range entry)"
     if verdict == "refuted":
         what = ",".join(sorted({re.sub(r"\[.*\]", "[]", d["what"]) for d in (cex or {}).get("differences", [])}))
-        return f"{insn.opname} via {cite}: differs in {what or 'an obligation'}"
+        return f"{insn.opname} via {cite}: differs in {what or 'an obligation'}" + (
+            " (confirmed on CPU)" if method == "cpu" else "")
     if verdict == "proved":
         return f"{answer.kind} ({cite})"
     return f"{insn.opname} via {cite}: {_HEX.sub('N', reason)[:120]}"

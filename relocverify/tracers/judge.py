@@ -8,6 +8,14 @@ position-independent instruction and jumping back with rel32, as our ``copy`` pl
 the proof the engine stored for that plan, and the other way round.  Only what
 ``cache_key.reusable`` allows is kept under a shared key (copies: any verdict; other shapes:
 fast-path proofs).
+
+A counterexample z3 found and unicorn did not confirm (unicorn cannot run VEX.256 ``vpcmpeqb``, or
+saw no difference) is run on this machine's CPU (``replay_unconfirmed``, ``concrete.cpu_replay``):
+confirmed there, the answer is refuted ("confirmed on CPU", method ``cpu``); otherwise it stays
+``unknown`` and says what the CPU did (method ``cpu-same``: no difference there either;
+``cpu-guest``: not user-mode safe, it needs the confirm guest; ``cpu-not-run``: why not).  Such a
+verdict depends on this CPU and its feature mask (``RELOCVERIFY_CPU_FEATURES``), so it is never
+filed in the shared proof cache (``reusable_here``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from ..engine.pipeline import WATCHDOG_MARGIN_S, ProofTimeout, watchdog
 from ..plan.plan import Plan, PlanKind, make_plan
 from ..proof.cache_key import cache_key
 from ..proof.machine_model import Machine
-from ..proof.verdict import ProofResult, Verdict
+from ..proof.verdict import Counterexample, ProofResult, Verdict
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
 from .model import Answer, Emulate, Refuse, Relocate, RelocateBlock, Unmodelled
@@ -83,6 +91,56 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
     except Exception as exc:  # a bug in a third-party library must not stop an audit
         return ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}"[:300], "error",
                            seconds=time.perf_counter() - t0)
+
+
+UNCONFIRMED = "z3 found a counterexample that"  # the start of an unconfirmed counterexample's reason
+CPU_METHODS = {"cpu": "confirmed on CPU", "cpu-same": "the CPU saw no difference",
+               "cpu-guest": "needs the guest", "cpu-not-run": "not run on the CPU"}
+
+
+def reusable_here(method: str) -> bool:
+    """May a verdict made by ``method`` go into the shared proof cache?  Not one the CPU decided."""
+    return method not in CPU_METHODS
+
+
+def replay_unconfirmed(insn: Instruction, answer: Answer, result: ProofResult) -> ProofResult:
+    """``result`` itself, or, for an unknown whose counterexample unicorn did not confirm, the verdict of
+    that counterexample replayed on this CPU (see the module doc).  Blocks are replayed by the block proof
+    (unicorn) only: said as such."""
+    cex = result.counterexample
+    if result.verdict is not Verdict.UNKNOWN or cex is None or not result.reason.startswith(UNCONFIRMED) \
+            or not isinstance(answer, (Relocate, Emulate)):
+        return result
+    from ..concrete.cpu_replay import replay_on_cpu
+
+    reloc = answer.code if isinstance(answer, Relocate) else None
+    effects = answer.effects if isinstance(answer, Emulate) else None
+    memory = answer.tracer_memory if isinstance(answer, Relocate) else ()
+    try:
+        rep = replay_on_cpu(insn.raw, cex.at, cex.tramp, cex.state(), reloc, effects, memory)
+    except Exception as exc:  # the judge's own failure must not stop an audit: said, and the verdict stays
+        return _with(result, "cpu-not-run", f"not run on the CPU ({type(exc).__name__}: {exc})"[:300])
+    if rep.confirmed:
+        what = ", ".join(d.what for d in rep.differences)
+        note = (f"confirmed on CPU ({rep.cpu}; {rep.note}): "
+                + ", ".join(f"{d.what}: {d.original} vs {d.relocated}" for d in rep.differences[:4]))
+        regs, memory = cex.registers, cex.memory
+        if rep.state is not None:  # the judge's own state, not z3's
+            regs = tuple(sorted(rep.state.registers.items()))
+            memory = tuple(sorted(rep.state.memory.items()))
+        cex = Counterexample(regs, memory, rep.differences, cex.orig_hex, cex.at, cex.tramp,
+                             cex.reloc_hex, cex.effects_json, True, note + f"; unicorn: {cex.replay_note}")
+        return ProofResult(Verdict.REFUTED, f"differs in {what} (confirmed on CPU: {rep.cpu})", "cpu", cex,
+                           result.seconds)
+    if rep.status == "same":
+        return _with(result, "cpu-same", f"the CPU saw no difference either ({rep.cpu}; {rep.note})")
+    if rep.status == "guest":
+        return _with(result, "cpu-guest", rep.note)
+    return _with(result, "cpu-not-run", f"not run on the CPU: {rep.note}")
+
+
+def _with(result: ProofResult, method: str, said: str) -> ProofResult:
+    return ProofResult(result.verdict, f"{result.reason}; {said}", method, result.counterexample, result.seconds)
 
 
 def entry_refutation(answer: RelocateBlock) -> ProofResult:

@@ -139,6 +139,8 @@ def merge(parts: dict[str, dict], auditor: Auditor) -> dict:
         for name, t in part["tracers"].items():
             into = tracers.setdefault(name, _empty_tally() | {"source": t.get("source", "")})
             into["instructions"] += t["instructions"]
+            for k, n in t.get("cpu_replay", {}).items():
+                into.setdefault("cpu_replay", {})[k] = into.get("cpu_replay", {}).get(k, 0) + n
             for b in BUCKETS:
                 into["buckets"][b] += t["buckets"][b]
                 groups = {g["group"]: g for g in into["groups"][b]}
