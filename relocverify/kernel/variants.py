@@ -11,7 +11,7 @@ run is never presented as covering the live kernel.
 Per kind, what Linux 6.1 x86-64 writes (arch/x86/kernel/alternative.c,
 ftrace.c, static_call.c, jump_label.c):
 
-  return_thunk  jmp __x86_return_thunk, or ``ret; int3...`` (apply_returns)
+  return_thunk  jmp __x86_return_thunk, or ``ret; int3...`` (apply_returns, ``return_site_bytes``)
   retpoline     call/jmp __x86_indirect_thunk_REG, or ``call/jmp *%REG`` + NOPs,
                 or ``lfence; call/jmp *%REG`` (apply_retpolines, patch_retpoline)
   fentry        call __fentry__, a 5-byte NOP (ftrace_init), or a call to an
@@ -66,6 +66,17 @@ def _indirect(kind_call: bool, reg: str) -> bytes:
     n = GPR64.index(reg)
     modrm = (0xD0 if kind_call else 0xE0) | (n & 7)
     return (b"\x41" if n >= 8 else b"") + bytes([0xFF, modrm])
+
+
+def return_site_bytes(raw: bytes, rethunk: bool) -> bytes:
+    """The live bytes of a ``.return_sites`` entry (``jmp __x86_return_thunk``) after 6.1's
+    ``apply_returns`` -> ``patch_return``: with ``X86_FEATURE_RETHUNK`` (a return-thunk mitigation
+    chosen for the CPU and command line: retbleed's unret or IBPB, SRSO's safe RET) the file's jump
+    stays (to ``__x86_return_thunk``, the thunk 6.1.187 uses); without it, ``ret`` and ``int3`` to the
+    jump's length (``c3 cc cc cc cc``)."""
+    if rethunk or raw[:1] != b"\xe9":
+        return raw
+    return b"\xc3" + b"\xcc" * (len(raw) - 1)
 
 
 class VariantFinder:

@@ -18,6 +18,7 @@ _MODELS = {
     "kprobes@6.12": ("kprobes_6_12", "MODEL"),
     "optprobes@6.1": ("optprobes", "MODEL_6_1"),
     "optprobes@6.12": ("optprobes", "MODEL_6_12"),
+    "optprobes@6.1+ret": ("optprobes", "MODEL_6_1_RET"),  # return sites as apply_returns leaves them without RETHUNK
     "uprobes@6.1": ("uprobes_6_1", "MODEL"),
     "uprobes@6.12": ("uprobes_6_12", "MODEL"),
     "kprobes@6.1+findings": ("findings", "KPROBES_6_1"),  # docs/findings' patches applied

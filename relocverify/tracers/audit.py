@@ -368,6 +368,9 @@ class Auditor:
         hit = memo.get(k)
         if hit is not None:
             return [TracerOutcome(*row, details.get(row[4], "{}")) for row in hit]
+        live = getattr(model, "live_bytes", None)
+        if live is not None:  # the text as the kernel reads it after boot, as far as the model's variant says
+            data = live(data, {o: site_kinds(m) for o, m in masks.items()})
         extable = frozenset(o for o, m in masks.items() if "extable" in site_kinds(m))
         walk = model.function_walk(data, start, [r[0] for r in rows], extable, image.thunks)
         sites_at = lambda o: site_kinds(masks.get(o))  # noqa: E731

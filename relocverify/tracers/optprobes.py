@@ -36,6 +36,14 @@ function's tail jump, an exception fixup or static key in another function), whi
 ``arch_optimize_kprobes`` lands inside the jump's displacement.  Those are found in
 ``kernel.patch_range.PatchRanges``' image-wide branch targets.
 
+Which bytes: the kernel walks its live text.  ``optprobes@6.1`` judges the return thunk sites as the
+file has them, ``jmp __x86_return_thunk``, which 6.1.187's ``insn_is_indirect_jump`` counts as a
+jump into ``__indirect_thunk_start..end``, so every function with one is refused; that is the live
+text only where ``X86_FEATURE_RETHUNK`` is set.  ``optprobes@6.1+ret`` judges them as
+``apply_returns`` leaves them on a CPU that needs no return thunk (``ret; int3 x4``,
+``live_bytes``), as the confirm guest (QEMU's ``max`` CPU) runs them.  Other boot patches (retpolines,
+alternatives) are judged as the file has them.
+
 Not modelled: ``alternatives_text_reserved`` (SMP lock prefixes, kept only on a uniprocessor
 boot), KGDB breakpoints, and the run-time conditions of ``optimize_kprobe`` (a post handler,
 the sysctl, a kprobe on ftrace): they decide whether a given kprobe is optimized, not what an
@@ -47,6 +55,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from ..kernel.variants import return_site_bytes
 from ..plan.block import BlockPlan
 from ..plan.plan import Plan, PlanKind
 from ..x86.decode import decode
@@ -59,6 +68,14 @@ from .kprobes_6_12 import MODEL as KPROBES_6_12
 from .model import NO_CONTEXT, Answer, Cite, Context, Entry, Refuse, RelocateBlock, Unmodelled
 
 OPT = "arch/x86/kernel/kprobes/opt.c"
+#: What a model takes a return thunk site (``.return_sites``, ``jmp __x86_return_thunk``) to hold
+#: after boot, by whether X86_FEATURE_RETHUNK is set (``kernel.variants.return_site_bytes``).
+RETURN_SITES = {
+    True: "return thunk sites as on disk (jmp __x86_return_thunk: the live bytes where X86_FEATURE_RETHUNK "
+          "is set, a return-thunk mitigation chosen for the CPU and command line)",
+    False: "return thunk sites as apply_returns leaves them without X86_FEATURE_RETHUNK (ret; int3 x4: "
+           "arch/x86/kernel/alternative.c patch_return), as on a CPU that needs no return thunk",
+}
 JMP32_INSN_SIZE = 5
 #: insn_jump_into_range's opcodes: loopne/loope/loop/jcxz, near and short jmp (and jcc below).
 _JUMP_OPCODES = frozenset({0xE0, 0xE1, 0xE2, 0xE3, 0xE9, 0xEB})
@@ -109,14 +126,27 @@ class Optprobes:
     needs_boundary = True  # it is a kprobe first: can_probe's walk
     per_function = True  # answers need the function around A (``answer_in``)
 
-    def __init__(self, src: OptprobesSource):
+    def __init__(self, src: OptprobesSource, rethunk: bool = True):
         self.src = src
         self.kprobes = src.kprobes
-        self.name = f"optprobes@{src.version}"
+        self.rethunk = rethunk
+        self.name = f"optprobes@{src.version}" + ("" if rethunk else "+ret")
         self.decoder = self.kprobes.decoder
         self.spec = self.kprobes.src.decoder
         self.source = (f"linux-source-{src.version} {OPT} (can_optimize, copy_optimized_instructions, "
-                       f"arch_prepare_optimized_kprobe), with kprobes@{src.version}")
+                       f"arch_prepare_optimized_kprobe), with kprobes@{src.version}; " + RETURN_SITES[rethunk])
+
+    def live_bytes(self, data: bytes, kinds_at: dict) -> bytes:
+        """The symbol's bytes as ``can_optimize`` and ``copy_optimized_instructions`` read them, in the
+        kernel text after boot, as far as this model's boot variant says (``RETURN_SITES``):
+        ``kinds_at``, offset -> the kernel site kinds there."""
+        if self.rethunk:
+            return data
+        out = bytearray(data)
+        for off, kinds in kinds_at.items():
+            if "return_thunk" in kinds and data[off:off + 1] == b"\xe9":
+                out[off:off + JMP32_INSN_SIZE] = return_site_bytes(data[off:off + JMP32_INSN_SIZE], False)
+        return bytes(out)
 
     def site_refusal(self, context: Context) -> Refuse | None:
         site = self.kprobes.site_refusal(context)
@@ -309,4 +339,5 @@ SOURCE_6_12 = OptprobesSource(
     thunk_check=False, thunk_cite=f"{OPT}: the thunk range check was removed with the check above",
 )
 MODEL_6_1 = Optprobes(SOURCE_6_1)
+MODEL_6_1_RET = Optprobes(SOURCE_6_1, rethunk=False)
 MODEL_6_12 = Optprobes(SOURCE_6_12)
