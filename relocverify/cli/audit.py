@@ -107,6 +107,9 @@ def command(args, out: TextIO) -> int:
         if say is not None:
             say.close()
     save_summary(db, summary)
+    from ..store import confirmations
+
+    confirmations.attach(summary, confirmations.load(db))  # what confirm --audit found on the running kernel
     if args.json:
         json.dump(summary, out, indent=2)
         out.write("\n")
@@ -158,10 +161,20 @@ def render(summary: dict) -> str:
                          f"{t['buckets']['unknown'] + cpu['confirmed']:,}), {cpu['no_difference']:,} no difference, "
                          f"{cpu['needs_guest']:,} need the guest, {cpu['not_run']:,} not run")
     for name, t in summary["tracers"].items():
+        if t.get("controls"):
+            c = t["controls"]
+            lines.append(f"  {escape(name)}: {c['count']:,} agree controls on {escape(c['kernel'])}, "
+                         f"{escape(c['accelerator'])}: " + ", ".join(f"{n} {escape(o)}" for o, n in
+                                                                    sorted(c["outcomes"].items())))
+    for name, t in summary["tracers"].items():
         for g in t["groups"]["tracer-wrong"]:
             ex = g["examples"][0]
-            lines.append(f"  tracer-wrong {escape(name)}: {g['count']:,} x {escape(g['group'])} "
+            head = g["confirmed"]["label"] if g.get("confirmed") else "tracer-wrong"  # confirm --audit's outcome
+            lines.append(f"  {escape(head)} {escape(name)}: {g['count']:,} x {escape(g['group'])} "
                          f"(e.g. {ex['function']} {ex['bytes']})")
+            if g.get("confirmed") and g["confirmed"]["sites"]:
+                lines.append("    on the running kernel: " + escape(", ".join(
+                    f"{c['site']} {c['outcome']}" for c in g["confirmed"]["sites"][:4])))
             cex = g["detail"].get("counterexample")
             if cex and (g["detail"].get("answer", {}).get("block")  # replayed inside the block proof, or structural
                         or cex.get("replay_note", "").startswith("confirmed on CPU")):  # unicorn could not run it

@@ -15,7 +15,9 @@ functions the control trigger runs (``controls``), probed all at once; each must
 ``not-reproduced`` (or ``not-executed``: the trigger missed it).
 
 The result is a ``GroupResult`` per group (and per tracer's controls), written beside the store as
-``STORE.confirm.json`` as well as returned.
+``STORE.confirm.json`` (``store.confirmations``: with the audited image, the kernel's version and the
+accelerator, which the audit's summary and report show as ``tracer-wrong (reproduced on 6.1.187,
+QEMU TCG)``) as well as returned.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def confirm_audit(store: str, guest, base: Request, names: tuple[str, ...] = (),
             results.append(_group(tracer, kind, group, guest, base, cache_dir, say, memo))
         if controls and kind != "uprobes":
             results.append(_controls(store, tracer, kind, summary, guest, base, controls, cache_dir, say))
-    _save(store, results)
+    _save(store, summary, guest, results)
     return results
 
 
@@ -172,7 +174,28 @@ def _thunks(guest) -> tuple[int, int] | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
-def _save(store: str, results: list[GroupResult]) -> None:
-    from ..outputs import write_atomic
+def _save(store: str, summary: dict, guest, results: list[GroupResult]) -> None:
+    """``STORE.confirm.json`` (``store.confirmations``): the audited image, the kernel's version and the
+    accelerator, and every group's result; the audit's summary and report read it."""
+    from ..store import confirmations
 
-    write_atomic(os.fspath(store) + ".confirm.json", json.dumps([r.as_json() for r in results], indent=1))
+    accel = next((c.probed.accel for r in results for c in r.confirmations), "")
+    confirmations.save(os.fspath(store), (summary.get("image") or {}).get("identity", ""), kernel_version(guest),
+                       confirmations.accelerator_name(accel), [r.as_json() for r in results])
+
+
+def kernel_version(guest) -> str:
+    """The kernel's version as its banner gives it (``Debian 6.1.187-1`` -> ``6.1.187``), else its release."""
+    import re
+
+    from ..image.loader import load_image
+
+    image = load_image(guest.vmlinux, guest.system_map)
+    at = image.symbol_address("linux_banner")
+    try:
+        banner = image.read(at, 400).split(b"\0", 1)[0].decode("ascii", "replace") if at is not None else ""
+    except Exception:  # a banner outside the image's sections: the release says enough
+        banner = ""
+    debian = re.findall(r"Debian (\d+\.\d+\.\d+)-", banner)  # the last: the first is the compiler's
+    upstream = re.search(r"Linux version (\d+\.\d+\.\d+)", banner)
+    return debian[-1] if debian else upstream.group(1) if upstream else guest.release

@@ -24,12 +24,16 @@ AUDIT_SUFFIX = ".audit.json"  # tracers.audit.summary_path: the summary beside t
 
 
 def last_audit(db_path: str) -> dict | None:
-    """The last audit's summary of the store at ``db_path`` (kept beside it by ``relocverify audit``)."""
+    """The last audit's summary of the store at ``db_path`` (kept beside it by ``relocverify audit``), with
+    what ``relocverify confirm --audit`` found on the running kernel (``store.confirmations``) attached."""
+    from ..store import confirmations
+
     try:
         with open(db_path + AUDIT_SUFFIX) as fh:
-            return json.load(fh)
+            summary = json.load(fh)
     except (OSError, ValueError):
         return None
+    return confirmations.attach(summary, confirmations.load(db_path)) if isinstance(summary, dict) else summary
 
 
 def write_tracer_page(db_path: str, out_dir: str) -> bool:
@@ -87,7 +91,15 @@ def _group(g: dict) -> str:
         parts.append(f"<p>counterexample: {regs or '(any registers)'}</p><ul>{diffs}</ul>{replay}")
     examples = ", ".join(f"{escape(e['function'])} ({escape(e['address'])})" for e in g.get("examples", []))
     parts.append(f"<p>e.g. {examples}</p>")
-    return (f"<details><summary>{g['count']:,} &times; {escape(g['group'])}</summary>{''.join(parts)}"
+    confirmed = g.get("confirmed")
+    badge = ""
+    if confirmed:  # relocverify confirm --audit: what the running kernel did
+        badge = f' <span class="confirmed">{escape(confirmed["label"])}</span>'
+        sites = "".join(f"<li><code>{escape(c['site'])}</code>: {escape(c['outcome'])}: {escape(c['evidence'])}</li>"
+                        for c in confirmed.get("sites", []))
+        parts.append(f"<p>on the running kernel ({escape(confirmed['kernel'])}, {escape(confirmed['accelerator'])})"
+                     f"{': ' + escape(confirmed['note']) if confirmed.get('note') else ''}</p><ul>{sites}</ul>")
+    return (f"<details><summary>{g['count']:,} &times; {escape(g['group'])}{badge}</summary>{''.join(parts)}"
             f"</details>")
 
 
@@ -95,6 +107,11 @@ def tracer_html(summary: dict) -> str:
     sections = []
     for name, t in summary["tracers"].items():
         body = [f"<h2>{escape(name)}</h2><p>{escape(t.get('source', ''))}</p>"]
+        if t.get("controls"):
+            c = t["controls"]
+            body.append(f'<p class="confirmed">{c["count"]:,} agree controls on the running kernel '
+                        f'({escape(c["kernel"])}, {escape(c["accelerator"])}): '
+                        + escape(", ".join(f"{n} {o}" for o, n in sorted(c["outcomes"].items()))) + "</p>")
         for b in BUCKETS:
             groups = t["groups"].get(b, [])
             body.append(f'<h3 id="{escape(_anchor(name, b))}">{b}: {t["buckets"][b]:,}</h3>')
