@@ -82,3 +82,24 @@ def test_the_live_variant_predicts_what_the_confirm_guest_showed_at_pipe_poll():
     live, optimized = _answer("optprobes@6.1+ret", data, 0xF, kinds, fn.start, thunks)
     assert isinstance(optimized, RelocateBlock)
     assert live[0x105:0x10A].hex() == "c3cccccccc"  # what /proc/kcore showed in the guest
+
+
+def test_confirm_says_which_optprobes_model_predicts_what_the_kernel_listed():
+    """confirm's prediction for an optimized probe (``confirm.prediction``), from the cached guest's own
+    image index: at pipe_poll+0xf, which the guest listed [OPTIMIZED], optprobes@6.1 disagrees and
+    optprobes@6.1+ret agrees; at dcache_readdir+0x8f both say not optimized (a call in the copied run
+    for the +ret model: its thunk jump is a retpoline, which stays)."""
+    from relocverify.confirm.guest import Guest
+    from relocverify.confirm.prediction import optprobes_predictions
+    from relocverify.confirm.sites import resolve_kernel_site
+    from relocverify.image.fetch import fetch
+
+    kernel = fetch("debian-6.1-cloud")
+    guest = Guest("debian-6.1-cloud", kernel.release, "", "", "", kernel.vmlinux, kernel.system_map, (), (), ())
+    site = resolve_kernel_site("pipe_poll+0xf", guest.vmlinux, guest.system_map)
+    file_model, live_model = optprobes_predictions(site, guest)
+    assert (file_model.model, live_model.model) == ("optprobes@6.1", "optprobes@6.1+ret")
+    assert file_model.optimized is False and "+0x105" in file_model.why and file_model.agrees(True) is False
+    assert live_model.optimized is True and live_model.agrees(True) is True
+    site = resolve_kernel_site("dcache_readdir+0x8f", guest.vmlinux, guest.system_map)
+    assert [p.optimized for p in optprobes_predictions(site, guest)] == [False, False]

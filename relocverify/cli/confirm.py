@@ -171,6 +171,13 @@ def render(r) -> str:
         facts.append(f"without the probe the trigger {base.describe()}" +
                      (f", with it the trigger {mine.describe()}" if mine is not None else ", with it no report"))
     lines.append("  " + "; ".join(facts))
+    for p in r.predictions:  # the optprobes models against kprobes/list
+        said = "[OPTIMIZED]" if p.optimized else "not optimized" if p.optimized is False else "no answer"
+        agrees = {True: "agrees with kprobes/list", False: "DISAGREES with kprobes/list", None: ""}[
+            p.agrees(d.optimized)]
+        said = p.why if p.why.startswith("not optimized") else said + ("" if p.optimized else f" ({p.why})")
+        lines.append(f"  model {p.model}: {said}"
+                     + (f"; {agrees}" if agrees else ""))
     if d.excerpt:
         lines.append("  console:")
         lines += [f"    {line}" for line in d.excerpt]

@@ -57,6 +57,7 @@ class Confirmation:
     baseline: Run
     probed: Run
     accel_why: str
+    predictions: tuple = ()  # an optimized kernel probe: what each optprobes model predicts (``prediction``)
 
     @property
     def outcome(self) -> Outcome:
@@ -78,6 +79,7 @@ class Confirmation:
                     "status": run.console.trigger.status, "code": run.console.trigger.code,
                     "digest": run.console.trigger.digest, "bytes": run.console.trigger.bytes}
                     for name, run in (("without_probe", self.baseline), ("with_probe", self.probed))},
+                "predictions": [p.as_json(d.optimized) for p in self.predictions],
                 "accel": self.probed.accel, "accel_why": self.accel_why, "cmdline": self.probed.cmdline,
                 "boot_seconds": {"without_probe": self.baseline.seconds, "with_probe": self.probed.seconds},
                 "guest_phase_uptimes": {"without_probe": dict(self.baseline.console.times),
@@ -96,11 +98,15 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
     if say:
         say(f"accelerator: {accel} ({why})")
     context = _Context(guest, request, binary, accel, why, cache_dir, say)
-    if together and len(prepared) > 1:
-        batched = _together(prepared, context)
-        if batched is not None:
-            return batched
-    return [one for p in prepared for one in _run(context, (p,))]
+    done = _together(prepared, context) if together and len(prepared) > 1 else None
+    if done is None:
+        done = [one for p in prepared for one in _run(context, (p,))]
+    if context.optimized and request.tracer != "uprobes":  # which optprobes model predicts what the kernel listed
+        from .prediction import optprobes_predictions
+
+        version = ".".join(guest.release.split(".")[:2])
+        done = [replace(c, predictions=optprobes_predictions(c.site, guest, version)) for c in done]
+    return done
 
 
 @dataclass(frozen=True)
