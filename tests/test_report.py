@@ -31,6 +31,7 @@ from relocverify.report.build import packed
 from relocverify.report.sources import DWARF, SourceNames, name_prefix, source_directory
 from relocverify.proof.verdict import Verdict, reason_key
 from relocverify.store.packed_rows import PACKED_ROW, pack_ids, pack_u32, unpack_ids, unpack_u32
+from relocverify.store.row_seals import seal_functions
 from relocverify.store.store import Store
 from relocverify.x86.decode import decode
 
@@ -110,6 +111,7 @@ def _add_refutation(db: Path) -> int:
                  pack_ids(list(kmap) + [oid]), pack_u32(list(ns) + [1]), fid))
     con.execute("INSERT INTO instructions VALUES (?,?,?,?,NULL,?,?,NULL,NULL,?)",
                 (fid, offset, row.length, oid, mine[2], (mine[1] >> 4) & 1, cex))
+    seal_functions(con, "f.id=?", (fid,))  # sealed, as a run seals what it stores (store.row_seals)
     con.execute("COMMIT")
     con.close()
     return row.address

@@ -552,13 +552,15 @@ SECTIONS {
     "WHERE klass='sti'",
 ])
 def test_export_refuses_a_verdict_the_policy_does_not_allow(tmp_path, forgery):
-    """A store edited to call sti proved: export leaves it out and says so (issue 44: export trusted the
-    store's verdicts without consulting the policy)."""
+    """A store edited to call sti proved: export refuses it whole for its broken seals (store.row_seals), and
+    when the forger also sealed it again with the store's key, export still leaves the row out and says so
+    (issue 44: export trusted the store's verdicts without consulting the policy)."""
     import sqlite3
 
     import elfbuild
 
     from relocverify import cli as main_cli
+    from relocverify.store.row_seals import seal_functions
 
     image = str(elfbuild.build_elf(tmp_path, FORGE_ASM, FORGE_LDS))
     db = str(tmp_path / "s.sqlite")
@@ -566,6 +568,10 @@ def test_export_refuses_a_verdict_the_policy_does_not_allow(tmp_path, forgery):
     assert "the store was altered" not in _export(db, "bpftrace")
     con = sqlite3.connect(db)
     assert con.execute(forgery).rowcount == 1
+    con.commit()
+    rc, text, err = _cli("export", db, "--format", "bpftrace")
+    assert rc == 2 and "were altered after relocverify wrote them" in err and "f_irq" not in text
+    seal_functions(con, "1")  # the forger has the key
     con.commit()
     con.close()
     assert "kprobe:f_irq+1 " not in _export(db, "bpftrace")

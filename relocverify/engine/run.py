@@ -336,7 +336,8 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
     ids = store.add_functions(image_id, _with_bytes(image, functions))
     by_id = {ids[(f.start, f.name)]: f for f in functions}
     config_id = store.config_id(config)
-    done = frozenset(store.verified_functions(image_id, config) & set(by_id))
+    # a function whose stored findings were altered since they were sealed is verified again, never resumed
+    done = frozenset(store.verified_functions(image_id, config) & set(by_id)) - store.altered_functions(image_id)
     stale = frozenset(store.stale_functions(image_id, config))
     todo = tuple(fid for fid, f in sorted(by_id.items(), key=lambda p: (p[1].start, p[1].name)) if fid not in done)
     previous = None if todo else store.last_summary(image_id, config, limit)
@@ -434,8 +435,8 @@ def _again(identity: str, store_path: str, config: str, options: RunOptions, t0:
     try:
         store.mark_abandoned_runs()
         image_id = store.find_image(identity)
-        if image_id is None or not store.all_verified(image_id, config):
-            return None
+        if image_id is None or not store.all_verified(image_id, config) or store.altered_functions(image_id):
+            return None  # altered findings (``store.row_seals``) are verified again, not repeated
         previous = store.last_summary(image_id, config, options.limit)
         if previous is None:
             return None

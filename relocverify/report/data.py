@@ -32,7 +32,12 @@ class StoredOutcome:
 def open_store(path: str) -> tuple[Store, int]:
     """The store at ``path`` read-only, and its newest image; ``InputError`` if it has none."""
     store = Store(path, readonly=True)
-    store.check_integrity()  # a report is built from every row: never from a damaged store
+    try:
+        store.check_integrity()  # a report is built from every row: never from a damaged store
+        store.check_seals()  # nor from one whose verdicts were altered after relocverify wrote them
+    except BaseException:
+        store.close()
+        raise
     image = store.find_image()
     if image is None:
         store.close()

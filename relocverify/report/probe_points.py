@@ -80,6 +80,7 @@ def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
         raise InputError(str(exc)) from None
     try:
         store.check_integrity()  # every point comes from a row: never export from a damaged store
+        store.check_seals()  # nor from one whose verdicts were altered after relocverify wrote them
         images = _images(store, path)
         functions = {image.id: list(store.iter_functions(image.id)) for image in images}
         names: dict[str, int] = {}

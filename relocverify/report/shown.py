@@ -73,6 +73,7 @@ def from_store(path: str, spec: LocationSpec) -> Shown:
         records, starts = _candidates(store, images, spec)
         function = _resolve(spec, records, lambda: _all_functions(store, images), "the store")
         image, record = records[(function.start, function.name, function.end)]
+        store.check_seals(function=record.id)  # a verdict altered after relocverify wrote it is never shown
         rows = []
         for r in store.function_rows(record.id):
             variants = tuple(store.variants_at(record.id, r.address - record.start)) if r.sites else ()

@@ -81,4 +81,9 @@ def _store_verdicts(db: str, image_path: str, image, sites, timeout: float):
     if image_id is None:
         store.close()
         raise InputError(f"{db}: holds no results for {image_path}; run relocverify vmlinux on it first")
+    try:
+        store.check_seals(image_id)  # probes go only where the store's verdicts are as relocverify wrote them
+    except BaseException:
+        store.close()
+        raise
     return StoreVerdicts(sites, store, image_id, timeout), store

@@ -36,6 +36,7 @@ import sqlite3
 
 from ..errors import StoreError
 from .packed_rows import Remapper
+from .row_seals import seal_functions
 
 SCHEMA = """
 CREATE TABLE instructions (
@@ -234,6 +235,7 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
                    "LEFT JOIN temp.idmap m ON m.pid = v.outcome ORDER BY 1, 2, 3")
         db.execute(f"UPDATE main.functions SET config = (SELECT d.config FROM ({_union(names, 'done', '*')}) d "
                    f"WHERE d.function = functions.id) WHERE id IN ({done})")
+        seal_functions(db, f"f.id IN ({done})")  # sealed as stored, in the same transaction
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

@@ -67,7 +67,7 @@ from ..errors import InputError, StoreError
 from ..inputs import input_file
 from ..processes import alive
 from ..proof.verdict import Verdict
-from . import shard
+from . import row_seals, shard
 from .forking import sqlite_work
 from .jump_rows import JumpRow, pack_ids
 from .packed_rows import (
@@ -178,6 +178,7 @@ class Store:
         self._outcomes: dict[int, tuple] | None = None
         self._checkpoint: _Checkpoint | None = None  # a merge's log copied into the file behind (``merge_shards``)
         self._merger: _Merger | None = None  # shards merged behind (``merge_shards_behind``)
+        self.touched = False
         if os.path.exists(path):
             try:
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
@@ -217,6 +218,8 @@ class Store:
                 if self._lock is not None:
                     self._lock.checked = True
             self._check_schema()
+            #: changed since relocverify last closed it (killed, copied, edited): its seals are worth a look
+            self.touched = not readonly and exists and not self._lock.checked
             if not readonly and exists and not self._lock.checked:
                 # not closed cleanly by us since it last changed (killed, copied, edited): a writer never
                 # adds rows to a damaged store; a store we closed ourselves is not read again
@@ -266,6 +269,7 @@ class Store:
         self.db.executescript("BEGIN;" + _schema_sql() + "COMMIT;")
         self.db.executemany("INSERT INTO meta VALUES (?, ?)",
                             [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
+        row_seals.new_key(self.db)
 
     def _check_schema(self) -> None:
         meta = dict(self.db.execute("SELECT key, value FROM meta"))
@@ -286,6 +290,26 @@ class Store:
             raise StoreError(f"{self.path}: a damaged store ({exc})") from None
         if rows != ["ok"]:
             raise StoreError(f"{self.path}: a damaged store: SQLite's integrity check says {rows[0][:120]}")
+
+    def altered_functions(self, image: int) -> set[int]:
+        """Ids of the image's functions whose findings are not as relocverify sealed them, looked for only in a
+        store changed since relocverify last closed it (``touched``; readers check every time): a run
+        verifies them again."""
+        altered = set(row_seals.broken(self.db, "f.image=?", (image,))) if self.touched else set()
+        if altered and self._lock is not None:
+            self._lock.checked = False  # still to be looked at by the next open, until a run verifies them again
+        return altered
+
+    def check_seals(self, image: int | None = None, function: int | None = None) -> None:
+        """Raise StoreError (one line) unless the findings of the image's functions (or of one function, or of
+        the whole store) are as relocverify sealed them (``store.row_seals``): every command that turns stored
+        verdicts into claims calls it first."""
+        if function is not None:
+            row_seals.check(self.db, self.path, "f.id=?", (function,))
+        elif image is not None:
+            row_seals.check(self.db, self.path, "f.image=?", (image,))
+        else:
+            row_seals.check(self.db, self.path)
 
     def close(self) -> None:
         try:
@@ -358,15 +382,19 @@ class Store:
              socket.gethostname(), limit)).lastrowid
 
     def finish_run(self, run: int, status: str, summary: dict | None) -> None:
-        self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
-                        (time.time(), status, None if summary is None else json.dumps(summary), run))
+        with self._transaction():
+            self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
+                            (time.time(), status, None if summary is None else json.dumps(summary), run))
+            row_seals.seal_run(self.db, run)
 
     def last_summary(self, image: int, config: str, limit: int | None = None) -> dict | None:
         """The summary of the newest complete run of this image under this configuration and scope."""
-        row = self.db.execute("SELECT summary FROM runs WHERE image=? AND config=? AND status='complete' "
+        row = self.db.execute("SELECT summary, id FROM runs WHERE image=? AND config=? AND status='complete' "
                               "AND summary IS NOT NULL AND scope IS ? ORDER BY id DESC LIMIT 1",
                               (image, config, limit)).fetchone()
-        return None if row is None else json.loads(row[0])
+        if row is None or not row_seals.run_sealed(self.db, row[1]):
+            return None  # a summary altered since its run (or from before seals): the run is made again
+        return json.loads(row[0])
 
     def all_verified(self, image: int, config: str) -> bool:
         """True if the image has functions and every one is stored under ``config``."""
@@ -493,6 +521,7 @@ class Store:
                 "INSERT INTO replacements VALUES (?,?,?,?,?,?,?,?,?)",
                 [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
                   f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
+            row_seals.seal_replacements(self.db, image)
 
     # -- jump probes ----------------------------------------------------------------------
     def write_jump_probes(self, rows: list[JumpRow], examples: dict[str, str]) -> None:
