@@ -165,7 +165,7 @@ def _decoder_change(tested, others, units, report, base, jobs: int):
 
 def _write(path: str, text: str) -> None:
     try:
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
         raise InputError(f"cannot write {path}: {e}") from None

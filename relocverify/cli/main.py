@@ -2,7 +2,8 @@
 
   0  clean: a relocatable plan that is proved (``check``), a proof (``prove``), no findings
   1  findings: a rejected plan, a refuted relocation, corpus entries that missed their expectation
-  2  usage or input error (bad hex, bad address, unreadable image): a one-line message on stderr
+  2  usage or input error (bad hex, bad address, unreadable image, a store altered since relocverify sealed
+     it), or an environment that refuses the work (a full or read-only disk, a fork refused): one line on stderr
   3  unknown: no proof and no refutation (``unknown`` or ``opaque`` verdicts); for ``vmlinux``,
      a run that did not complete
   4  internal error: a bug in relocverify or a library; one line, and ``--debug`` shows the traceback
@@ -365,7 +366,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except Exception as e:  # a bug: one line, unless --debug asks for the traceback
         from ..outputs import environment_error
 
-        env = environment_error(e, getattr(e, "filename", None) or "an output")
+        env = _refused_start(e) or environment_error(e, getattr(e, "filename", None) or "an output")
         if env is not None:  # a full or read-only disk is the environment's failure, not ours
             err.write(f"relocverify: error: {_one_line(env)}\n")
             return EXIT_USAGE
@@ -437,6 +438,22 @@ def _usable(stream) -> bool:
     except OSError:
         return False
     return True
+
+
+def _refused_start(e: BaseException) -> str | None:
+    """A process or thread the system would not start (fork or clone failing with EAGAIN or ENOMEM: a limit on
+    processes such as ``ulimit -u``/RLIMIT_NPROC or a cgroup's ``pids.max``, or no memory) as one line; None for
+    anything else.  The environment's failure, not ours: exit 2, like a full disk (issue 44: exit 4)."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM) and e.filename is None:
+        why = "the limit on processes is reached" if e.errno == errno.EAGAIN else "not enough memory"
+    elif isinstance(e, RuntimeError) and "can't start new thread" in str(e):
+        why = "the limit on processes or threads is reached"
+    else:
+        return None
+    return (f"cannot start another process or thread: the system refused it ({why}: ulimit -u, RLIMIT_NPROC or a "
+            f"cgroup's pids.max); run with --jobs 1 or raise the limit")
 
 
 def _store_of(argv) -> str:

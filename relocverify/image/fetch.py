@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from ..environment import default_cache_dir
+from ..environment import default_cache_dir, unusable_directory
 from ..errors import FetchError
 from .apt import download, last_line
 from .debian import KernelParts, module_order, open_data_tar, unpacked_member
@@ -91,7 +91,8 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None, verify: bool = 
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise FetchError(f"cannot create cache directory {target}: {exc.strerror}") from None
+        raise FetchError(f"the cache directory: {unusable_directory(str(target), exc)}: name a directory with "
+                         f"RELOCVERIFY_CACHE") from None
     manifest = _Manifest.load(target / "manifest.json")
     wanted = _wanted_members(spec)
     say = progress or (lambda line: None)

@@ -141,7 +141,7 @@ class _Shard:
 
     def write(self, directory: str) -> int:
         text = js_data("RV.shard", {"n": self.number, "S": self._renumbered(), "F": self.functions})
-        with open(os.path.join(directory, f"{self.number}.js"), "w") as fh:
+        with open(os.path.join(directory, f"{self.number}.js"), "w", encoding="utf-8") as fh:
             fh.write(text)
         return len(text)
 
@@ -212,7 +212,7 @@ def build_report(db: str, out_dir: str, baseline: str | None = None, plan_limit:
 
 
 def _write(out_dir: str, name: str, text: str) -> None:
-    with open(os.path.join(out_dir, name), "w") as fh:
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
         fh.write(text)
 
 

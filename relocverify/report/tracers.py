@@ -41,7 +41,7 @@ def write_tracer_page(db_path: str, out_dir: str) -> bool:
     summary = last_audit(db_path)
     if summary is None or "tracers" not in summary:
         return False
-    with open(os.path.join(out_dir, PAGE), "w") as fh:
+    with open(os.path.join(out_dir, PAGE), "w", encoding="utf-8") as fh:
         fh.write(tracer_html(summary))
     return True
 

@@ -52,6 +52,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, fields
 from operator import attrgetter
+from urllib.parse import quote
 
 from ..environment import default_cache_dir
 from ..errors import StoreError
@@ -150,7 +151,7 @@ def _refuse_foreign(path: str) -> None:
     if app == APPLICATION_ID:
         return
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode=ro", uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             meta = dict(con.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
@@ -188,11 +189,11 @@ class ProofCache:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            what = ("is a file, not a directory" if os.path.isfile(directory) else
-                    "is a link to nowhere" if os.path.islink(directory) and not os.path.exists(directory) else
-                    f"cannot be created: {exc.strerror}")
-            raise StoreError(f"the proof cache's directory {directory} {what}: name a directory with "
-                             f"RELOCVERIFY_PROOF_CACHE (or a batch command's --cache-dir), or pass --no-cache") from None
+            from ..environment import unusable_directory
+
+            raise StoreError(f"the proof cache's directory: {unusable_directory(directory, exc)}: name a directory "
+                             f"with RELOCVERIFY_PROOF_CACHE (or a batch command's --cache-dir), or pass --no-cache"
+                             ) from None
         _refuse_foreign(self.path)
         try:
             self.seal = Seal(directory)

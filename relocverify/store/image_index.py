@@ -20,6 +20,7 @@ import json
 import os
 import sqlite3
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from ..environment import default_cache_dir
 from ..image.functions import Function, find_functions, iter_instruction_spans
@@ -145,20 +146,39 @@ def _key(path: str, system_map: str | None, kernel: bool) -> str:
 
 
 def indexed(path: str, system_map: str | None = None, kernel: bool = True, cache_dir: str | None = None) -> Indexed:
-    """See the module doc.  ``kernel``: require a kernel image (``loader.require_kernel``) and index its sites."""
+    """See the module doc.  ``kernel``: require a kernel image (``loader.require_kernel``) and index its sites.
+    A cache that cannot hold the index (a read-only home, a cache path that is a file or a dangling link, a
+    full disk) costs only the time: the index is built in memory for this question."""
     directory = os.path.join(cache_dir or default_cache_dir(), "index")
     file = os.path.join(directory, f"{_key(path, system_map, kernel)}.sqlite")
     hit = _open(file)
     if hit is not None:
         return hit
-    _build(path, system_map, kernel, directory, file)
+    fill = _contents(path, system_map, kernel)
+    tmp = f"{file}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(directory, exist_ok=True)
+        db = sqlite3.connect(tmp)
+        try:
+            fill(db)
+        finally:
+            db.close()
+        os.replace(tmp, file)
+    except (OSError, sqlite3.Error):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     hit = _open(file)
     if hit is None:  # the cache directory cannot hold it: answer from memory this time
-        raise RuntimeError(f"the image index {file} could not be written or read back")
+        db = sqlite3.connect(":memory:")
+        fill(db)
+        hit = _indexed(db)
     return hit
 
 
-def _build(path: str, system_map: str | None, kernel: bool, directory: str, file: str) -> None:
+def _contents(path: str, system_map: str | None, kernel: bool):
+    """The image loaded, and a function that writes its index into a database."""
     from ..image.loader import load_image, require_kernel
 
     image = load_image(path, system_map)
@@ -166,14 +186,12 @@ def _build(path: str, system_map: str | None, kernel: bool, directory: str, file
         require_kernel(image)
     functions = find_functions(image)
     sites = find_sites(image) if kernel else None
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{file}.{os.getpid()}.tmp"
-    db = sqlite3.connect(tmp)
-    try:
+
+    def fill(db: sqlite3.Connection) -> None:
         db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         db.executescript(_SCHEMA)
         db.executemany("INSERT INTO meta VALUES (?, ?)",
-                       [("format", INDEX_FORMAT), ("identity", image.identity), ("path", image.path),
+                       [("format", INDEX_FORMAT), ("identity", image.identity), ("path", os.fsencode(image.path)),
                         ("image_format", image.format), ("symbol_source", image.symbol_source),
                         ("kernel", "1" if kernel else "0")])
         db.executemany("INSERT INTO sections VALUES (?, ?, ?, ?)",
@@ -187,30 +205,33 @@ def _build(path: str, system_map: str | None, kernel: bool, directory: str, file
                            [(s.kind, _s(s.address), s.length, s.detail, _s(s.target), s.target_length, s.tag)
                             for s in sites.iter_sites()])
         db.commit()
-    finally:
-        db.close()
-    os.replace(tmp, file)
+
+    return fill
 
 
 def _open(file: str) -> Indexed | None:
-    if not os.path.exists(file):
+    if not os.path.isfile(file):
         return None
     try:
-        db = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
-        meta = dict(db.execute("SELECT key, value FROM meta"))
-        if meta.get("format") != INDEX_FORMAT:
-            db.close()
-            return None
-        sections = tuple(Section(name=r[0], address=_u(r[1]), data=r[3], executable=True, flags=r[2])
-                         for r in db.execute("SELECT name, address, flags, data FROM sections"))
-        symbols = tuple(Symbol(r[0], _u(r[1]), r[2], r[3]) for r in db.execute("SELECT * FROM symbols"))
-        image = Image(path=meta["path"], identity=meta["identity"], format=meta["image_format"], compression=None,
-                      sections=sections, symbols=tuple(sorted(symbols, key=lambda s: (s.address, s.name))),
-                      symbol_source=meta["symbol_source"])
-        sites = IndexedSites(db) if meta.get("kernel") == "1" else None
-        return Indexed(image, _LazyFunctions(db), sites, meta["identity"])
+        return _indexed(sqlite3.connect(f"file:{quote(os.fsencode(file))}?mode=ro", uri=True))
     except (sqlite3.DatabaseError, KeyError, TypeError):
         return None
+
+
+def _indexed(db: sqlite3.Connection) -> Indexed | None:
+    """The index in ``db``, or None if it is of another format."""
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    if meta.get("format") != INDEX_FORMAT:
+        db.close()
+        return None
+    sections = tuple(Section(name=r[0], address=_u(r[1]), data=r[3], executable=True, flags=r[2])
+                     for r in db.execute("SELECT name, address, flags, data FROM sections"))
+    symbols = tuple(Symbol(r[0], _u(r[1]), r[2], r[3]) for r in db.execute("SELECT * FROM symbols"))
+    image = Image(path=os.fsdecode(meta["path"]), identity=meta["identity"], format=meta["image_format"],
+                  compression=None, sections=sections, symbols=tuple(sorted(symbols, key=lambda s: (s.address, s.name))),
+                  symbol_source=meta["symbol_source"])
+    sites = IndexedSites(db) if meta.get("kernel") == "1" else None
+    return Indexed(image, _LazyFunctions(db), sites, meta["identity"])
 
 
 __all__ = ["Indexed", "IndexedSites", "indexed"]

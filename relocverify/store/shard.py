@@ -61,6 +61,20 @@ CREATE TABLE done (function INTEGER PRIMARY KEY, config INTEGER NOT NULL);
 _SUFFIX = ".shard-"
 
 
+def uri(path: str) -> str:
+    """``path`` as an SQLite URI: its bytes percent-encoded, so a name of any bytes (a Latin-1 name, carried as
+    surrogates, which SQLite's UTF-8 text cannot hold) and one with '?', '#' or '%' reach SQLite whole.
+    ``ATTACH`` reads it as a URI when its connection was opened with ``uri=True`` (``connect``)."""
+    from urllib.parse import quote
+
+    return "file:" + quote(os.fsencode(os.path.abspath(path)))
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection that writes the store at ``path`` and attaches shards by ``uri``."""
+    return sqlite3.connect(uri(path), timeout=60, isolation_level=None, uri=True)
+
+
 class ShardWriter:
     """A worker's shard, created when first written."""
 
@@ -152,7 +166,7 @@ def merge(db: sqlite3.Connection, paths: list[str]) -> tuple[int, dict[int, int]
         names = []
         try:
             for k, path in enumerate(group):
-                db.execute(f"ATTACH DATABASE ? AS shard{k}", (path,))
+                db.execute(f"ATTACH DATABASE ? AS shard{k}", (uri(path),))
                 names.append(f"shard{k}")
             names = [n for n in names if db.execute(f"SELECT count(*) FROM {n}.sqlite_schema WHERE name='done'")
                      .fetchone()[0]]  # a shard killed before its schema was written holds nothing

@@ -204,8 +204,7 @@ class Store:
                         pass
                 raise
         try:
-            uri = f"file:{path}?mode=ro" if readonly else path
-            self.db = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=readonly)
+            self.db = read_only(path) if readonly else shard.connect(path)
             if not readonly:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
@@ -246,7 +245,7 @@ class Store:
         if head != b"SQLite format 3\x00":
             raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
         try:
-            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            con = read_only(path)
             try:
                 rows = dict(con.execute("SELECT key, value FROM meta"))
             finally:
@@ -1002,6 +1001,28 @@ class _WriterLock:
             os.close(self.fd)
 
 
+def read_only(path: str) -> sqlite3.Connection:
+    """A connection that reads the store at ``path`` and never writes (its name percent-encoded in the URI:
+    '?', '#' and '%' are a URI's own).  A store in WAL mode in a directory that cannot be written (a read-only
+    mount, a chmod 0555 directory) cannot have its shared-memory file made there: it is opened immutable, which
+    needs none, when no write-ahead log holds changes; with such a log it is refused in one line."""
+    uri = shard.uri(path) + "?mode=ro"
+    db = sqlite3.connect(uri, timeout=60, isolation_level=None, uri=True)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        if os.access(os.path.dirname(os.path.abspath(path)), os.W_OK) or os.path.exists(path + "-shm"):
+            raise
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        raise StoreError(f"{path}: cannot read it in a read-only directory: its write-ahead log ({wal}) holds "
+                         f"changes that SQLite reads only where it can write; copy the store with its -wal file to "
+                         f"a writable directory")
+    return sqlite3.connect(uri + "&immutable=1", timeout=60, isolation_level=None, uri=True)
+
+
 def file_stamp(path: str) -> str:
     """Size, modification time and inode of a store and its WAL: what a clean close leaves behind."""
     parts = []
@@ -1030,7 +1051,7 @@ class _Checkpoint(threading.Thread):
     def run(self) -> None:
         try:
             with sqlite_work():
-                db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                db = shard.connect(self.path)
                 try:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 finally:
@@ -1068,7 +1089,7 @@ class _Merger(threading.Thread):
         db = None
         try:
             with sqlite_work():
-                db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                db = shard.connect(self.path)
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
                 db.execute("PRAGMA wal_autocheckpoint=0")
