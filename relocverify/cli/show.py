@@ -157,6 +157,7 @@ def render(shown: Shown, width: int, colour: bool) -> str:
     took = f" in {shown.seconds:.2f} s" if shown.seconds is not None else ""
     tramp = f"; trampoline {shown.tramp:#x}" if shown.tramp is not None else ""
     lines.append(f"  {where} {escape(shown.path)}{took}{tramp}")
+    lines.extend(f"  note: {escape(note)}" for note in shown.notes)  # said once: what the loader adjusted
     lines.append("  " + ", ".join(f"{v} {n}" for v, n in counts(shown).items()))
     offsets = [f"+{r.row.address - f.start:#x}" for r in shown.rows]
     ow = max(len("offset"), *(len(o) for o in offsets))

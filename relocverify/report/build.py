@@ -361,6 +361,7 @@ def _provenance(info: dict, run: dict, db: str) -> dict:
         "input sha256": info.get("sha256", ""),
         "input path": info.get("path", ""),
         "format": f"{info.get('format', '')} (symbols: {info.get('symbols', '')})",
+        **({"loader notes": "; ".join(map(str, info["notes"]))} if info.get("notes") else {}),  # a symbol cut, ...
         "store": os.path.abspath(db),
         "tool versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
         "decoders": ", ".join(f"{k} {versions[k]}" for k in ("capstone", "iced") if k in versions),

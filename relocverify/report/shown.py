@@ -38,6 +38,7 @@ class Shown:
     tramp: int | None
     mark: int | None
     seconds: float | None = None  # the verification's wall time (from an image)
+    notes: tuple[str, ...] = ()  # what the loader adjusted in the image (a symbol cut at its section's end)
 
 
 def from_source(path: str, spec: LocationSpec, system_map: str | None, tramp: int, timeout: float,
@@ -86,7 +87,8 @@ def from_store(path: str, spec: LocationSpec) -> Shown:
         mark = _mark(spec, function, [r.row.address for r in rows])
         name = _store_names(starts)
         texts = tuple(disassemble(r.row.raw, r.row.address, name) for r in rows)
-        return Shown("store", path, function, tuple(rows), texts, _store_tramp(store, image), mark)
+        return Shown("store", path, function, tuple(rows), texts, _store_tramp(store, image), mark,
+                     notes=tuple(map(str, store.image_info(image).get("notes") or ())))
     finally:
         store.close()
 
@@ -219,7 +221,7 @@ def from_image(path: str, system_map: str | None, spec: LocationSpec, tramp: int
         f = index.functions.containing(address)
         return None if f is None else (f.name, f.start)
     texts = tuple(disassemble(r.row.raw, r.row.address, name) for r in rows)
-    return Shown("image", path, function, tuple(rows), texts, tramp, mark, seconds)
+    return Shown("image", path, function, tuple(rows), texts, tramp, mark, seconds, index.image.notes)
 
 
 def disassemble(raw: bytes, address: int, name: Callable[[int], tuple[str, int] | None]) -> str:

@@ -29,7 +29,7 @@ from ..image.locations import FunctionIndex, Location, LocationSpec
 from ..kernel.sites import Site, find_sites
 from ..versions import versions_tag
 
-INDEX_FORMAT = "2"
+INDEX_FORMAT = "3"  # 3: the loader's notes kept
 APPLICATION_ID = 0x52564958  # 'RVIX'
 
 _SCHEMA = """
@@ -193,7 +193,7 @@ def _contents(path: str, system_map: str | None, kernel: bool):
         db.executemany("INSERT INTO meta VALUES (?, ?)",
                        [("format", INDEX_FORMAT), ("identity", image.identity), ("path", os.fsencode(image.path)),
                         ("image_format", image.format), ("symbol_source", image.symbol_source),
-                        ("kernel", "1" if kernel else "0")])
+                        ("kernel", "1" if kernel else "0"), ("notes", json.dumps(image.notes))])
         db.executemany("INSERT INTO sections VALUES (?, ?, ?, ?)",
                        [(s.name, _s(s.address), s.flags, s.data) for s in image.sections if s.executable])
         db.executemany("INSERT INTO symbols VALUES (?, ?, ?, ?)",
@@ -229,7 +229,7 @@ def _indexed(db: sqlite3.Connection) -> Indexed | None:
     symbols = tuple(Symbol(r[0], _u(r[1]), r[2], r[3]) for r in db.execute("SELECT * FROM symbols"))
     image = Image(path=os.fsdecode(meta["path"]), identity=meta["identity"], format=meta["image_format"],
                   compression=None, sections=sections, symbols=tuple(sorted(symbols, key=lambda s: (s.address, s.name))),
-                  symbol_source=meta["symbol_source"])
+                  symbol_source=meta["symbol_source"], notes=tuple(json.loads(meta.get("notes", "[]"))))
     sites = IndexedSites(db) if meta.get("kernel") == "1" else None
     return Indexed(image, _LazyFunctions(db), sites, meta["identity"])
 
