@@ -53,6 +53,8 @@ LEFT_OUT = (
     ("freed", "in .init.text or .exit.text (freed after boot: the kernel refuses probes there)"),
     ("name", "whose names the probe syntax cannot take (only [A-Za-z_][A-Za-z0-9_.]*)"),
     ("module-name", "of modules whose file names the probe syntax cannot take (only [A-Za-z0-9_.-]+)"),
+    ("module-control", "of modules whose file names hold control, invisible or undecodable characters (a terminal "
+                       "that shows or pastes the line acts on them)"),
     ("shared", "whose names several functions share (static functions: FUNC+OFF cannot tell them apart)"),
 )
 
@@ -68,6 +70,8 @@ def _why_not(p: ProbePoint, tool: str) -> str | None:
         return "name"
     if tool == "dtrace" and p.image.module and not DTRACE_MODULE.fullmatch(p.image.module):
         return "module-name"
+    if tool == "perf" and p.image.module and not p.image.module.isprintable():
+        return "module-control"  # shell-quoted it is one word to sh, but an escape sequence to a terminal
     if not p.unique:
         return "shared"
     return None
