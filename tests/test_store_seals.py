@@ -231,3 +231,16 @@ def test_a_store_from_before_seals_is_refused_by_readers(built, tmp_path):
     con.close()
     code, _, err = _cli("export", path, "--format", "json")
     assert code == 2 and "carry no seals" in err and err.count("\n") == 1
+
+
+def test_the_tracer_audit_judges_tracers_against_no_altered_verdict(built, tmp_path):
+    from relocverify.tracers.audit import Auditor, audit_store
+
+    path = _copy(built[1], tmp_path)
+    _forge_sti(path)
+    auditor = Auditor([], 0xffffffffc0001000)
+    try:
+        with pytest.raises(StoreError, match="altered after relocverify wrote them"):
+            audit_store(path, auditor)
+    finally:
+        auditor.close()

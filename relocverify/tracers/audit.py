@@ -448,6 +448,7 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     store = Store(store_path, readonly=True)
     try:
         image_id = image_id if image_id is not None else store.find_image()
+        store.check_seals(image_id)  # each tracer is judged against relocverify's verdicts: never altered ones
         functions = list(store.function_verdicts(image_id))
     finally:
         store.close()
