@@ -45,6 +45,7 @@ def audited_sites(store_path: str, tracer: str, functions: tuple[str, ...], iden
         image_id = store.find_image(identity)
         if image_id is None:
             raise InputError(f"{store_path}: holds no image {identity or ''} (audit that kernel into it first)")
+        store.check_seals(image_id)  # controls are sites the verdicts call agreed: never altered ones
         chosen = [f for f in store.function_verdicts(image_id) if f[2] in wanted]
     finally:
         store.close()
