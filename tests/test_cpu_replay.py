@@ -124,3 +124,21 @@ def test_the_audit_counts_what_the_cpu_decided(tmp_path):
     assert any(g.startswith("vzeroupper via check_jmp_cond") and g.endswith("(confirmed on CPU)") for g in wrong)
     assert any("the CPU saw no difference" in g["group"] for g in t["groups"]["unknown"])
     assert "2 confirmed (unknown -> tracer-wrong; unknown without the CPU:" in run.stdout
+
+
+def test_a_rip_relative_operand_moves_with_the_code():
+    """vmovdqu 0x2000(%rip),%ymm0 at a kernel address: its operand moves with A into user space.  A
+    relocation with the displacement fixed for T runs alike; the copy left unfixed reads from T's side
+    (unmapped here: a fault), and is confirmed as a difference."""
+    from relocverify.concrete.outcome import MachineState
+
+    if not _has_avx2():
+        pytest.fail("this test needs a CPU with AVX2")
+    orig = bytes.fromhex("c5fe6f0500200000")
+    operand = A + len(orig) + 0x2000
+    state = MachineState({"rdi": 5}, {operand + i: (7 * i + 1) & 0xFF for i in range(32)})
+    fixed = orig[:4] + (operand - (T + len(orig))).to_bytes(4, "little", signed=True) + jump(T + 8, A + 8)
+    same = replay_on_cpu(orig, A, T, state, reloc=fixed)
+    assert same.status == "same", same.note
+    unfixed = replay_on_cpu(orig, A, T, state, reloc=orig + jump(T + 8, A + 8))
+    assert unfixed.status == "differs" and unfixed.differences[0].what == "fault"

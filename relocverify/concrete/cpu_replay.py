@@ -185,8 +185,10 @@ def _move(decoded: Instruction, at: int, tramp: int, state: MachineState, reloc:
     values = _value_inputs(ins)
     for m in accesses:
         size = max(iced.MemorySizeExt.size(m.memory_size), 1)
-        if m.base == iced.Register.RIP:
-            a = m.displacement & MASK64  # iced's target, already at A - K
+        if m.base == iced.Register.RIP or (ins.is_ip_rel_memory_operand and m.base == iced.Register.NONE
+                                           and m.index == iced.Register.NONE
+                                           and m.displacement == ins.ip_rel_memory_address):
+            a = m.displacement & MASK64  # iced gives the RIP-relative target, here already at A - K
             spans.append((a, size))
             rip_pages.update(range(a & ~0xFFF, a + size, 0x1000))
             for off in range(-MOVED_BYTES, size + MOVED_BYTES):
