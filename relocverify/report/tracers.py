@@ -4,7 +4,9 @@ Per tracer: the five buckets (agree, tracer-wrong, tracer-refuses-provable, both
 adding up to the image's instructions; per bucket the groups (by cause, or by the tracer's
 refusal reason) with their counts, a few instances, the tracer's answer and the source line it
 cites; for every tracer-wrong group the counterexample and its replay command (for a block
-probe, what the block proof's own replay saw).  Static HTML
+probe, what the block proof's own replay saw), and what ``relocverify confirm --audit`` found on the
+running kernel (``store.confirmations``: a group labelled ``tracer-wrong (reproduced on 6.1.187, QEMU
+TCG)``, a tracer's controls).  Static HTML
 under the report's Content-Security-Policy; every string from the store goes through
 ``html.escape``.  Reads the summary ``relocverify audit`` keeps beside the store (this module does not
 import the tracers package, which sits above the report)."""
