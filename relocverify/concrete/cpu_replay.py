@@ -118,8 +118,8 @@ def replay_on_cpu(orig: bytes, at: int, tramp: int, state: MachineState, reloc: 
             if placed is None:
                 continue
             placed = cpu.trim_state(placed)
-            own = _judge(orig, at, tramp, k, placed, ((ST.ARENA, ST.ARENA_SIZE),), frozenset(), reloc, effects,
-                         tracer_memory)
+            own = _judge(orig, at, tramp, k, placed, ((ST.ARENA, ST.ARENA_SIZE),) + _tracer_data(tracer_memory, k),
+                         frozenset(), reloc, effects, tracer_memory)
             if own and not isinstance(own, str):
                 return CpuReplay("differs", f"not on z3's state ({note}), but on the judge's own state {n + 1} "
                                  f"of {OWN_STATES} (seed 0)", tuple(own), judge, placed)
@@ -213,14 +213,23 @@ def _move(decoded: Instruction, at: int, tramp: int, state: MachineState, reloc:
     for base, d in shifts.items():
         regs[base] = (regs[base] - d) & MASK64
     data = [(a & ~0xFFF, ((a + n + 0xFFF) & ~0xFFF) - (a & ~0xFFF)) for a, n in spans]
-    data += [(((a - k) & MASK64) & ~0xFFF, (((a - k + n) & MASK64) + 0xFFF & ~0xFFF) - (((a - k) & MASK64) & ~0xFFF))
-             for a, n in tracer_memory if n <= 0x10000]
+    data += list(_tracer_data(tracer_memory, k))
     if any(not _user(a) for a, _ in data):
         return "a memory access stays outside user space after the move"
     note = ", ".join([f"code moved by {-k & MASK64:#x} (A at {(at - k) & MASK64:#x})"] if k else []) or "code in place"
     if shifts:
         note += "; " + ", ".join(f"%{b} moved by {-d & MASK64:#x}" for b, d in shifts.items())
     return k, regs, moved_memory, tuple(sorted(set(data))), frozenset(rip_pages), note
+
+
+def _tracer_data(tracer_memory, k: int) -> tuple[tuple[int, int], ...]:
+    """The pages of the tracer's own memory (save slots), moved by ``K`` with the code."""
+    out = []
+    for a, n in tracer_memory:
+        if n <= 0x10000:
+            lo = ((a - k) & MASK64) & ~0xFFF
+            out.append((lo, ((((a - k) & MASK64) + n + 0xFFF) & ~0xFFF) - lo))
+    return tuple(out)
 
 
 def _absolute(code: bytes, lo: int, hi: int) -> bool:
