@@ -129,3 +129,15 @@ def test_each_patch_file_makes_the_edit_the_models_are_checked_against(edit):
 def test_a_source_the_patch_does_not_fit_is_one_clear_error():
     with pytest.raises(InputError, match="no single place in prepare_emulation"):
         findings.patched("static int prepare_emulation(struct kprobe *p) { return 0; }", "prepare_emulation")
+
+
+@pytest.mark.slow
+def test_whole_kernel_patched_models_decide_as_the_patched_compiled_code(debian_kernels):
+    from relocverify.image.functions import find_functions, iter_instruction_spans
+    from relocverify.image.loader import load_image
+
+    kernel, _ = debian_kernels("debian-6.1-cloud")
+    image = load_image(kernel.vmlinux)
+    items = [(address, raw) for f in find_functions(image) for address, raw in iter_instruction_spans(image, f)]
+    result = findings.compare("6.1", items, T)
+    assert all(r["differ"] == 0 for r in result.values()), result
