@@ -370,10 +370,10 @@ def test_a_hanging_proof_is_unknown_after_the_timeout(small, tmp_path, monkeypat
     """Fault injection: proving the loop hangs; the watchdog ends it and the run goes on."""
     real = pipeline.prove_plan
 
-    def hang_on_loop(decoded, plan, timeout_ms):
+    def hang_on_loop(decoded, plan, timeout_ms, smt=None):
         if decoded.opname == "loop":
             time.sleep(60)
-        return real(decoded, plan, timeout_ms)
+        return real(decoded, plan, timeout_ms, smt)
 
     monkeypatch.setattr(pipeline, "prove_plan", hang_on_loop)
     t0 = time.time()

@@ -81,7 +81,7 @@ def test_the_zmm_upper_bits_are_state_of_the_semantics(monkeypatch):
         pytest.skip("this CPU has no AVX-512: no zmm upper bits")
     raw = bytes.fromhex("c5e1efdb")  # vpxor %xmm3,%xmm3,%xmm3
     assert validate_form(facts(raw).form, [raw], 8).status == "exact"
-    original = S._Interp.mark
+    original = S.Interpreter.mark
 
     def no_zeroing(self, path, address, length):
         original(self, path, address, length)
@@ -90,7 +90,7 @@ def test_the_zmm_upper_bits_are_state_of_the_semantics(monkeypatch):
             for k in range(32):
                 path.regs.pop(off + k, None)
 
-    monkeypatch.setattr(S._Interp, "mark", no_zeroing)
+    monkeypatch.setattr(S.Interpreter, "mark", no_zeroing)
     assert "zmm upper" in validate_form(facts(raw).form, [raw], 8).loose
 
 

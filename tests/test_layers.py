@@ -81,6 +81,39 @@ def test_no_private_name_is_imported_from_another_module():
     assert not wrong, "make these public (named, documented) or move the code:\n" + "\n".join(wrong)
 
 
+def _module_names(rel: Path, tree: ast.Module) -> dict[str, str]:
+    """Local name -> the project module it is bound to by an import in ``tree`` (``from . import semantics as
+    S``, ``from ..tracers import uprobes_6_1 as up``, ``import relocverify.x86.registers as regs``)."""
+    files = {".".join(r.with_suffix("").parts) for r in (p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py"))}
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for _, target, _ in _imports(rel, ast.Module([node], [])):
+                for a in node.names:
+                    dotted = ".".join(target + [a.name])
+                    if dotted in files or dotted + ".__init__" in files:
+                        out[a.asname or a.name] = dotted
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("relocverify.") and a.asname:
+                    out[a.asname] = a.name.split(".", 1)[1]
+    return out
+
+
+def private_reaches(rel: Path, tree: ast.Module) -> list[str]:
+    """Where a module reads another project module's private name as an attribute (``S._Path``)."""
+    modules = _module_names(rel, tree)
+    return sorted(f"relocverify/{rel}:{node.lineno} reaches {modules[node.value.id]}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+            and node.attr.startswith("_") and not node.attr.startswith("__"))
+
+
+def test_no_private_name_is_reached_as_an_attribute_of_another_module():
+    wrong = [w for rel, tree in _modules() for w in private_reaches(rel, tree)]
+    assert not wrong, "make these public (named, documented) or move the code:\n" + "\n".join(wrong)
+
+
 def test_no_import_cycle_between_modules():
     graph: dict[str, set[str]] = {}
     names = {".".join(rel.with_suffix("").parts) for rel, _ in _modules()}
@@ -149,6 +182,9 @@ def test_the_rules_can_fail(tmp_path):
     assert any(isinstance(n, ast.Constant) and SQL.match(str(n.value)) for n in ast.walk(tree))
     assert sqlite_imports(rel, ast.parse("import sqlite3\n")) == ["relocverify/proof/bad.py:1"]
     assert sqlite_imports(Path("store") / "x.py", ast.parse("import sqlite3\n")) == []
+    reach = ast.parse("from . import semantics as S\nfrom ..x86 import registers\nS._Path(1)\nregisters._x\nS.Path\n")
+    assert private_reaches(rel, reach) == ["relocverify/proof/bad.py:3 reaches proof.semantics._Path",
+                                           "relocverify/proof/bad.py:4 reaches x86.registers._x"]
 
 
 def test_readme_names_every_module_in_its_stage_row():

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from relocverify.engine import pipeline, smt_helper
-from relocverify.proof import prove as prove_module
 from relocverify.proof.prove import prove_relocation
 from relocverify.proof.verdict import Verdict
 from relocverify.x86.decode import decode
@@ -45,35 +44,29 @@ def helper():
     assert h.wait_listening()
     yield h
     h.close()
-    prove_module.delegate_smt(None)
 
 
-def _answer(orig: str, body: str):
+def _answer(orig: str, body: str, smt=None):
     raw = bytes.fromhex(orig)
-    result = prove_relocation(decode(raw, A), _relocated(body, len(raw)), T)
+    result = prove_relocation(decode(raw, A), _relocated(body, len(raw)), T, smt=smt)
     cex = result.counterexample
     return result.verdict, result.method, cex is not None and cex.replayed
 
 
 @pytest.mark.parametrize("name,orig,body,verdict", CASES, ids=[c[0] for c in CASES])
 def test_the_helper_answers_as_a_check_made_here(helper, name, orig, body, verdict):
-    prove_module.delegate_smt(None)
     here = _answer(orig, body)
-    smt_helper.use_helper()
-    assert prove_module._SMT[0] is not None
-    there = _answer(orig, body)
+    checker = smt_helper.helper_checker(helper.address)
+    assert checker is not None and smt_helper.helper_checker(None) is None
+    there = _answer(orig, body, checker)
     assert there == here
     if verdict is not None:
         assert here[0] is verdict and here[2], "a wrong relocation is refuted by a replayed counterexample"
 
 
 def test_without_the_helper_a_worker_checks_itself(monkeypatch):
-    monkeypatch.setattr(smt_helper, "_ADDRESS", ["\0relocverify-smt-nobody-listens"])
-    smt_helper.use_helper()
-    try:
-        assert _answer(*CASES[1][1:3])[0] is Verdict.REFUTED
-    finally:
-        prove_module.delegate_smt(None)
+    checker = smt_helper.helper_checker("\0relocverify-smt-nobody-listens")
+    assert _answer(*CASES[1][1:3], checker)[0] is Verdict.REFUTED
 
 
 def test_a_watchdog_between_a_check_and_its_answer_loses_no_later_answer(monkeypatch):
@@ -92,14 +85,13 @@ def test_a_watchdog_between_a_check_and_its_answer_loses_no_later_answer(monkeyp
     try:
         assert h.wait_listening()
         client = smt_helper.SmtClient(h.address)
-        monkeypatch.setattr(prove_module, "_SMT", [client.check])
         raw = bytes.fromhex(CASES[1][1])
         decoded, code = decode(raw, A), _relocated(CASES[1][2], len(raw))
         with pytest.raises(pipeline.ProofTimeout):
             with pipeline.watchdog(0.2):
-                prove_relocation(decoded, code, T)
+                prove_relocation(decoded, code, T, smt=client.check)
         other = bytes.fromhex(CASES[2][1])
-        result = prove_relocation(decode(other, A), _relocated(CASES[2][2], len(other)), T)
+        result = prove_relocation(decode(other, A), _relocated(CASES[2][2], len(other)), T, smt=client.check)
         assert result.verdict is Verdict.REFUTED and result.counterexample.orig_hex == other.hex()
     finally:
         h.close()

@@ -34,7 +34,7 @@ from typing import Callable
 from ..errors import RelocverifyError
 from ..processes import die_with_parent
 from .pipeline import own_alarm
-from .smt_helper import use_helper
+from .smt_helper import helper_checker
 from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
@@ -60,11 +60,10 @@ class WorkerError(RelocverifyError):
     """A task raised an exception inside a worker (a bug): its traceback's last line."""
 
 
-def _serve(job: Job, conn, progress, current, index: int) -> None:
+def _serve(job: Job, conn, progress, current, index: int, smt_address: str | None = None) -> None:
     die_with_parent()  # a run killed with SIGKILL leaves no worker behind
     own_alarm()  # this process runs nothing but the worker: its proofs' watchdogs keep SIGALRM installed
-    use_helper()  # its SMT checks go to the session's helper, if one runs
-    worker = Worker(job)
+    worker = Worker(job, helper_checker(smt_address))  # its SMT checks go to the session's helper, if one runs
 
     def tell(n: int) -> None:
         progress[index] += n
@@ -107,8 +106,10 @@ class LocalPool:
     #: Each worker runs its own queue's tasks, in order: a worker may keep what its tasks found for a later task.
     pinned = True
 
-    def __init__(self, job: Job, jobs: int):
+    def __init__(self, job: Job, jobs: int, smt_address: str | None = None):
+        """``smt_address``: where the session's SMT helper listens (``smt_helper``), for the workers forked."""
         self.job = job
+        self.smt_address = smt_address
         self.n = max(1, jobs)
         self.inline = jobs <= 1
         self._stopped = False  # ``stop``: its workers were told to end
@@ -133,7 +134,8 @@ class LocalPool:
 
     def _spawn(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(self.job, child, self.progress, self.current, i), daemon=True)
+        args = (self.job, child, self.progress, self.current, i, self.smt_address)
+        proc = self._ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
         self.procs[i], self.conns[i] = proc, parent

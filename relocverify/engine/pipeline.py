@@ -29,12 +29,12 @@ from ..x86.instruction import Decoded, Instruction
 WATCHDOG_MARGIN_S = 0.5
 
 
-def prove_plan(decoded, plan, timeout_ms):
+def prove_plan(decoded, plan, timeout_ms, smt=None):
     """``proof.prove.prove_plan``, imported when first needed: a run whose every
     finding is cached never loads angr and z3."""
     from ..proof.prove import prove_plan as prove
 
-    return prove(decoded, plan, timeout_ms=timeout_ms)
+    return prove(decoded, plan, timeout_ms=timeout_ms, smt=smt)
 
 
 class ProofTimeout(Exception):
@@ -75,10 +75,12 @@ class Prover:
     its trampoline); remembers the proofs it made."""
 
     def __init__(self, tramp: int, timeout_s: float, proofs: Callable[[], dict[bytes, CachedProof]] | None = None,
-                 rules=None):
+                 rules=None, smt: Callable | None = None):
         """``proofs``: loads the persistent cache's proofs when the first one is wanted (None: none);
-        ``rules``: the policy table (``plan.policy.POLICIES``; the kernel's by default)."""
+        ``rules``: the policy table (``plan.policy.POLICIES``; the kernel's by default); ``smt``: what runs the
+        SMT checks (``proof.prove.prove_plan``'s ``smt``: a run's SMT helper; None: this process)."""
         self.tramp = tramp
+        self.smt = smt
         self.rules = rules
         self.timeout_s = timeout_s
         self._load = proofs
@@ -123,7 +125,7 @@ class Prover:
 
     def _prove_now(self, decoded, plan) -> ProofResult:
         try:
-            result = prove_plan(decoded, plan, timeout_ms=int(self.timeout_s * 1000))
+            result = prove_plan(decoded, plan, timeout_ms=int(self.timeout_s * 1000), smt=self.smt)
         except ProofTimeout:
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a bug in a third-party library must not stop the run

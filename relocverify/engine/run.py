@@ -168,7 +168,7 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
         # worker imported on its own (1.1 s each, in parallel, and about 100 MB each).  Imported once here,
         # before the fork, the time is the same and the pages are shared: a package's peak PSS was 1.00 GiB.
         from ..proof import smt_check  # noqa: F401
-    return LocalPool(job, options.jobs)
+    return LocalPool(job, options.jobs, smt.address if smt is not None else None)
 
 
 def _chunks(items: list, n: int) -> list[list]:

@@ -8,7 +8,7 @@ does that import beside the parent's own setup (functions, sites, the store) and
 worker's checks; the workers never import it.
 
 A check asked of the helper is the same call, with the same arguments, as the one a worker would make
-(``proof.prove.delegate_smt``): its answer, or the exception it raised, comes back as it is.  The worker's
+(``proof.prove.prove_plan``'s ``smt``): its answer, or the exception it raised, comes back as it is.  The worker's
 watchdog still bounds the wait (a late answer is recognised by its number and dropped), and the helper
 runs each check under a watchdog of its own, so a hang there times out as it would in the worker.  A
 worker that cannot reach the helper (none started, or it died) imports the check and runs it itself.
@@ -30,9 +30,6 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from ..errors import RelocverifyError
-
-_ADDRESS: list[str | None] = [None]  # the helper's address, inherited by the workers forked after it started
-
 
 class SmtHelper:
     """A process that imports the SMT check and serves it, for as long as the session that started it.
@@ -59,7 +56,6 @@ class SmtHelper:
         if first_end is not None:
             first_end.close()
         self._ready = ready
-        _ADDRESS[0] = self.address
 
     def first_value(self, timeout_s: float = 120.0) -> bytes | None:
         """What ``first`` returned, once it is done; None when it raised, the process died before it was done, or
@@ -91,8 +87,6 @@ class SmtHelper:
         return False
 
     def close(self) -> None:
-        if _ADDRESS[0] == self.address:
-            _ADDRESS[0] = None
         if not self._ready.closed:
             self._ready.close()
         if self._first is not None:
@@ -221,17 +215,14 @@ class SmtClient:
         self.conn = None
 
 
-def use_helper() -> None:
-    """In a worker: send the SMT checks to the helper the session started, if one runs (``proof.prove``; with
-    none, nothing is imported: a warm run's workers need not load the proof modules at all)."""
-    address = _ADDRESS[0]
-    if address is not None:
-        from ..proof.prove import delegate_smt
+def helper_checker(address: str | None) -> Callable | None:
+    """In a worker: what sends its SMT checks to the helper listening at ``address`` (``proof.prove.prove_plan``'s
+    ``smt``), or None when no helper runs (``address`` None: nothing is imported, so a warm run's workers need not
+    load the proof modules at all)."""
+    if address is None:
+        return None
+    client = SmtClient(address)
 
-        delegate_smt(_checker(SmtClient(address)))
-
-
-def _checker(client: SmtClient):
     def check(*args):
         try:
             return client.check(*args)

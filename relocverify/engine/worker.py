@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from bisect import bisect_right
 from itertools import accumulate
@@ -164,10 +165,12 @@ def from_cached(c: CachedFinding, fresh: bool = False) -> Finding:
 
 
 class Worker:
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, smt: Callable | None = None):
+        """``smt``: what runs this worker's SMT checks (``Prover``'s; the session's helper, or None: here)."""
         self.job = job
+        self.smt = smt
         self.keys = KeyMaker(job.tramp)
-        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
+        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, smt)
         self.learned: dict[bytes, Learned] = {}
         self.new_findings: dict[bytes, CachedFinding] = {}
         self.derivations: dict[bytes, bytes | None] = {}
@@ -202,7 +205,7 @@ class Worker:
         old, self.job = self.job, job
         if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
             self.keys = KeyMaker(job.tramp)
-            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules)
+            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, self.smt)
             self.learned = {}
         else:
             if job.tramp != old.tramp:

@@ -140,8 +140,8 @@ def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], r
     lies strictly inside ``forbidden`` = (lo, hi), and the indices j > 0 reported as final."""
     end = base + len(code)
     index = {t: j for j, t in enumerate(starts)}
-    interp = S._Interp(world, starts[first], code, base)
-    work = [(starts[first], S._Path(claripy.true()), first)]
+    interp = S.Interpreter(world, starts[first], code, base)
+    work = [(starts[first], S.IRPath(claripy.true()), first)]
     finals, escapes, restarts = [], [], set()
     blocks = 0
     while work:
@@ -168,7 +168,7 @@ def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], r
                         p.temps = {}
                         work.append((v, p, j))
                     else:
-                        finals.append(S._finish(p, claripy.BVV(reports[j], 64), jk))
+                        finals.append(S.way_out(p, claripy.BVV(reports[j], 64), jk))
                         if j:
                             restarts.add(j)
                     continue
@@ -176,7 +176,7 @@ def _run_side(world: S.World, code: bytes, base: int, starts: tuple[int, ...], r
                     p.temps = {}
                     work.append((v, p, bisect.bisect_right(starts, v) - 1))
                     continue
-            finals.append(S._finish(p, tgt, jk))
+            finals.append(S.way_out(p, tgt, jk))
             if forbidden is not None:
                 lo, hi = forbidden
                 inside = claripy.And(claripy.UGT(tgt, lo), claripy.ULT(tgt, hi))
@@ -552,7 +552,7 @@ def _suffix(block: BlockPlan, s: int, timeout_ms: int):
     x = claripy.BVS("x", 64, explicit_name=True)
     items = smt.items(world, orig, reloc, a_s, starts[s], x)
     if escapes:
-        items.append(smt._Item(ESCAPE, claripy.BVV(0, 1),
+        items.append(smt.Item(ESCAPE, claripy.BVV(0, 1),
                                claripy.If(claripy.Or(*escapes), claripy.BVV(1, 1), claripy.BVV(0, 1))))
     conds = smt.event_conditions(world, orig, reloc)
     self_writes = smt.code_writes(world, reloc, smt.code_spans(block.trampoline, block.tramp))

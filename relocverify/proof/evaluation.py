@@ -237,7 +237,7 @@ def _flags_of(v: dict) -> int:
     if "flags" in v:
         return v["flags"]
     args = [claripy.BVV(v[f"thunk{k}"], 64) for k in range(4)]
-    r = S._ccall.amd64g_calculate_rflags_all(S._CCallState(), *args)
+    r = S.rflags_all(*args)
     return claripy.backends.concrete.convert(r).value & L.OSZACP
 
 

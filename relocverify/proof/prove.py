@@ -74,13 +74,13 @@ def _outside_result(decoded: Instruction, code: bytes | None, tramp: int, method
 
 
 def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
-           tracer_ranges, timeout_ms: int, where: Machine | None = None) -> ProofResult:
+           tracer_ranges, timeout_ms: int, where: Machine | None = None, smt=None) -> ProofResult:
     """The verdict, with the machine model's preconditions attached to a proof (``machine_model``; ``where``
-    the code runs: by default the context of its address)."""
+    the code runs: by default the context of its address; ``smt``: as for ``prove_plan``)."""
     t0 = time.perf_counter()
     where = where or Machine.at(tramp)  # the relocated code runs at T: its privilege is T's
     machine = check_machine(decoded.raw, decoded.address, code, effects, tramp, tuple(tracer_ranges), where)
-    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0, where.context)
+    result = _check_semantics(decoded, code, effects, tramp, tracer_ranges, timeout_ms, t0, where.context, smt)
     if result.verdict is Verdict.REFUTED:
         return result  # a difference the semantics finds (replayed on unicorn) comes first
     if machine.refutes:
@@ -95,7 +95,7 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
 
 
 def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
-                     tracer_ranges, timeout_ms: int, t0: float, context: Context) -> ProofResult:
+                     tracer_ranges, timeout_ms: int, t0: float, context: Context, smt=None) -> ProofResult:
     lock = check_atomicity(decoded, code, tramp, tracer_ranges)
     if lock is not None:
         cex = Counterexample((), (), (Difference("lock", "locked" if atomic(decoded) else "unlocked",
@@ -124,54 +124,47 @@ def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Ef
                                    "fast-path", seconds=time.perf_counter() - t0)
         except Gap as gap:
             return gap_result(decoded, code, tramp, gap.reason, t0)
-    checker = _SMT[0]
+    checker = smt
     if checker is None:  # claripy, angr's IR operations and z3: imported only when the fast path cannot decide
         from .smt_check import check_by_smt as checker
     return checker(decoded, code, effects, tramp, tracer_ranges, timeout_ms, admission, t0, context)
 
 
-_SMT: list = [None]  # ``delegate_smt``'s checker, or None
-
-
-def delegate_smt(checker) -> None:
-    """Let ``checker`` run this process's SMT checks: a function called as ``smt_check.check_by_smt`` is, which
-    returns what it returns or raises what it raises (``engine.smt_helper``: the same call, in the run's helper
-    process).  None: import ``smt_check`` and run them here."""
-    _SMT[0] = checker
-
-
-def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
-    """The verdict for one of our own plans."""
+def prove_plan(decoded: Decoded, plan: Plan, timeout_ms: int = DEFAULT_TIMEOUT_MS, smt=None) -> ProofResult:
+    """The verdict for one of our own plans.  ``smt``: what runs the SMT check when the fast path cannot decide, a
+    function called as ``smt_check.check_by_smt`` is, which returns what it returns or raises what it raises (the
+    scheduler's SMT helper: the same call, in another process); None: ``smt_check`` is imported and runs here."""
     if plan.kind is PlanKind.REJECT or not isinstance(decoded, Instruction):
         return ProofResult(Verdict.REJECTED, plan.reason, "policy")
     if plan.kind is PlanKind.EMULATE:
-        return _check(decoded, None, plan.effects, plan.tramp, (), int(timeout_ms))
-    return _check(decoded, plan.trampoline, (), plan.tramp, plan.tracer_memory, int(timeout_ms))
+        return _check(decoded, None, plan.effects, plan.tramp, (), int(timeout_ms), smt=smt)
+    return _check(decoded, plan.trampoline, (), plan.tramp, plan.tracer_memory, int(timeout_ms), smt=smt)
 
 
 def prove_relocation(decoded: Decoded, reloc: bytes, tramp: int, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                     tracer_memory: tuple[tuple[int, int], ...] = (), where: Machine | None = None) -> ProofResult:
+                     tracer_memory: tuple[tuple[int, int], ...] = (), where: Machine | None = None,
+                     smt=None) -> ProofResult:
     """The verdict for relocated bytes made by any tool, run from ``tramp``.
 
     Tracer memory is the relocated bytes themselves, plus ``tracer_memory``:
     (address, size) ranges the tool keeps its own data in (save slots).  ``where``: the machine the code
     runs in (``machine_model.Machine``: a user-space tracer's, a kernel without IBT), by default the
-    context of the instruction's address.
+    context of the instruction's address; ``smt``: as for ``prove_plan``.
     Raises ``InputError`` when those ranges make the precondition vacuous
     (``precondition.check_tracer_memory``)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
     check_tracer_memory(decoded, tramp, len(reloc), tuple(tracer_memory))
     ranges = ((tramp, len(reloc)),) + tuple(tracer_memory)
-    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms), where)
+    return _check(decoded, bytes(reloc), (), tramp, ranges, int(timeout_ms), where, smt)
 
 
 def prove_effects(decoded: Decoded, effects: tuple[Effect, ...], tramp: int,
-                  timeout_ms: int = DEFAULT_TIMEOUT_MS, where: Machine | None = None) -> ProofResult:
-    """The verdict for an emulation program made by any tool (``where``: as for ``prove_relocation``)."""
+                  timeout_ms: int = DEFAULT_TIMEOUT_MS, where: Machine | None = None, smt=None) -> ProofResult:
+    """The verdict for an emulation program made by any tool (``where``, ``smt``: as for ``prove_relocation``)."""
     if not isinstance(decoded, Instruction):
         return ProofResult(Verdict.UNKNOWN, f"the original does not decode: {decoded.reason}")
-    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms), where)
+    return _check(decoded, None, tuple(effects), tramp, (), int(timeout_ms), where, smt)
 
 
 

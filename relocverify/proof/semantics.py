@@ -103,7 +103,7 @@ class WayOut:
 
 
 @dataclass
-class _Path:
+class IRPath:
     guard: object
     regs: dict = field(default_factory=dict)
     writes: list = field(default_factory=list)
@@ -115,8 +115,8 @@ class _Path:
     facts: InsnFacts | None = None  # the instruction being interpreted
     boundaries: list = field(default_factory=list)  # Boundary, one per instruction started
 
-    def fork(self, guard) -> "_Path":
-        return _Path(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps),
+    def fork(self, guard) -> "IRPath":
+        return IRPath(guard, dict(self.regs), list(self.writes), list(self.reads), dict(self.temps),
                      list(self.events), list(self.faults), list(self.insns), self.facts, list(self.boundaries))
 
 
@@ -244,7 +244,7 @@ def read_memory(world: World, writes, addr, size: int):
     return claripy.Concat(*reversed(parts)) if size > 1 else parts[0]
 
 
-def _store(path: _Path, addr, value, guard=None):
+def _store(path: IRPath, addr, value, guard=None):
     value = _to_bv(value)
     n = value.size() // 8
     for k in range(n):
@@ -252,7 +252,7 @@ def _store(path: _Path, addr, value, guard=None):
     path.events.append(Event("W", guard if guard is not None else claripy.true(), addr, n, value))
 
 
-def _read_event(path: _Path, addr, size: int, guard=None):
+def _read_event(path: IRPath, addr, size: int, guard=None):
     path.reads.append(Read(path.guard if guard is None else claripy.And(path.guard, guard), addr, size))
     path.events.append(Event("R", guard if guard is not None else claripy.true(), addr, size))
 
@@ -283,7 +283,7 @@ def _to_bv(v):
     return v.raw_to_bv() if isinstance(v, claripy.ast.FP) else v
 
 
-def _get_reg(world: World, path: _Path, offset: int, nbytes: int, start_pc: int):
+def _get_reg(world: World, path: IRPath, offset: int, nbytes: int, start_pc: int):
     parts = []
     for k in range(nbytes):
         b = path.regs.get(offset + k)
@@ -291,7 +291,7 @@ def _get_reg(world: World, path: _Path, offset: int, nbytes: int, start_pc: int)
     return claripy.Concat(*reversed(parts)) if nbytes > 1 else parts[0]
 
 
-def _put_reg(path: _Path, offset: int, value):
+def _put_reg(path: IRPath, offset: int, value):
     value = _to_bv(value)
     for k in range(value.size() // 8):
         path.regs[offset + k] = value[k * 8 + 7:k * 8]
@@ -329,10 +329,16 @@ def _as_type(v, ty: str):
     return v
 
 
+
+def rflags_all(*thunk):
+    """RFLAGS from a flags thunk (operation, dep1, dep2, ndep), by angr's own helper (``amd64g_calculate_rflags_all``)."""
+    return _ccall.amd64g_calculate_rflags_all(_CCallState(), *thunk)
+
+
 _RSP = REG_BY_NAME["rsp"][0]
 
 
-class _Interp:
+class Interpreter:
     """The IR interpreter.  ``code`` placed at ``base`` is what VEX lifts: at each instruction
     boundary (IMark) the interpreter decodes those bytes as the CPU does (``forms.facts``) and
     refuses a lift whose instruction boundaries are not the CPU's; the facts give what VEX's IR
@@ -344,7 +350,7 @@ class _Interp:
         self.code = code
         self.base = base
 
-    def mark(self, path: _Path, address: int, length: int) -> None:
+    def mark(self, path: IRPath, address: int, length: int) -> None:
         """Entering the instruction at ``address``: its facts, and the zmm upper bits it zeroes."""
         off = (address - self.base) & MASK64
         raw = self.code[off:off + length] if off + length <= len(self.code) else b""
@@ -358,11 +364,11 @@ class _Interp:
         for i in f.zeroes_upper:
             _put_reg(path, REG_BY_NAME[ZMM_HI[i]][0], claripy.BVV(0, 256))
 
-    def fault(self, path: _Path, condition, name: str) -> None:
+    def fault(self, path: IRPath, condition, name: str) -> None:
         if not claripy.is_false(condition):
             path.faults.append((condition, FAULT_CODES[name]))
 
-    def access(self, path: _Path, addr, guard=None) -> None:
+    def access(self, path: IRPath, addr, guard=None) -> None:
         """The alignment fault of a memory access by the current instruction (#GP when misaligned;
         a legacy-SSE one not under AMD's MXCSR.MM)."""
         f = path.facts
@@ -375,7 +381,7 @@ class _Interp:
             bad = claripy.And(guard, bad)
         self.fault(path, bad, "#GP")
 
-    def expr(self, path: _Path, e):
+    def expr(self, path: IRPath, e):
         t = type(e)
         if t is pyvex.expr.RdTmp:
             return path.temps[e.tmp]
@@ -419,7 +425,7 @@ class _Interp:
             return claripy.FPV(con.value, claripy.FSORT_DOUBLE)
         return claripy.BVV(con.value & ((1 << bits) - 1), bits)
 
-    def ccall(self, path: _Path, e):
+    def ccall(self, path: IRPath, e):
         args = [self.expr(path, a) for a in e.args]
         name = e.cee.name
         bits = _ty_bits(e.retty)
@@ -438,7 +444,7 @@ class _Interp:
         return self.world.uninterpreted(name, tuple(args), bits)
 
     # -- statements -------------------------------------------------------
-    def run_block(self, irsb, path: _Path) -> list[tuple[_Path, object, str]]:
+    def run_block(self, irsb, path: IRPath) -> list[tuple[IRPath, object, str]]:
         """Run one IRSB.  Returns the ways out: (path, target, jumpkind)."""
         exits = []
         for st in irsb.statements:
@@ -524,9 +530,9 @@ def execute_original(world: World, raw: bytes, at: int) -> list[WayOut]:
     irsb = lift(raw, at, max_inst=1)
     if irsb.size != len(raw):
         raise Gap(f"VEX decoded {irsb.size} bytes where the decoders decoded {len(raw)}")
-    interp = _Interp(world, at, raw, at)
-    outs = interp.run_block(irsb, _Path(claripy.true()))
-    return [_finish(p, tgt, jk) for p, tgt, jk in outs]
+    interp = Interpreter(world, at, raw, at)
+    outs = interp.run_block(irsb, IRPath(claripy.true()))
+    return [way_out(p, tgt, jk) for p, tgt, jk in outs]
 
 
 def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks: int = 32) -> list[WayOut]:
@@ -537,8 +543,8 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
     reported as ``at`` (the A <-> T correspondence of proof.py).
     """
     end = tramp + len(code)
-    interp = _Interp(world, tramp, code, tramp)
-    work = [(tramp, _Path(claripy.true()))]
+    interp = Interpreter(world, tramp, code, tramp)
+    work = [(tramp, IRPath(claripy.true()))]
     finals: list[WayOut] = []
     blocks = 0
     while work:
@@ -553,20 +559,20 @@ def execute_relocated(world: World, code: bytes, tramp: int, at: int, max_blocks
             if tgt.op == "BVV":
                 v = tgt.args[0]
                 if v == tramp:
-                    finals.append(_finish(p, claripy.BVV(at, 64), jk))
+                    finals.append(way_out(p, claripy.BVV(at, 64), jk))
                     continue
                 if tramp < v < end:
                     if jk not in NORMAL_JUMPKINDS:
-                        finals.append(_finish(p, tgt, jk))
+                        finals.append(way_out(p, tgt, jk))
                         continue
                     p.temps = {}
                     work.append((v, p))
                     continue
-            finals.append(_finish(p, tgt, jk))
+            finals.append(way_out(p, tgt, jk))
     return finals
 
 
-def _finish(p: _Path, target, jk: str) -> WayOut:
+def way_out(p: IRPath, target, jk: str) -> WayOut:
     code = claripy.BVV(FAULT_CODES[FAULT_JUMPKINDS[jk]] if jk in FAULT_JUMPKINDS else 0, 8)
     for condition, fault in reversed(p.faults):
         code = claripy.If(condition, claripy.BVV(fault, 8), code)
@@ -579,7 +585,7 @@ def _finish(p: _Path, target, jk: str) -> WayOut:
 # ---------------------------------------------------------------------------
 
 
-def _address(world: World, path: _Path, a, start_pc: int):
+def _address(world: World, path: IRPath, a, start_pc: int):
     """The value of an effects.Address: base + index*scale + disp (+ fs/gs base), wrapped to its size."""
     v = claripy.BVV(a.disp & MASK64, 64)
     if a.base:
@@ -593,7 +599,7 @@ def _address(world: World, path: _Path, a, start_pc: int):
     return v
 
 
-def _value(world: World, path: _Path, v, start_pc: int):
+def _value(world: World, path: IRPath, v, start_pc: int):
     if isinstance(v, Const):
         return claripy.BVV(v.value & MASK64, 64)
     if isinstance(v, Reg):
@@ -610,17 +616,17 @@ def _value(world: World, path: _Path, v, start_pc: int):
     raise Gap(f"unknown effect value {v!r}")
 
 
-def _current_flags(world: World, path: _Path, start_pc: int):
+def _current_flags(world: World, path: IRPath, start_pc: int):
     vals = [register_value(world, path.regs, n, start_pc) for n in FLAG_THUNK]
     if vals[0].op != "BVV":
         raise Gap("symbolic flags-thunk operation")
-    r = _ccall.amd64g_calculate_rflags_all(_CCallState(), *vals)
+    r = rflags_all(*vals)
     return tuple(r[k:k] for k in (0, 2, 6, 7, 11))  # CF PF ZF SF OF
 
 
 def execute_effects(world: World, effects, at: int, tramp: int) -> list[WayOut]:
     """Run an emulate plan's effect program (see effects.py for its meaning)."""
-    path = _Path(claripy.true())
+    path = IRPath(claripy.true())
     rsp_off = REG_BY_NAME["rsp"][0]
     for k, e in enumerate(effects):
         last = k == len(effects) - 1
@@ -634,7 +640,7 @@ def execute_effects(world: World, effects, at: int, tramp: int) -> list[WayOut]:
         elif isinstance(e, AddRsp):
             _put_reg(path, rsp_off, register_value(world, path.regs, "rsp", tramp) + (e.delta & MASK64))
         elif isinstance(e, Jump) and last:
-            return [_finish(path, _value(world, path, e.to, tramp), "Ijk_Boring")]
+            return [way_out(path, _value(world, path, e.to, tramp), "Ijk_Boring")]
         elif isinstance(e, Branch) and last:
             try:
                 test = condition_test(e.cond)
@@ -643,8 +649,8 @@ def execute_effects(world: World, effects, at: int, tramp: int) -> list[WayOut]:
             bit = test(*_current_flags(world, path, tramp))
             taken = path.fork(claripy.And(path.guard, bit == 1))
             path.guard = claripy.And(path.guard, bit == 0)
-            return [_finish(taken, claripy.BVV(e.taken & MASK64, 64), "Ijk_Boring"),
-                    _finish(path, claripy.BVV(e.fallthrough & MASK64, 64), "Ijk_Boring")]
+            return [way_out(taken, claripy.BVV(e.taken & MASK64, 64), "Ijk_Boring"),
+                    way_out(path, claripy.BVV(e.fallthrough & MASK64, 64), "Ijk_Boring")]
         else:
             raise Gap("an effect program must end in exactly one jump or branch")
     raise Gap("an effect program must end in a jump or branch")

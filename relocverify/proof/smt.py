@@ -41,20 +41,20 @@ def rflags_of(world, o, start_pc):
     vals = [S.register_value(world, o.regs, n, start_pc) for n in L.FLAG_THUNK]
     if vals[0].op != "BVV":
         raise L.Gap("symbolic flags-thunk operation")
-    r = S._ccall.amd64g_calculate_rflags_all(S._CCallState(), *vals)
+    r = S.rflags_all(*vals)
     return r & L.OSZACP
 
 
 @dataclass(frozen=True)
-class _Item:
+class Item:
     what: str
     orig: object
     reloc: object
 
 
-def flag_item(what: str, conditions) -> _Item:
+def flag_item(what: str, conditions) -> Item:
     """An item that differs exactly when one of ``conditions`` holds (the original's side is 0)."""
-    return _Item(what, claripy.BVV(0, 1), claripy.If(claripy.Or(*conditions), claripy.BVV(1, 1), claripy.BVV(0, 1)))
+    return Item(what, claripy.BVV(0, 1), claripy.If(claripy.Or(*conditions), claripy.BVV(1, 1), claripy.BVV(0, 1)))
 
 
 def items(world, orig_outs, reloc_outs, at, tramp, x):
@@ -64,28 +64,28 @@ def items(world, orig_outs, reloc_outs, at, tramp, x):
     compared here: the registers at a fault are the tracer's to restore (it saved them), while
     memory events before it are compared in program order by ``event_conditions``."""
     completes = _merge(orig_outs, lambda o: o.fault) == 0
-    items = [_Item("rip", _merge(orig_outs, lambda o: o.target), _merge(reloc_outs, lambda o: o.target))]
+    items = [Item("rip", _merge(orig_outs, lambda o: o.target), _merge(reloc_outs, lambda o: o.target))]
     jk_id = {}
 
     def jk(o):
         k = o.jumpkind if o.jumpkind not in L.NORMAL_JUMPKINDS else "Ijk_Boring"
         return claripy.BVV(jk_id.setdefault(k, len(jk_id)), 8)
 
-    items.append(_Item("event", _merge(orig_outs, jk), _merge(reloc_outs, jk)))
+    items.append(Item("event", _merge(orig_outs, jk), _merge(reloc_outs, jk)))
     names = _written_registers(orig_outs) | _written_registers(reloc_outs)
     if names & set(L.FLAG_THUNK):
-        items.append(_Item("rflags", _merge(orig_outs, lambda o: rflags_of(world, o, at)),
+        items.append(Item("rflags", _merge(orig_outs, lambda o: rflags_of(world, o, at)),
                            _merge(reloc_outs, lambda o: rflags_of(world, o, tramp))))
     for name in sorted(names - set(L.FLAG_THUNK) - L.VEX_BOOKKEEPING - {"rip"}):
         if name.startswith("guest_"):
             raise L.Gap(f"a write to unnamed guest state at offset {name[6:]}")
-        items.append(_Item(name, _merge(orig_outs, lambda o: S.register_value(world, o.regs, name, at)),
+        items.append(Item(name, _merge(orig_outs, lambda o: S.register_value(world, o.regs, name, at)),
                            _merge(reloc_outs, lambda o: S.register_value(world, o.regs, name, tramp))))
     if any(o.writes for o in orig_outs) or any(o.writes for o in reloc_outs):
-        items.append(_Item("memory", _merge(orig_outs, lambda o: S.read_memory_byte(world, o.writes, x)),
+        items.append(Item("memory", _merge(orig_outs, lambda o: S.read_memory_byte(world, o.writes, x)),
                            _merge(reloc_outs, lambda o: S.read_memory_byte(world, o.writes, x))))
-    items = [_Item(it.what, claripy.If(completes, it.orig, it.reloc), it.reloc) for it in items]
-    items.insert(0, _Item("fault", _merge(orig_outs, lambda o: o.fault), _merge(reloc_outs, lambda o: o.fault)))
+    items = [Item(it.what, claripy.If(completes, it.orig, it.reloc), it.reloc) for it in items]
+    items.insert(0, Item("fault", _merge(orig_outs, lambda o: o.fault), _merge(reloc_outs, lambda o: o.fault)))
     return items
 
 

@@ -127,7 +127,7 @@ long tc_check(const unsigned char *blob, const int32_t *offsets, const uint8_t *
 """
 
 
-def _cut(text: str, name: str) -> str:
+def cut_definition(text: str, name: str) -> str:
     """A top-level definition of ``name`` (a function or a table), up to its closing brace."""
     m = re.search(r"^[^\n;{}]*\b" + re.escape(name) + r"\s*(\[[^\]]*\])?\s*(\([^;{]*\))?\s*(=\s*)?\{", text, re.M)
     if m is None:
@@ -145,7 +145,7 @@ def _cut(text: str, name: str) -> str:
 
 
 def _copy_block(core: str) -> str:
-    body = _cut(core, "__copy_instruction")
+    body = cut_definition(core, "__copy_instruction")
     m = re.search(r"#ifdef CONFIG_X86_64\n(.*?)#endif", body, re.S)
     if m is None:
         raise InputError("__copy_instruction's CONFIG_X86_64 block not found")
@@ -171,7 +171,7 @@ def _source_files(spec: str) -> dict[str, str]:
     return out
 
 
-def _compiled(spec: str, stem: str, what: str, key: str, text) -> str:
+def compiled_library(spec: str, stem: str, what: str, key: str, text) -> str:
     """The shared library ``<cache>/tracer-c/<digest>/<stem>.so``, built once from ``text()`` (the C unit:
     shims, the functions cut out of the source, the glue) with the kernel's insn.c/inat.c from the
     linux-insn build of ``spec``; ``key`` is what the digest covers besides that build."""
@@ -196,11 +196,11 @@ def _compiled(spec: str, stem: str, what: str, key: str, text) -> str:
 def library(spec: str) -> "CompiledChecks":
     def text() -> str:
         files = _source_files(spec)
-        parts = [SHIMS] + [_cut(files[f], name) + "\n" for f, name in FUNCTIONS]
+        parts = [SHIMS] + [cut_definition(files[f], name) + "\n" for f, name in FUNCTIONS]
         parts.append(GLUE.replace("COPY_BLOCK", _copy_block(files[CORE])))
         return "\n".join(parts)
 
-    return CompiledChecks(_compiled(spec, "tracer-checks", "the kernel's tracer decisions", SHIMS + GLUE, text))
+    return CompiledChecks(compiled_library(spec, "tracer-checks", "the kernel's tracer decisions", SHIMS + GLUE, text))
 
 
 class CompiledChecks:
@@ -370,9 +370,9 @@ EMULATORS = {"kprobe_emulate_ifmodifiers": 1, "kprobe_emulate_ret": 2, "kprobe_e
 @lru_cache(maxsize=4)
 def emulation_library(spec: str):
     def text() -> str:
-        return "\n".join([EMULATION_SHIMS, _cut(_source_files(spec)[CORE], "prepare_emulation"), EMULATION_GLUE])
+        return "\n".join([EMULATION_SHIMS, cut_definition(_source_files(spec)[CORE], "prepare_emulation"), EMULATION_GLUE])
 
-    lib = _compiled(spec, "tracer-emulation", "prepare_emulation", EMULATION_SHIMS + EMULATION_GLUE, text)
+    lib = compiled_library(spec, "tracer-emulation", "prepare_emulation", EMULATION_SHIMS + EMULATION_GLUE, text)
     handle = ctypes.CDLL(lib)
     handle.tc_emulation.restype = ctypes.c_long
     handle.tc_emulation.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p]
@@ -525,10 +525,10 @@ def xol_library(spec: str):
         m = re.search(r"^#define CASE_COND.*?(?=^static bool is_cond_jmp_opcode)", source, re.S | re.M)
         if m is None:
             raise InputError("uprobes.c's CASE_COND macros not found: the source layout changed")
-        return "\n".join([XOL_SHIMS, m.group(0), _cut(source, "is_cond_jmp_opcode"), _cut(source, "branch_clear_offset"),
-                          _cut(source, "branch_setup_xol_ops"), _cut(source, "push_setup_xol_ops"), XOL_GLUE])
+        return "\n".join([XOL_SHIMS, m.group(0), cut_definition(source, "is_cond_jmp_opcode"), cut_definition(source, "branch_clear_offset"),
+                          cut_definition(source, "branch_setup_xol_ops"), cut_definition(source, "push_setup_xol_ops"), XOL_GLUE])
 
-    lib = _compiled(spec, "tracer-xol", "branch_setup_xol_ops", XOL_SHIMS + XOL_GLUE, text)
+    lib = compiled_library(spec, "tracer-xol", "branch_setup_xol_ops", XOL_SHIMS + XOL_GLUE, text)
     handle = ctypes.CDLL(lib)
     handle.tc_xol.restype = ctypes.c_long
     handle.tc_xol.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p]
@@ -564,7 +564,7 @@ def compare_xol(spec: str, items: list[tuple[int, bytes]], examples: int = 5) ->
                 continue
             result["checked"] += 1
             nxt = (a + d.length) & 0xFFFFFFFFFFFFFFFF
-            branch, push = up._branch(d, stream, a, nxt), up._push(d, stream, nxt)
+            branch, push = up.branch_answer(d, stream, a, nxt), up.push_answer(d, stream, nxt)
             if kind == 1:
                 e = branch.effects[-1] if isinstance(branch, Emulate) else None
                 target = None if e is None else (e.taken if hasattr(e, "taken") else e.to.value)
@@ -653,10 +653,10 @@ def opt_library(spec: str):
         source = _opt_source(spec)
         indirect = "__insn_is_indirect_jump" if re.search(r"\b__insn_is_indirect_jump\s*\(", source) \
             else "insn_is_indirect_jump"
-        return "\n".join([OPT_SHIMS, _cut(source, indirect), _cut(source, "insn_jump_into_range"),
+        return "\n".join([OPT_SHIMS, cut_definition(source, indirect), cut_definition(source, "insn_jump_into_range"),
                           OPT_GLUE.replace("INDIRECT", indirect)])
 
-    lib = _compiled(spec, "tracer-opt", "opt.c's checks", OPT_SHIMS + OPT_GLUE + spec, text)
+    lib = compiled_library(spec, "tracer-opt", "opt.c's checks", OPT_SHIMS + OPT_GLUE + spec, text)
     handle = ctypes.CDLL(lib)
     handle.tc_opt.restype = ctypes.c_long
     handle.tc_opt.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,

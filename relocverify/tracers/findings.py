@@ -108,7 +108,7 @@ EDITS = (
 
 
 def patched(text: str, function: str, edits=EDITS) -> str:
-    """``text`` (one function, as ``compiled._cut`` gives it) with every edit of ``function`` applied;
+    """``text`` (one function, as ``compiled.cut_definition`` gives it) with every edit of ``function`` applied;
     an edit whose anchors are all missing, or found more than once, is an input error (the source
     changed under the patch)."""
     for e in edits:
@@ -152,10 +152,10 @@ class FindingsKprobes(Kprobes):
 class FindingsUprobes(Uprobes):
     """uprobes with patch 05."""
 
-    def _branch(self, d, stream, a, nxt):
+    def branch_answer(self, d, stream, a, nxt):
         if d.vex:  # 05: insn_is_avx: -ENOSYS, not a branch
             return None
-        return super()._branch(d, stream, a, nxt)
+        return super().branch_answer(d, stream, a, nxt)
 
 
 _SUFFIX = "+findings"
@@ -292,7 +292,7 @@ def _unit(spec: str, pieces, head: str, tail: str, apply: bool) -> str:
     files = source_files(spec, tuple(sorted({f for f, _ in pieces})))
     parts = [head]
     for f, name in pieces:
-        text = compiled._cut(files[f], name)
+        text = compiled.cut_definition(files[f], name)
         parts.append((patched(text, name) if apply else text) + "\n")
     parts.append(tail)
     return "\n".join(parts)
@@ -303,7 +303,7 @@ def library(spec: str, apply: bool = True):
     """kprobes' decisions compiled from the ``spec`` source, with patches 01-04 applied (``apply``) or not."""
     stem = "findings-kprobes" + ("-patched" if apply else "")
     key = KPROBES_SHIMS + KPROBES_GLUE + repr(EDITS if apply else ()) + spec
-    lib = compiled._compiled(spec, stem, "kprobes' patched decisions",
+    lib = compiled.compiled_library(spec, stem, "kprobes' patched decisions",
                              key, lambda: _unit(spec, KPROBES_PIECES, KPROBES_SHIMS, KPROBES_GLUE, apply))
     handle = ctypes.CDLL(lib)
     handle.tc_findings.restype = ctypes.c_long
@@ -350,15 +350,15 @@ def xol_library(spec: str, apply: bool = True):
         m = re.search(r"^#define CASE_COND.*?(?=^static bool is_cond_jmp_opcode)", source, re.S | re.M)
         if m is None:
             raise InputError("uprobes.c's CASE_COND macros not found: the source layout changed")
-        branch = compiled._cut(source, "branch_setup_xol_ops")
-        return "\n".join([compiled.XOL_SHIMS, m.group(0), compiled._cut(source, "is_cond_jmp_opcode"),
-                          compiled._cut(source, "branch_clear_offset"),
+        branch = compiled.cut_definition(source, "branch_setup_xol_ops")
+        return "\n".join([compiled.XOL_SHIMS, m.group(0), compiled.cut_definition(source, "is_cond_jmp_opcode"),
+                          compiled.cut_definition(source, "branch_clear_offset"),
                           patched(branch, "branch_setup_xol_ops") if apply else branch,
-                          compiled._cut(source, "push_setup_xol_ops"), compiled.XOL_GLUE])
+                          compiled.cut_definition(source, "push_setup_xol_ops"), compiled.XOL_GLUE])
 
     stem = "findings-uprobes" + ("-patched" if apply else "")
     key = compiled.XOL_SHIMS + compiled.XOL_GLUE + repr(EDITS if apply else ()) + spec
-    handle = ctypes.CDLL(compiled._compiled(spec, stem, "uprobes' patched decisions", key, text))
+    handle = ctypes.CDLL(compiled.compiled_library(spec, stem, "uprobes' patched decisions", key, text))
     handle.tc_xol.restype = ctypes.c_long
     handle.tc_xol.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p]
     return handle
@@ -422,7 +422,7 @@ def compare(spec: str, items: list[tuple[int, bytes]], tramp: int, examples: int
                 continue
             result["branch_setup_xol_ops"]["checked"] += 1
             nxt = (a + d.length) & MASK64
-            branch, push = up._branch(d, stream, a, nxt), up._push(d, stream, nxt)
+            branch, push = up.branch_answer(d, stream, a, nxt), up.push_answer(d, stream, nxt)
             mine = 1 if isinstance(branch, Emulate) else 2 if branch is None and isinstance(push, Emulate) else \
                 -1 if isinstance(branch, Refuse) else 0
             theirs = kind if kind else (-1 if ret == -524 else 0)

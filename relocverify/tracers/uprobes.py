@@ -119,15 +119,15 @@ class Uprobes:
             return refused
         a, n = insn.address, d.length
         nxt = (a + n) & MASK64
-        branch = self._branch(d, stream, a, nxt)
+        branch = self.branch_answer(d, stream, a, nxt)
         if branch is not None:
             return branch
-        push = self._push(d, stream, nxt)
+        push = self.push_answer(d, stream, nxt)
         if push is not None:
             return push
         return self._default(insn, d, stream, tramp, a, nxt)
 
-    def _branch(self, d, stream, a, nxt) -> Answer | None:
+    def branch_answer(self, d, stream, a, nxt) -> Answer | None:
         """branch_setup_xol_ops / branch_emulate_op."""
         op = d.opcode
         opc1 = op[0]
@@ -153,7 +153,7 @@ class Uprobes:
             return Emulate((Jump(Const(target)),), cite)
         return Emulate((Branch(JCC[opc1 & 0xF], target, nxt),), Cite(UPROBES, "check_jmp_cond", "CASE_COND"))
 
-    def _push(self, d, stream, nxt) -> Answer | None:
+    def push_answer(self, d, stream, nxt) -> Answer | None:
         """push_setup_xol_ops / push_emulate_op."""
         opc1 = d.opcode[0]
         if not 0x50 <= opc1 <= 0x57 or d.length > 2:
