@@ -118,7 +118,7 @@ def test_a_scheduler_that_never_answers_is_not_waited_on_for_ever(tmp_path, caps
     import test_engine
 
     from relocverify.cli import main
-    from relocverify.engine.dask_pool import SCHEDULER_WAIT_S
+    from relocverify.schedule.dask_pool import SCHEDULER_WAIT_S
 
     image = str(elfbuild.build_elf(tmp_path, test_engine.SMALL_ASM, test_engine.SMALL_LDS))
     server = socket.socket()

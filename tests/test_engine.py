@@ -16,7 +16,7 @@ import pytest
 
 from relocverify.cli import main
 from relocverify.engine import pipeline
-from relocverify.engine.progress import Progress
+from relocverify.schedule.progress import Progress
 from relocverify.engine.run import RunOptions, run
 from relocverify.image.fetch import fetch, stripped_copy
 from relocverify.image.functions import count_instructions, find_functions

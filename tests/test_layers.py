@@ -21,6 +21,7 @@ STAGES = [
     ("proof",),  # plan -> proof
     ("kernel", "corpus"),  # kernel sites and patch ranges (read proofs); the corpora runner
     ("store", "selftest", "gate"),  # results on disk; the false-proof generator; the decoder gate
+    ("schedule",),  # pools of workers, the SMT helper, progress: runs tasks, knows no verdicts
     ("engine", "report"),  # batch orchestration; the HTML report (reads the store)
     ("runtime", "tracers", "confirm"),  # probes placed for proved plans; tracer models audited; audits confirmed on a booted kernel
     ("cli",),  # parse, call, render

@@ -1,5 +1,5 @@
 """Progress goes to a terminal as a bar and anywhere else as plain lines: one rule for every command
-(``engine.progress.Progress``), the audit's included (it once wrote a carriage-return line per step into
+(``schedule.progress.Progress``), the audit's included (it once wrote a carriage-return line per step into
 a log file: a 10 KB line)."""
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_sites_found_in_another_process_are_the_sites_found_here(cloud, tmp_path
     value is what ``find_sites`` gives, and it is kept; a value that does not load is found again here."""
     from relocverify.engine import run as run_module
     from relocverify.engine.site_memo import found_sites, kept_sites, site_data
-    from relocverify.engine.smt_helper import SmtHelper
+    from relocverify.schedule.smt_helper import SmtHelper
     from relocverify.store.cache import ProofCache
 
     _, image = cloud

@@ -1,4 +1,4 @@
-"""engine.smt_helper: a cold run's SMT checks answered by a process of their own.
+"""schedule.smt_helper: a cold run's SMT checks answered by a process of their own.
 
 The check asked of the helper is the same call a worker would make; these tests hold its answers to the
 local ones, and show what happens when the helper is gone, slow, or its parent dies."""
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from relocverify.engine import pipeline, smt_helper
+from relocverify.engine import pipeline
+from relocverify.schedule import smt_helper
 from relocverify.proof.prove import prove_relocation
 from relocverify.proof.verdict import Verdict
 from relocverify.x86.decode import decode
@@ -121,7 +122,7 @@ def _helper_of_a_killed_parent(tmp_path, preamble: str, settle: float = 0.0) -> 
     after its helper listens; the helper was alive then."""
     script = tmp_path / "parent.py"
     script.write_text("import os, sys, time\n" + preamble +
-                      "from relocverify.engine.smt_helper import SmtHelper\n"
+                      "from relocverify.schedule.smt_helper import SmtHelper\n"
                       "h = SmtHelper(0.5)\n"
                       "h.wait_listening()\n"
                       "print(h.process.pid, flush=True)\n"
@@ -174,7 +175,7 @@ def test_a_helper_ended_at_once_ends_quietly(tmp_path):
     and printed a traceback from the helper)."""
     script = tmp_path / "parent.py"
     script.write_text("import signal\n"
-                      "from relocverify.engine.smt_helper import SmtHelper\n"
+                      "from relocverify.schedule.smt_helper import SmtHelper\n"
                       "def _terminate(signum, frame):\n"
                       "    raise KeyboardInterrupt\n"
                       "signal.signal(signal.SIGTERM, _terminate)  # as relocverify.cli.main installs it\n"

@@ -148,7 +148,7 @@ def run_options(args, tramp: int, limit: int | None = None, **kw):
     """The engine's ``RunOptions`` from a batch command's options (``add_batch_options``: --jobs, --timeout,
     --cache-dir, --no-cache; --jump-probes; --scheduler and --dask-local where the command has them);
     ``kw``: the other fields (``with_sites``, ``policy``)."""
-    from ..engine.executors import default_jobs
+    from ..schedule.local_pool import default_jobs
     from ..engine.run import RunOptions
     from ..environment import default_proof_cache_dir
 

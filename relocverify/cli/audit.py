@@ -185,12 +185,12 @@ def render(summary: dict) -> str:
 
 
 class _Progress:
-    """The audit's progress under the engine's one rule (``engine.progress.Progress``): a bar redrawn in
+    """The audit's progress under the engine's one rule (``schedule.progress.Progress``): a bar redrawn in
     place on a terminal; elsewhere (a file, a pipe, a CI log) only a closing line per phase, never a
     carriage return."""
 
     def __init__(self, stream=None):
-        from ..engine.progress import Progress
+        from ..schedule.progress import Progress
 
         self.bars = Progress(stream=stream)
         self.current = None

@@ -51,7 +51,7 @@ def _progress(enabled: bool, label: str, unit: str):
     """A ``(done, total)`` callback drawing the engine's progress bar (nothing off a terminal)."""
     if not enabled:
         return None
-    from ..engine.progress import Progress
+    from ..schedule.progress import Progress
 
     bar = Progress(True)
 

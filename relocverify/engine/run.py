@@ -1,7 +1,7 @@
 """Verify every instruction of a kernel image: one verdict each, totals that add up.
 
 image -> functions -> instructions -> plan -> proof -> store -> summary, in
-three phases on a pool of workers (``executors``) that keep what they learn
+three phases on a pool of workers (``schedule``) that keep what they learn
 for the whole run (``worker``):
 
 1. survey: every instruction gets an instance key (``keys``); the keys the
@@ -45,12 +45,13 @@ from ..store.jump_rows import pack_jump_row
 from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
-from .executors import LocalPool, Task
+from ..schedule.local_pool import LocalPool, Task
+from ..schedule.progress import Progress
+from ..schedule.smt_helper import SmtHelper
 from .keys import KeyMaker
 from .pipeline import WATCHDOG_MARGIN_S
-from .progress import Progress
 from .site_memo import found_sites, kept_sites, site_data
-from .smt_helper import SmtHelper
+from .worker_kind import ENGINE_WORKERS
 from .summary import render_summary, replacement_summary, summarize
 from .worker import Job, Learned, Worker
 
@@ -156,9 +157,9 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
     """The run's executor: the local process pool (the default), or a Dask cluster; its workers send their SMT
     checks to ``smt`` when given (forked once it listens)."""
     if options.scheduler is not None or options.dask_local is not None:
-        from .dask_pool import DaskPool
+        from ..schedule.dask_pool import DaskPool
 
-        return DaskPool(job, scheduler=options.scheduler, local_workers=options.dask_local)
+        return DaskPool(ENGINE_WORKERS, job, scheduler=options.scheduler, local_workers=options.dask_local)
     if smt is not None:
         from ..proof import prove  # noqa: F401 - the proofs' own modules, shared by the workers (not the SMT check)
 
@@ -168,7 +169,7 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
         # worker imported on its own (1.1 s each, in parallel, and about 100 MB each).  Imported once here,
         # before the fork, the time is the same and the pages are shared: a package's peak PSS was 1.00 GiB.
         from ..proof import smt_check  # noqa: F401
-    return LocalPool(job, options.jobs, smt.address if smt is not None else None)
+    return LocalPool(ENGINE_WORKERS, job, options.jobs, smt.address if smt is not None else None)
 
 
 def _chunks(items: list, n: int) -> list[list]:

@@ -61,7 +61,7 @@ def kept_sites(image: Image, cache: ProofCache | None) -> SiteIndex | None:
 
 def site_data(image: Image) -> bytes:
     """``find_sites(image)`` as the proof cache keeps it: what a run's SMT helper finds on the second core
-    while the run sets up (``engine.smt_helper``, ``first``), for ``found_sites``."""
+    while the run sets up (``schedule.smt_helper``, ``first``), for ``found_sites``."""
     return zlib.compress(marshal.dumps(find_sites(image).as_data()), _LEVEL)
 
 

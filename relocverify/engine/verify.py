@@ -152,7 +152,7 @@ def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None,
     (None: ``default_store``, given to ``check_store`` first, which refuses a path it cannot write).
     ``complete``: the run completed and its instruction totals add up."""
     from ..image.loader import load_image, remembered_identity, require_kernel
-    from .progress import Progress
+    from ..schedule.progress import Progress
     from .run import again, run
     from .summary import RunSummary
 
@@ -206,7 +206,7 @@ def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, s
     from dataclasses import replace
 
     from ..image.loader import load_image
-    from .progress import Progress
+    from ..schedule.progress import Progress
     from .run import run
     from .summary import RunSummary
 
@@ -227,7 +227,7 @@ def _many_elf(paths: list[str], options: RunOptions, db: str | None, base: int |
     from ..errors import RelocverifyError
     from ..image.functions import find_functions
     from ..image.loader import load_image
-    from .progress import Progress
+    from ..schedule.progress import Progress
     from .run import Session, run
     from .summary import RunSummary, empty_summary
 
@@ -296,7 +296,7 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
     from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
     from ..image.module import MODULE_BASE, MODULES_END, MODULES_VADDR, load_modules
-    from .progress import Progress
+    from ..schedule.progress import Progress
     from .run import run
     from .summary import RunSummary, empty_summary
 
@@ -339,7 +339,7 @@ def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = 
     from ..image.loader import load_image, require_kernel
     from ..image.module import load_modules
     from ..store.store import Store
-    from .progress import Progress
+    from ..schedule.progress import Progress
     from .run import Session, run
     from .summary import RunSummary, empty_summary
 

@@ -1,7 +1,7 @@
 """Load an image again from its ``ImageSource``: what a distributed worker does instead of
 receiving the image's bytes.
 
-A Dask worker (``engine.dask_pool``) is given the image's source: its path,
+A Dask worker (``schedule.dask_pool``) is given the image's source: its path,
 its sha256 identity, and for a kernel module the kernel's source and the
 base the module was laid out at, so that its relocations resolve the same
 way.  It loads the image itself and checks that what it loaded is what the

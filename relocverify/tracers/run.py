@@ -51,7 +51,7 @@ def audit_image(image, db: str, options, auditor: Auditor, say: Say = None, sess
                 thunks: tuple[int, int] | None = None) -> dict:
     """One image: verified into ``db`` (``options``: the engine's ``RunOptions``), then audited.  The
     summary is ``audit_store``'s, with the image and relocverify's own verdicts added."""
-    from ..engine.progress import Progress
+    from ..schedule.progress import Progress
     from ..engine.run import run
     from ..store.store import Store
 

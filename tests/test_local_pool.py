@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relocverify.engine import executors
-from relocverify.engine.executors import LocalPool, Task
+from relocverify.engine.worker_kind import ENGINE_WORKERS
+from relocverify.schedule import local_pool
+from relocverify.schedule.local_pool import LocalPool, Task
 from relocverify.engine.worker import Job, Worker
 
 
@@ -69,7 +70,7 @@ def test_every_item_is_answered_or_crashed_exactly_once_when_workers_die(countin
         results.extend(value)
         tags.add(task.tag)
 
-    pool = LocalPool(_job(), 2)
+    pool = LocalPool(ENGINE_WORKERS, _job(), 2)
     try:
         queues = [_tasks(list(range(40)), 3, "a"), _tasks(list(range(40, 60)), 3, "b")]
         pool.run(queues, on_result, _rest_after(results, crashed), shared=shared)
@@ -83,10 +84,10 @@ def test_every_item_is_answered_or_crashed_exactly_once_when_workers_die(countin
 def test_a_big_message_waits_until_its_worker_is_free(counting, monkeypatch):
     """A message over ``PIPE_SAFE`` is not put behind a task in hand, so neither side blocks on a full
     socket; the answers are the same."""
-    monkeypatch.setattr(executors, "PIPE_SAFE", 64)  # every message of more than one item is big
+    monkeypatch.setattr(local_pool, "PIPE_SAFE", 64)  # every message of more than one item is big
     results: list[int] = []
     crashed: list[int] = []
-    pool = LocalPool(_job(), 2)
+    pool = LocalPool(ENGINE_WORKERS, _job(), 2)
     try:
         pool.run([_tasks(list(range(30)), 5), _tasks(list(range(30, 40)), 1)],
                  lambda task, value: results.extend(value), _rest_after(results, crashed))
@@ -96,7 +97,7 @@ def test_a_big_message_waits_until_its_worker_is_free(counting, monkeypatch):
 
 
 def test_the_inline_pool_tags_shared_tasks_with_its_one_worker(counting):
-    pool = LocalPool(_job(), 1)
+    pool = LocalPool(ENGINE_WORKERS, _job(), 1)
     pool.worker.current = lambda i: None
     seen = []
     try:
@@ -112,11 +113,11 @@ def test_a_worker_that_dies_between_tasks_loses_none_and_is_blamed_for_none(coun
     with a broken pipe: the task is sent again to the worker forked in its place, and no item is reported
     crashed (nothing of it ran).  CI once saw the broken pipe escape the pool when a worker died between two
     tasks."""
-    monkeypatch.setattr(executors, "IN_FLIGHT", 1)  # the worker idles between tasks, its answer ready
+    monkeypatch.setattr(local_pool, "IN_FLIGHT", 1)  # the worker idles between tasks, its answer ready
     results: list[int] = []
     crashed: list[int] = []
     killed: list[int] = []
-    pool = LocalPool(_job(), 2)
+    pool = LocalPool(ENGINE_WORKERS, _job(), 2)
 
     def tick():
         if not killed and pool.conns[0].poll():  # worker 0's first answer waits: it is idle now
@@ -137,7 +138,7 @@ def test_a_worker_that_dies_between_tasks_loses_none_and_is_blamed_for_none(coun
 def test_a_stopped_pool_ends_its_workers_and_runs_nothing_more(counting):
     """``stop`` tells the workers to end without waiting (a run makes its summary meanwhile); ``close`` then
     waits for them; a stopped pool refuses tasks instead of waiting for ever on workers that are gone."""
-    pool = LocalPool(_job(), 2)
+    pool = LocalPool(ENGINE_WORKERS, _job(), 2)
     try:
         got: list[int] = []
         pool.run([_tasks([1, 2], 1), _tasks([3], 1)], lambda task, value: got.extend(value))

@@ -1,6 +1,6 @@
 """Where a run's tasks execute on Dask distributed: ``--scheduler ADDRESS`` or ``--dask-local N``.
 
-``DaskPool`` has the local pool's interface (``executors.LocalPool``), so
+``DaskPool`` has the local pool's interface (``local_pool.LocalPool``), so
 ``engine.run`` drives both the same way; only where the work happens moves.
 
 * **The client keeps the store.**  The run's own process deals the tasks,
@@ -39,39 +39,25 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
-from ..image.image import ImageSource
 from ..store.shard import shard_path
-from .executors import Task, WorkerError
-from .worker import Job, Worker, empty_harvest, merge_harvest
+from .kinds import WorkerKind
+from .local_pool import Task, WorkerError
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job as a Dask worker rebuilds it: everything but the image and its sites."""
+    """A job as a Dask worker rebuilds it (``WorkerKind.detach`` and ``attach``)."""
 
     token: str
-    source: ImageSource
-    with_sites: bool
-    job: Job  # image and sites left out (None)
+    kind: WorkerKind
+    source: object
+    job: object  # what cannot travel left out
 
-    def build(self, images: dict) -> Job:
-        from ..image.source import load_source
-        from ..kernel.sites import find_sites
-
-        image = images.get(self.source.identity)
-        if image is None:
-            # A package run moves from module to module: keep the current image and kernels only.
-            kernels = images.setdefault("kernels", {})
-            for k in [k for k in images if k != "kernels"]:
-                del images[k]
-            image = images[self.source.identity] = load_source(self.source, kernels)
-        sites = find_sites(image) if self.with_sites else None
-        cache_dir = self.job.cache_dir if self.job.cache_dir and os.path.isdir(self.job.cache_dir) else None
-        return replace(self.job, image=image, sites=sites, cache_dir=cache_dir,
-                       store_path=os.path.join(_private_dir(), "store"))
+    def build(self, images: dict):
+        return self.kind.attach(self.job, self.source, images, os.path.join(_private_dir(), "store"))
 
 
 # What a worker process keeps between tasks: its Worker, the job it was built for, the replays made.
@@ -101,14 +87,14 @@ def run_task(spec: JobSpec, method: str, args: tuple, replays: list) -> tuple:
     if worker is None or _STATE["token"] != spec.token:
         job = spec.build(_STATE["images"])
         if worker is None:
-            worker = Worker(job)
+            worker = spec.kind.make(job, None)
         else:
             worker.reset(job)
         _STATE.update(worker=worker, token=spec.token, applied=0)
     for m, a in replays[_STATE["applied"]:]:
         getattr(worker, m)(*a)
     _STATE["applied"] = len(replays)
-    gc.freeze()  # what the worker keeps only grows: out of the collector's way (as executors._serve)
+    gc.freeze()  # what the worker keeps only grows: out of the collector's way (as local_pool._serve)
     done = [0]
     worker.progress = lambda n: done.__setitem__(0, done[0] + n)
     value = getattr(worker, method)(*args)
@@ -129,7 +115,7 @@ class DaskPool:
     #: A task runs on any worker: each returns all it found.
     pinned = False
 
-    def __init__(self, job: Job, scheduler: str | None = None, local_workers: int | None = None):
+    def __init__(self, kind: WorkerKind, job, scheduler: str | None = None, local_workers: int | None = None):
         import distributed
 
         logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -156,15 +142,15 @@ class DaskPool:
         self._counter = itertools.count(1)
         self._done = 0
         self._shards: list[str] = []
-        self._harvested = empty_harvest()
+        self.kind = kind
+        self._harvested = kind.empty_harvest()
         self.set_job(job)
 
     # -- the job and what the run learns ----------------------------------------------------
-    def set_job(self, job: Job) -> None:
-        if job.image.source is None:
-            raise WorkerError(f"{job.image.path}: the image has no source to load it from on a Dask worker")
+    def set_job(self, job) -> None:
+        source, detached = self.kind.detach(job)  # raises WorkerError for a job that cannot travel
         self.job = job
-        spec = JobSpec(uuid.uuid4().hex, job.image.source, job.sites is not None, replace(job, image=None, sites=None))
+        spec = JobSpec(uuid.uuid4().hex, self.kind, source, detached)
         self._spec = self.client.scatter(spec, broadcast=True, hash=False)
         self._replays: list = []
 
@@ -232,14 +218,14 @@ class DaskPool:
             with open(path, "wb") as f:
                 f.write(shard)
             self._shards.append(path)
-        merge_harvest(self._harvested, harvest)
+        self.kind.merge_harvest(self._harvested, harvest)
 
     def close_shards(self) -> list[str]:
         paths, self._shards = self._shards, []
         return [p for p in paths if os.path.exists(p)]  # a crash handler may have merged some already
 
     def harvest(self) -> tuple[dict, dict, dict, dict]:
-        out, self._harvested = self._harvested, empty_harvest()
+        out, self._harvested = self._harvested, self.kind.empty_harvest()
         return out
 
     def harvested(self) -> tuple[dict, dict, dict, dict]:

@@ -120,7 +120,7 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection, first: 
             pass
         first_end.close()
     from ..proof.smt_check import check_by_smt  # the import this process exists for
-    from .pipeline import ProofTimeout, own_alarm, watchdog
+    from .watchdog import ProofTimeout, own_alarm, watchdog
 
     own_alarm()
     selector = selectors.DefaultSelector()

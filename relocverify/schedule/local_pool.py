@@ -1,9 +1,10 @@
 """Where a run's tasks execute: a pool of forked local worker processes.
 
-``LocalPool(job, n)`` forks ``n`` processes that each build one ``Worker``
-from the job and keep it for the whole run, so what a worker learns in one
+``LocalPool(kind, job, n)`` forks ``n`` processes that each build one worker
+(``kind.make``: the engine's is ``engine.worker.Worker``) from the job and
+keep it for the whole run, so what a worker learns in one
 phase (its survey's keys, the findings it was given or made) serves the
-next.  A task is a call of a ``Worker`` method, sent to a chosen worker, or
+next.  A task is a call of a worker's method, sent to a chosen worker, or
 with ``shared=True`` to whichever worker is free; each worker runs its
 tasks one at a time, in the order given.  A worker has its next task in its
 pipe before it ends the one in hand (``IN_FLIGHT``), so it never waits while
@@ -33,9 +34,8 @@ from typing import Callable
 
 from ..errors import RelocverifyError
 from ..processes import die_with_parent
-from .pipeline import own_alarm
+from .kinds import WorkerKind
 from .smt_helper import helper_checker
-from .worker import Job, Worker, empty_harvest, merge_harvest
 
 
 @dataclass
@@ -60,10 +60,10 @@ class WorkerError(RelocverifyError):
     """A task raised an exception inside a worker (a bug): its traceback's last line."""
 
 
-def _serve(job: Job, conn, progress, current, index: int, smt_address: str | None = None) -> None:
+def _serve(kind: WorkerKind, job, conn, progress, current, index: int, smt_address: str | None = None) -> None:
     die_with_parent()  # a run killed with SIGKILL leaves no worker behind
-    own_alarm()  # this process runs nothing but the worker: its proofs' watchdogs keep SIGALRM installed
-    worker = Worker(job, helper_checker(smt_address))  # its SMT checks go to the session's helper, if one runs
+    kind.in_process()
+    worker = kind.make(job, helper_checker(smt_address))  # its SMT checks go to the session's helper, if one runs
 
     def tell(n: int) -> None:
         progress[index] += n
@@ -84,7 +84,7 @@ def _serve(job: Job, conn, progress, current, index: int, smt_address: str | Non
             gc.freeze()
             try:
                 value = getattr(worker, method)(*args)
-                if method in HARVESTED_WITH:  # what it proved travels with its value (no harvest task waits for it)
+                if method in kind.harvested_with:  # what it proved travels with its value (no harvest task waits for it)
                     conn.send(("harvested", (value, worker.harvest())))
                 else:
                     conn.send(("ok", value))
@@ -97,26 +97,22 @@ def _serve(job: Job, conn, progress, current, index: int, smt_address: str | Non
         conn.close()
 
 
-#: The tasks whose workers send what they proved (``Worker.harvest``) with their values: the proofs phase's,
-#: so the proof cache is written while the rows are made without a harvest task between the two phases.
-HARVESTED_WITH = frozenset({"prove"})
-
-
 class LocalPool:
     #: Each worker runs its own queue's tasks, in order: a worker may keep what its tasks found for a later task.
     pinned = True
 
-    def __init__(self, job: Job, jobs: int, smt_address: str | None = None):
+    def __init__(self, kind: WorkerKind, job, jobs: int, smt_address: str | None = None):
         """``smt_address``: where the session's SMT helper listens (``smt_helper``), for the workers forked."""
+        self.kind = kind
         self.job = job
         self.smt_address = smt_address
         self.n = max(1, jobs)
         self.inline = jobs <= 1
         self._stopped = False  # ``stop``: its workers were told to end
         self._replay: list[tuple[str, tuple]] = []  # calls every fresh worker gets before its next task
-        self._harvested = empty_harvest()  # what tasks in HARVESTED_WITH brought back with their values
+        self._harvested = kind.empty_harvest()  # what tasks in ``kind.harvested_with`` brought back with their values
         if self.inline:
-            self.worker = Worker(job)
+            self.worker = kind.make(job, None)
             self.done_items = 0
             self.worker.progress = self._inline_progress
             return
@@ -134,7 +130,7 @@ class LocalPool:
 
     def _spawn(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        args = (self.job, child, self.progress, self.current, i, self.smt_address)
+        args = (self.kind, self.job, child, self.progress, self.current, i, self.smt_address)
         proc = self._ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
@@ -148,12 +144,12 @@ class LocalPool:
     def items_done(self) -> int:
         return self.done_items if self.inline else sum(self.progress)
 
-    def set_job(self, job: Job) -> None:
+    def set_job(self, job) -> None:
         """The next image of a session (``engine.run.Session``): every worker keeps what it learned
         (keys, findings, proofs) and takes the new job; what the last run taught is forgotten."""
         self.job = job
         self._replay = []
-        light = _without_cached(job)
+        light = self.kind.light(job)
         if self.inline:
             self.worker.reset(light)
             return
@@ -167,19 +163,19 @@ class LocalPool:
 
     def harvest(self) -> tuple[dict, dict, dict, dict]:
         """What the workers proved since the last harvest: (findings, proofs, derivations, jump answers
-        by tag), merged by ``worker.merge_harvest``."""
+        by tag), merged by ``kind.merge_harvest``."""
         out = self.harvested()
 
         def got(task, value):
-            merge_harvest(out, value)
+            self.kind.merge_harvest(out, value)
 
         self.run([[Task("harvest", ())] for _ in range(self.n)], got)
         return out
 
     def harvested(self) -> tuple[dict, dict, dict, dict]:
-        """What the tasks of ``HARVESTED_WITH`` brought back since the last harvest, without asking the workers
+        """What the tasks of ``kind.harvested_with`` brought back since the last harvest, without asking the workers
         (what other tasks proved stays with them until the next ``harvest``)."""
-        out, self._harvested = self._harvested, empty_harvest()
+        out, self._harvested = self._harvested, self.kind.empty_harvest()
         return out
 
     def remember(self, method: str, args: tuple) -> None:
@@ -205,8 +201,8 @@ class LocalPool:
             for queue in queues:
                 for task in queue:
                     value = getattr(self.worker, task.method)(*task.call_args())
-                    if task.method in HARVESTED_WITH:
-                        merge_harvest(self._harvested, self.worker.harvest())
+                    if task.method in self.kind.harvested_with:
+                        self.kind.merge_harvest(self._harvested, self.worker.harvest())
                     on_result(replace(task, tag=0) if shared else task, value)
                     if tick:
                         tick()
@@ -271,7 +267,7 @@ class LocalPool:
                 flight[i].popleft()
                 if status == "harvested":
                     value, harvest = value
-                    merge_harvest(self._harvested, harvest)
+                    self.kind.merge_harvest(self._harvested, harvest)
                     status = "ok"
                 if status == "ok":
                     feed(i)  # keep the worker busy while its result is taken in
@@ -327,16 +323,6 @@ class LocalPool:
     def __exit__(self, *exc):
         self.close()
         return False
-
-
-def _without_cached(job: Job) -> Job:
-    """The job as sent to live workers: the persistent cache's findings and the policy table, which
-    they hold, left out."""
-    from dataclasses import replace
-
-    from .worker import KEEP
-
-    return replace(job, cached=None, rules=KEEP)
 
 
 def default_jobs() -> int:
