@@ -78,6 +78,7 @@ class RunOptions:
     dask_local: int | None = None  # run the tasks on a Dask LocalCluster of this many worker processes
     jump_probes: bool = False  # also answer, per instruction, whether a jump probe can sit there
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
+    passes: tuple = ()  # passes over every function after the verdicts (``engine.passes.FunctionPass``)
 
 
 class Session:
@@ -238,6 +239,7 @@ class Verification:
     alternatives: dict | None = None
     jump_proofs: int | None = None
     unchecked: tuple[str, ...] = ()
+    passes: dict | None = None  # pass name -> its section of the summary (None: no passes asked)
 
 
 def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None,
@@ -362,7 +364,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
         ranges = patch_ranges(image, functions, sites, options.policy)
     job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
               store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
-              options.reuse_rows)
+              options.reuse_rows, options.passes)
     pool = session.pool_for(job)
     phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
     counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
@@ -372,6 +374,11 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
         t1 = time.monotonic()
         alternatives = _replacements(pool, job, store, scope.image_id, progress)
         phases["replacements_s"] = time.monotonic() - t1
+    passes = None
+    if options.passes:
+        t1 = time.monotonic()
+        passes = {p.name: _run_pass(pool, store, scope.image_id, k, p, progress) for k, p in enumerate(options.passes)}
+        phases["passes_s"] = time.monotonic() - t1
     if options.jump_probes:
         t1 = time.monotonic()
         if own:  # the block proofs need nothing the workers learned: new ones start without its memory
@@ -383,7 +390,8 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
     _harvest(pool, cache, tag, cached)
     if own:
         session.stop()
-    return Verification(expected, counts, alternatives, jump_proofs, tuple(ranges.unchecked) if ranges is not None else ())
+    return Verification(expected, counts, alternatives, jump_proofs, tuple(ranges.unchecked) if ranges is not None else (),
+                        passes)
 
 
 def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, work: Verification,
@@ -401,6 +409,8 @@ def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, wo
     phases["summary_s"] = time.monotonic() - t1
     if alternatives is not None:
         summary["alternative_replacements"] = alternatives
+    if work.passes is not None:
+        summary["passes"] = work.passes
     if jump_probes:
         summary["jump_probe"] = jump_summary(store, scope.image_id, summary["instructions"], work.jump_proofs,
                                              work.unchecked)
@@ -409,8 +419,10 @@ def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, wo
 
 def _config(options: RunOptions, tag: bytes) -> str:
     """The configuration a run's rows are stored under: the trampoline, the cache tag, sites, the policy."""
-    return json.dumps({"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites,
-                       "policy": options.policy}, sort_keys=True)
+    config = {"tramp": options.tramp, "tag": tag.hex(), "sites": options.with_sites, "policy": options.policy}
+    if options.passes:  # a run with passes is not answered by one without them
+        config["passes"] = [p.name for p in options.passes]
+    return json.dumps(config, sort_keys=True)
 
 
 def again(identity: str, store_path: str, options: RunOptions) -> dict | None:
@@ -697,6 +709,27 @@ def _replacements(pool: LocalPool, job: Job, store: Store, image_id: int, progre
 
 
 JUMP_CHUNK = 32
+PASS_CHUNK = 64
+
+
+def _run_pass(pool, store: Store, image_id: int, index: int, p, progress: Progress) -> dict:
+    """Pass ``p`` (the job's ``index``-th) over the image's functions it has no rows for, its rows written as
+    they come; a function a worker dies on gets no rows (a rerun tries it again).  Its section of the summary,
+    from every stored row."""
+    fids = store.functions_without_pass(image_id, p.name)
+    chunks = _chunks(fids, PASS_CHUNK)
+
+    def crashed(task, at, pid):
+        rest = task.args[1][at + 1:]
+        return [Task(task.method, (index, rest), task.tag)] if rest else []
+
+    base = pool.items_done()
+    progress.phase(p.name, len(fids), "functions")
+    pool.run([[Task("pass_rows", (index, c), w) for c in chunks[w::pool.n]] for w in range(pool.n)],
+             lambda task, value: store.write_pass_rows(p.name, value), crashed,
+             tick=lambda: progress.update(pool.items_done() - base))
+    progress.end()
+    return p.summarize(p.row(*r) for r in store.iter_pass_rows(image_id, p.name))
 
 
 def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:

@@ -42,6 +42,7 @@ from ..x86.decode import decode
 from ..x86.registers import MASK64
 from .keys import KeyMaker, per_instance
 from .native_rows import ROW_PACK
+from .passes import PassMemo
 from .pipeline import Prover, answers_json
 from .row_memo import (
     canonical,
@@ -82,6 +83,7 @@ class Job:
     rules: tuple | None = None  # the policy table (plan.policy.POLICIES; None: the kernel's)
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
+    passes: tuple = ()  # the run's passes (``engine.passes.FunctionPass``), after the verdicts
 
 
 def empty_harvest() -> tuple[dict, dict, dict, dict]:
@@ -905,6 +907,22 @@ class Worker:
             rows.append(prover.packed(fid, fn, data, found, self.job.skip.get(fid, ()), examples))
             self._tell(len(found))
         return rows, examples, prover.proofs + prover.piece_proofs - before, prover.memory.take_outgoing()
+
+    # -- passes ----------------------------------------------------------------------
+    def pass_rows(self, index: int, fids: list[int]) -> list[tuple[int, list[tuple]]]:
+        """(function id, its rows) of the job's pass ``index`` (``engine.passes``) over these functions."""
+        p = self.job.passes[index]
+        memo = self.__dict__.get("_pass_memo")
+        if memo is None:
+            memo = self._pass_memo = PassMemo()
+        out = []
+        for i, fid in enumerate(fids):
+            if self.current is not None:
+                self.current(i)
+            fn = self.job.functions[fid]
+            out.append((fid, memo.function_rows(p, self.job.image, fn, self._function_bytes(fn))))
+            self._tell(1)
+        return out
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:

@@ -129,6 +129,14 @@ def unsigned(v: int) -> int:
     return v + (1 << 64) if v < 0 else v
 
 
+#: The rows of passes (``engine.passes``): one JSON list of a function's rows per (function, pass); made when a
+#: pass first writes, so the stores of runs without passes are as they were.
+PASS_TABLES = """
+CREATE TABLE IF NOT EXISTS pass_rows (
+    function INTEGER NOT NULL, pass TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (function, pass)) WITHOUT ROWID;
+"""
+
+
 def _schema_sql() -> str:
     return resources.files(__package__).joinpath("schema.sql").read_text()
 
@@ -521,6 +529,35 @@ class Store:
                 [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
                   f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
             row_seals.seal_replacements(self.db, image)
+
+    # -- passes (engine.passes) -----------------------------------------------------------
+    def write_pass_rows(self, name: str, rows: list[tuple[int, list[tuple]]]) -> None:
+        """A pass's rows of functions (function id, its rows), in one transaction (replacing); the table is
+        made by the first pass a store is given (``PASS_TABLES``), so a store no pass ran in has none."""
+        with self._transaction():
+            self.db.execute(PASS_TABLES)
+            self.db.executemany("INSERT OR REPLACE INTO pass_rows VALUES (?,?,?)",
+                                [(fid, name, json.dumps(r)) for fid, r in rows])
+
+    def functions_without_pass(self, image: int, name: str) -> list[int]:
+        """The image's functions that pass ``name`` has no rows for, by address."""
+        if not self._has_table("pass_rows"):
+            return [r[0] for r in self.db.execute("SELECT id FROM functions WHERE image=? ORDER BY start, name",
+                                                  (image,))]
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS "
+            "(SELECT 1 FROM pass_rows p WHERE p.function = f.id AND p.pass = ?) ORDER BY start, name", (image, name))]
+
+    def iter_pass_rows(self, image: int, name: str):
+        """Every row pass ``name`` stored for the image's functions, as lists, function by function."""
+        if not self._has_table("pass_rows"):
+            return
+        for (data,) in self.db.execute("SELECT p.data FROM pass_rows p JOIN functions f ON f.id = p.function "
+                                       "WHERE f.image=? AND p.pass=? ORDER BY f.start, f.name", (image, name)):
+            yield from json.loads(data)
+
+    def _has_table(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name=?", (name,)).fetchone() is not None
 
     # -- jump probes ----------------------------------------------------------------------
     def write_jump_probes(self, rows: list[JumpRow], examples: dict[str, str]) -> None:
