@@ -260,33 +260,7 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     if own:
         session = Session(options)
     try:
-        sites = site_cache = None
-        missing = False
-        if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
-            cache = session.findings(tag)[0]
-            site_cache = cache if cache.enabled else None
-            with paused():  # many objects, no reference cycles
-                sites = kept_sites(image, site_cache)
-            missing = sites is None
-        # A cold run's helper imports the SMT check on the second core while this process sets up; first, it finds
-        # the sites the cache does not keep, while this process finds the functions and adds them to the store.
-        helped = session.start_smt_helper(tag, partial(site_data, image) if missing else None)
-        with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
-            functions = find_functions(image)
-            if not functions:
-                raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
-                                 f"pass the build's System.map (--system-map) or an unstripped vmlinux")
-            if options.limit is not None:
-                functions = functions[:options.limit]
-            versions = tool_versions()
-            store = Store(store_path)
-            try:
-                scope = _scope(store, image, functions, config, versions, options.limit)
-                if missing:
-                    sites = found_sites(image, site_cache, session.smt.first_value() if helped else None)
-            except BaseException:
-                store.close()
-                raise
+        store, scope, functions, sites, versions = _set_up(image, store_path, options, session, tag, config)
     except BaseException:
         if own:
             session.close()
@@ -295,35 +269,66 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
         phases["setup_s"] = time.monotonic() - t0
         work = _verify(image, store, scope, functions, sites, options, session, own, tag, config, rules, progress,
                        phases)
-    except KeyboardInterrupt:
+    except BaseException as exc:
         if own:
             session.close()
-        store.finish_run(scope.run_id, "interrupted", None)
-        store.close()
-        raise
-    except BaseException:
-        if own:
-            session.close()
-        store.finish_run(scope.run_id, "failed", None)
+        store.finish_run(scope.run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", None)
         store.close()
         raise
     try:
         with paused():
             summary = _summary(store, image, scope, len(functions), sites, work, options.jump_probes, phases)
-        wall = time.monotonic() - t0
-        summary["run"] = {"id": scope.run_id, "status": "complete", "verified_now": work.counts.rows,
-                          "resumed": len(scope.done),
-                          "proof_cache": {"keys": work.counts.keys, "cached": work.counts.cached,
-                                          "proved": work.counts.proved, "functions_reused": work.counts.reused},
-                          "phases": {k: round(v, 3) for k, v in phases.items()}, "versions": versions}
-        summary["wall_s"] = round(wall, 3)
-        summary["instructions_per_s"] = round(work.counts.rows / wall, 1) if wall > 0 else None
+        _add_run_section(summary, scope, work, phases, versions, time.monotonic() - t0)
         store.finish_run(scope.run_id, "complete", summary)
     finally:
         store.close()
         if own:
             session.close()  # its workers were told to end when the phases did (``Session.stop``)
     return summary
+
+
+def _set_up(image: Image, store_path: str, options: RunOptions, session: Session, tag: bytes, config: str):
+    """(the store, open; the run's ``Scope``; the functions; the sites; the tools' versions).  A cold run's SMT
+    helper imports the SMT check on the second core while this process sets up; first, it finds the sites the
+    cache does not keep, while this process finds the functions and adds them to the store."""
+    sites = site_cache = None
+    missing = False
+    if options.with_sites:  # a session's images share its open cache (a package: a thousand modules)
+        cache = session.findings(tag)[0]
+        site_cache = cache if cache.enabled else None
+        with paused():  # many objects, no reference cycles
+            sites = kept_sites(image, site_cache)
+        missing = sites is None
+    helped = session.start_smt_helper(tag, partial(site_data, image) if missing else None)
+    with paused():  # functions, sites and the store's function rows: many objects, no reference cycles
+        functions = find_functions(image)
+        if not functions:
+            raise ImageError(f"{image.path}: no functions found: its code sections hold no function symbols; "
+                             f"pass the build's System.map (--system-map) or an unstripped vmlinux")
+        if options.limit is not None:
+            functions = functions[:options.limit]
+        versions = tool_versions()
+        store = Store(store_path)
+        try:
+            scope = _scope(store, image, functions, config, versions, options.limit)
+            if missing:
+                sites = found_sites(image, site_cache, session.smt.first_value() if helped else None)
+        except BaseException:
+            store.close()
+            raise
+    return store, scope, functions, sites, versions
+
+
+def _add_run_section(summary: dict, scope: Scope, work: Verification, phases: dict[str, float], versions: dict,
+                     wall: float) -> None:
+    """The summary's ``run`` section (what this run did, its phases' seconds), its wall time and speed."""
+    summary["run"] = {"id": scope.run_id, "status": "complete", "verified_now": work.counts.rows,
+                      "resumed": len(scope.done),
+                      "proof_cache": {"keys": work.counts.keys, "cached": work.counts.cached,
+                                      "proved": work.counts.proved, "functions_reused": work.counts.reused},
+                      "phases": {k: round(v, 3) for k, v in phases.items()}, "versions": versions}
+    summary["wall_s"] = round(wall, 3)
+    summary["instructions_per_s"] = round(work.counts.rows / wall, 1) if wall > 0 else None
 
 
 def _scope(store: Store, image: Image, functions: list[Function], config: str, versions: dict,
@@ -367,7 +372,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
               options.reuse_rows, options.passes)
     pool = session.pool_for(job)
     phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
-    counts = _phases(pool, job, list(scope.todo), cache, tag, progress, phases, store, config)
+    counts = Phases(pool, job, store, cache, tag, config, progress, phases).run(list(scope.todo))
     expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
     alternatives = jump_proofs = None
     if sites is not None:
@@ -491,181 +496,216 @@ def _with_bytes(image: Image, functions: list[Function]):
                data[f.start - base:f.end - base] if base <= f.start and f.end <= end else b"")
 
 
-def _phases(pool: LocalPool, job: Job, todo: list[int], cache: ProofCache, tag: bytes, progress: Progress,
-            phases: dict, store: Store, config: str) -> PhaseCounts:
-    """Survey, proofs and rows over the functions to do."""
-    fallback: list[Worker] = []
-    total = [0]
-    merged: dict[int, int] = {}  # provisional outcome id -> store id, of merges since the last ``merge``
+class Phases:
+    """Survey, proofs and rows over the functions to do, on one pool, and what they hand each other.
 
-    def merge() -> None:
+    survey   each worker walks its functions, makes every instruction's instance key and keeps the keys
+             it cannot answer (``owned``: key -> its first instance), the cache's hits, and the functions
+             it can write at once; it writes those (``rows``, ``reused``);
+    proofs   every unknown key's representative (the first instance over all workers) is proved once, on
+             whichever worker is free (``learned``);
+    rows     each worker is sent the findings of its keys that other workers made (``outbox``) and writes
+             its other functions' rows; a round's shards go into the store while the workers go on.
+
+    A worker that dies is handled by the phase's ``crashed_*``: what it finished stays, the function or key in
+    hand is stored as crashed, and the rest goes again; the rows a dead worker's replacement cannot write
+    are written in this process by a fallback worker.  Shards are merged at each phase's end (``merge``)."""
+
+    def __init__(self, pool: LocalPool, job: Job, store: Store, cache: ProofCache, tag: bytes, config: str,
+                 progress: Progress, phases: dict):
+        """``config``: the configuration's text the run's rows are stored under (``_config``); ``phases``: each
+        phase's seconds are added to it."""
+        self.pool, self.job, self.store, self.cache, self.tag, self.config = pool, job, store, cache, tag, config
+        self.progress, self.phases = progress, phases
+        self.fallback: list[Worker] = []
+        self.total = 0  # instructions of the functions walked
+        self.rows = self.reused = 0
+        self.merged: dict[int, int] = {}  # provisional outcome id -> store id, of merges since the last ``merge``
+        self.owned: list[dict] = [{} for _ in range(pool.n)]
+        self.hits: set[bytes] = set()
+        self.waiting: list[list[int]] = [[] for _ in range(pool.n)]
+        self.learned: dict[bytes, Learned] = {}
+        self.outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
+        self.traced = True
+
+    def run(self, todo: list[int]) -> PhaseCounts:
+        if not todo:
+            return PhaseCounts()
+        self.survey(todo)
+        misses = self.misses()
+        self.prove(misses)
+        self.write_rows()
+        return PhaseCounts(self.total, len(misses) + len(self.hits), len(self.hits), len(misses), self.rows,
+                           self.reused)
+
+    def merge(self) -> None:
         """At the end of a phase: every worker's shard into the store, and the store's ids of the
         provisional outcome ids to every worker."""
-        paths = pool.close_shards() + [w.close_shard() for w in fallback]
-        final = merged | store.merge_shards([p for p in paths if p] + leftover_shards(job.store_path))
-        merged.clear()
+        paths = self.pool.close_shards() + [w.close_shard() for w in self.fallback]
+        final = self.merged | self.store.merge_shards([p for p in paths if p] + leftover_shards(self.job.store_path))
+        self.merged.clear()
         if final:
-            pool.broadcast("learn_ids", lambda w: (final,))
-            pool.remember("learn_ids", (final,))
-            for w in fallback:
+            self.pool.broadcast("learn_ids", lambda w: (final,))
+            self.pool.remember("learn_ids", (final,))
+            for w in self.fallback:
                 w.learn_ids(final)
 
-    def crashed_function(task, at, pid):
+    def crashed_function(self, task, at, pid):
         """A worker died on function ``task.args[0][at]``: it is stored as crashed, the dead worker's
         shard (whole functions it finished) is merged, and every function of the task not stored
         yet goes to a fresh worker."""
         fids = task.args[0]
-        if not fallback:
-            fallback.append(Worker(job))
-        w = fallback[0]
+        if not self.fallback:
+            self.fallback.append(Worker(self.job))
+        w = self.fallback[0]
         n = w.crashed(fids[at], "worker crashed while verifying this function")
         if task.method == "survey":
-            total[0] += n
-        merged.update(store.merge_shards(leftover_shards(job.store_path, pid) + [w.close_shard()]))
-        stored = store.verified_functions_among(fids, config)
+            self.total += n
+        self.merged.update(self.store.merge_shards(leftover_shards(self.job.store_path, pid) + [w.close_shard()]))
+        stored = self.store.verified_functions_among(fids, self.config)
         rest = [f for f in fids if f not in stored]
         return [Task(task.method, (rest,) + task.args[1:], task.tag)] if rest else []
 
-    counts = {"rows": 0, "reused": 0}
-    if not todo:
-        return PhaseCounts()
-    chunks = _chunks(todo, CHUNK_FUNCTIONS)
-    gather = pool.pinned  # each worker keeps its keys until its surveys end (``Worker.survey``)
-    queues = [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
-    owned: list[dict] = [{} for _ in range(pool.n)]
-    hits: set[bytes] = set()
-    waiting: list[list[int]] = [[] for _ in range(pool.n)]
-    n_insns = sum(job.functions[f].size for f in todo)  # bytes: the survey's progress unit is instructions,
-    estimate = max(1, n_insns // 4)                      # so the total is an estimate until it is done
+    # -- survey --------------------------------------------------------------------
+    def survey(self, todo: list[int]) -> None:
+        pool, t1 = self.pool, time.monotonic()
+        chunks = _chunks(todo, CHUNK_FUNCTIONS)
+        gather = pool.pinned  # each worker keeps its keys until its surveys end (``Worker.survey``)
+        queues = [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
+        n_insns = sum(self.job.functions[f].size for f in todo)  # bytes: the survey's progress unit is instructions,
+        estimate = max(1, n_insns // 4)                           # so the total is an estimate until it is done
+        base = pool.items_done()
+        self.progress.phase("survey", estimate, "instructions")
+        pool.run(queues, self._surveyed, self.crashed_function,
+                 tick=lambda: self.progress.update(min(estimate, pool.items_done() - base)))
+        self.progress.total = self.total
+        self.progress.end()
+        if gather:
+            pool.run([[Task("gathered", (), w)] for w in range(pool.n)],
+                     lambda task, value: self.owned[task.tag].update(value))
+        self.merge()
+        self.phases["survey_s"] = time.monotonic() - t1
 
-    def surveyed(task, value):
+    def _surveyed(self, task, value) -> None:
         misses, n, known, later, written, reused = value
-        owned[task.tag].update(misses)
-        hits.update(known)
-        waiting[task.tag].extend(later)
-        total[0] += n
-        counts["rows"] += written
-        counts["reused"] += reused
+        self.owned[task.tag].update(misses)
+        self.hits.update(known)
+        self.waiting[task.tag].extend(later)
+        self.total += n
+        self.rows += written
+        self.reused += reused
 
-    t1 = time.monotonic()
-    base = pool.items_done()
-    progress.phase("survey", estimate, "instructions")
-    pool.run(queues, surveyed, crashed_function,
-             tick=lambda: progress.update(min(estimate, pool.items_done() - base)))
-    progress.total = total[0]
-    progress.end()
-    if gather:
-        pool.run([[Task("gathered", (), w)] for w in range(pool.n)], lambda task, value: owned[task.tag].update(value))
-    merge()
-    phases["survey_s"] = time.monotonic() - t1
+    def misses(self) -> dict[bytes, tuple[bytes, int]]:
+        """Every key no worker could answer, with its representative: the first instance over all workers."""
+        misses: dict[bytes, tuple[bytes, int]] = {}
+        for owned in self.owned:
+            for key, rep in owned.items():
+                if key not in misses or rep[1] < misses[key][1]:
+                    misses[key] = rep
+        return misses
 
-    misses: dict[bytes, tuple[bytes, int]] = {}
-    for w in range(pool.n):
-        for key, rep in owned[w].items():
-            if key not in misses or rep[1] < misses[key][1]:
-                misses[key] = rep
-    t1 = time.monotonic()
-    learned: dict[bytes, Learned] = {}
-    # In key order: a key begins with its kind and then the instruction's bytes, so neighbours share an
-    # opcode, and with it the decoders', libVEX's and the admission's paths, hot in the CPU's caches (a
-    # kernel's proofs in address order took about 8% longer).
-    items = [(k, raw, a) for k, (raw, a) in sorted(misses.items())]
-    prove_chunks = _chunks(items, PROVE_CHUNK)
-    # What each worker will be sent (``_wanted``: the findings of its keys that another worker proved), made as
-    # the findings come in (made after the last proof, the second worker waited 0.2-0.3 s for its message).
-    # ``traced`` False: a worker died while proving (the fresh one lacks what the dead one proved) or a task came
-    # back without its worker's index, so each worker is sent every finding of its keys instead.
-    outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
-    traced = True
+    # -- proofs --------------------------------------------------------------------
+    def prove(self, misses: dict[bytes, tuple[bytes, int]]) -> None:
+        """Each key's representative proved once.  In key order: a key begins with its kind and then the
+        instruction's bytes, so neighbours share an opcode, and with it the decoders', libVEX's and the
+        admission's paths (the order changes no finding).  What each worker will be sent (``_wanted``) is made
+        as the findings come in; ``traced`` False (a worker died while proving: the fresh one lacks what the dead
+        one proved; or a task came back without its worker's index): each worker is sent every finding of its
+        keys instead."""
+        pool, t1 = self.pool, time.monotonic()
+        items = [(k, raw, a) for k, (raw, a) in sorted(misses.items())]
+        base = pool.items_done()
+        self.progress.phase("proofs", len(items), "distinct instance keys")
+        pool.run([[Task("prove", (c,)) for c in _chunks(items, PROVE_CHUNK)]], self._proved, self._crashed_key,
+                 tick=lambda: self.progress.update(pool.items_done() - base), shared=True)
+        self.progress.end()
+        self.phases["proofs_s"] = time.monotonic() - t1
 
-    def crashed_key(task, at, pid):
-        nonlocal traced
+    def _proved(self, task, value) -> None:
+        self.learned.update(value)
+        self.traced = self.traced and task.tag is not None
+        if self.traced:
+            for w in range(self.pool.n):
+                if w != task.tag:
+                    _wanted(value, self.owned[w], self.outbox[w])
+
+    def _crashed_key(self, task, at, pid):
         key, raw, address = task.args[0][at]
         why = "worker crashed while proving this instruction"
         f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
-        learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
-        traced = False
+        self.learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
+        self.traced = False
         rest = task.args[0][at + 1:]
         return [Task("prove", (rest,))] if rest else []
 
-    base = pool.items_done()
-    progress.phase("proofs", len(items), "distinct instance keys")
+    def sent(self, w: int) -> dict[bytes, Learned]:
+        """What worker ``w`` is sent before its rows: the findings of its keys that it did not make."""
+        return self.outbox[w] if self.traced else _wanted(self.learned, self.owned[w])
 
-    def proved(task, value):
-        nonlocal traced
-        learned.update(value)
-        traced = traced and task.tag is not None
-        if traced:
-            for w in range(pool.n):
-                if w != task.tag:
-                    _wanted(value, owned[w], outbox[w])
+    # -- rows ----------------------------------------------------------------------
+    def write_rows(self) -> None:
+        """Every waiting function's rows.  The proof cache is written behind (``Behind``) from the first result
+        on, once every worker has its findings (every queue's first task), not before: the writing thread would
+        slow the making of the messages."""
+        pool, t1 = self.pool, time.monotonic()
+        queues = self._rows_queues()
+        self._closed: dict[int, list[str]] = {}
+        self._arrived = [0] * self._rounds
+        self._keeping: list[Behind | None] = []
+        base = pool.items_done()
+        self.progress.phase("rows", self.total - self.rows, "instructions")
+        try:
+            pool.run(queues, self._rows_done, self._crashed_row,
+                     tick=lambda: self.progress.update(pool.items_done() - base))
+        finally:
+            self._keep_behind()
+            if self._keeping[0] is not None:
+                self._keeping[0].join()
+        self.progress.end()
+        self.merge()
+        for w in self.fallback:
+            w.close()
+        self.phases["rows_s"] = time.monotonic() - t1
 
-    def sent(w: int) -> dict[bytes, Learned]:
-        return outbox[w] if traced else _wanted(learned, owned[w])
+    def _rows_queues(self) -> list[list[Task]]:
+        """Each worker's queue: its findings first (a pinned pool: as the first task, so one starts on its rows
+        while the parent makes the other's message), then its rows tasks cut into rounds (``_in_rounds``)."""
+        pool = self.pool
+        if pool.pinned:
+            queues = [[Task("accept", (), w, late=lambda w=w: (self.sent(w),))] for w in range(pool.n)]
+        else:
+            pool.broadcast("accept", lambda w: (self.sent(w),))
+            queues = [[] for _ in range(pool.n)]
+        pool.remember("accept", (self.learned,))  # a worker forked in a dead one's place is given every finding
+        tasks = [[Task("rows", (c,), w) for c in _chunks(self.waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
+        # at most a round per task of the shortest queue: a package's modules, a task or two each, merge once
+        self._rounds = max(1, min(ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
+        for w in range(pool.n):
+            queues[w] += _in_rounds(tasks[w], self._rounds, w)
+        return queues
 
-    pool.run([[Task("prove", (c,)) for c in prove_chunks]], proved, crashed_key,
-             tick=lambda: progress.update(pool.items_done() - base), shared=True)
-    progress.end()
-    phases["proofs_s"] = time.monotonic() - t1
+    def _keep_behind(self) -> None:
+        if not self._keeping:
+            self._keeping.append(_harvest(self.pool, self.cache, self.tag, self.job.cached, behind=True, ask=False))
 
-    t1 = time.monotonic()
-    if pool.pinned:
-        # Each worker takes its findings as the first task of its queue: one starts on its rows while the
-        # parent makes the other's message (sent as a broadcast first, both workers waited 0.1-0.2 s).
-        queues = [[Task("accept", (), w, late=lambda w=w: (sent(w),))] for w in range(pool.n)]
-    else:
-        pool.broadcast("accept", lambda w: (sent(w),))
-        queues = [[] for _ in range(pool.n)]
-    pool.remember("accept", (learned,))  # a worker forked in a dead one's place is given every finding
-    # The proof cache is written behind (``Behind``) once every worker has its findings: started before, the
-    # writing thread slowed the making of the messages, and the last worker waited 0.1-0.2 s more for its own.
-    keeping: list[Behind | None] = []
-
-    def keep_behind() -> None:
-        if not keeping:
-            keeping.append(_harvest(pool, cache, tag, job.cached, behind=True, ask=False))
-
-    tasks = [[Task("rows", (c,), w) for c in _chunks(waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
-    # at most a round per task of the shortest queue: a package's modules, a task or two each, merge once
-    rounds = max(1, min(ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
-    for w in range(pool.n):
-        queues[w] += _in_rounds(tasks[w], rounds, w)
-    closed: dict[int, list[str]] = {}
-    arrived = [0] * rounds
-
-    def rows_done(task, value):
-        keep_behind()  # every queue's first task, its findings, was sent before any result came back
+    def _rows_done(self, task, value) -> None:
+        self._keep_behind()  # every queue's first task, its findings, was sent before any result came back
         if task.method == "rows":
-            counts["rows"] += value
+            self.rows += value
         elif task.method == "close_shard":  # a round's shards go into the store while the workers go on
             r = task.tag[1]
             if value:
-                closed.setdefault(r, []).append(value)
-            arrived[r] += 1
-            if arrived[r] == pool.n and r in closed:
-                store.merge_shards_behind(closed.pop(r))
+                self._closed.setdefault(r, []).append(value)
+            self._arrived[r] += 1
+            if self._arrived[r] == self.pool.n and r in self._closed:
+                self.store.merge_shards_behind(self._closed.pop(r))
 
-    def crashed_row(task, at, pid):
+    def _crashed_row(self, task, at, pid):
         if task.method == "accept":
             return []  # its replacement was given every finding (``remember``)
         if task.method == "close_shard":
             return []  # the dead worker's shards are merged with the phase's last (``leftover_shards``)
-        return crashed_function(task, at, pid)
-
-    base = pool.items_done()
-    progress.phase("rows", total[0] - counts["rows"], "instructions")
-    try:
-        pool.run(queues, rows_done, crashed_row, tick=lambda: progress.update(pool.items_done() - base))
-    finally:
-        keep_behind()
-        if keeping[0] is not None:
-            keeping[0].join()
-    progress.end()
-    merge()
-    for w in fallback:
-        w.close()
-    phases["rows_s"] = time.monotonic() - t1
-    return PhaseCounts(total[0], len(misses) + len(hits), len(hits), len(misses), counts["rows"], counts["reused"])
+        return self.crashed_function(task, at, pid)
 
 
 def _in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:

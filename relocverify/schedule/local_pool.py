@@ -198,100 +198,19 @@ class LocalPool:
         if shared:
             queues = [[task for queue in queues for task in queue]]
         if self.inline:
-            for queue in queues:
-                for task in queue:
-                    value = getattr(self.worker, task.method)(*task.call_args())
-                    if task.method in self.kind.harvested_with:
-                        self.kind.merge_harvest(self._harvested, self.worker.harvest())
-                    on_result(replace(task, tag=0) if shared else task, value)
-                    if tick:
-                        tick()
-            return
-        queues = [deque(q) for q in queues] + [deque() for _ in range(self.n - len(queues))]
-        flight: list[deque[Task]] = [deque() for _ in range(self.n)]  # sent to worker i, not answered yet
+            self._run_inline(queues, on_result, tick, shared)
+        else:
+            _Dispatch(self, queues, shared).run(on_result, on_crash, tick, tick_s)
 
-        def queue_of(i: int) -> deque[Task]:
-            return queues[0] if shared else queues[i]
-
-        held: list[tuple[Task, bytes] | None] = [None] * self.n  # pickled for worker i, too big to send yet
-        lost: set[int] = set()  # id() of tasks whose message never reached their worker: it had died
-
-        def feed(i: int) -> None:
-            """Keep ``IN_FLIGHT`` tasks in worker i's pipe.  A task goes behind another only when its message is
-            small (``PIPE_SAFE``: the worker reads it only once it ends the task in hand, and meanwhile the
-            parent must be free to read that task's result).  A task's ``late`` arguments are made when it is
-            sent, one task ahead of the worker."""
-            q = queue_of(i)
-            while len(flight[i]) < IN_FLIGHT:
-                if held[i] is None:
-                    if not q:
-                        return
-                    task = q.popleft()
-                    held[i] = (task, bytes(ForkingPickler.dumps((task.method, task.call_args()))))
-                task, message = held[i]
-                if flight[i] and len(message) > PIPE_SAFE:
-                    return
-                held[i] = None
-                flight[i].append(task)
-                try:
-                    self.conns[i].send_bytes(message)
-                except OSError:  # the worker died (a broken pipe): the loop below finds it dead
-                    lost.add(id(task))
-                    return
-
-        while True:
-            for i in range(self.n):
-                feed(i)
-            if not any(flight):
-                return
-            waiting = {self.conns[i]: i for i in range(self.n) if flight[i]}
-            waiting.update({self.procs[i].sentinel: i for i in range(self.n) if flight[i]})
-            ready = wait(list(waiting), timeout=tick_s)
-            if tick:
-                tick()
-            for handle in ready:
-                i = waiting[handle]
-                if not flight[i]:
-                    continue
-                task = flight[i][0]
-                conn = self.conns[i]
-                if conn.poll():
-                    try:
-                        status, value = conn.recv()
-                    except (EOFError, OSError):
-                        status, value = "died", None
-                else:
-                    status, value = ("died", None) if not self.procs[i].is_alive() else ("wait", None)
-                if status == "wait":
-                    continue
-                flight[i].popleft()
-                if status == "harvested":
-                    value, harvest = value
-                    self.kind.merge_harvest(self._harvested, harvest)
-                    status = "ok"
-                if status == "ok":
-                    feed(i)  # keep the worker busy while its result is taken in
-                    on_result(replace(task, tag=i) if shared else task, value)
-                elif status == "error":
-                    self.close()
-                    raise WorkerError(f"a worker failed in {task.method}: {value.strip().splitlines()[-1]}")
-                else:
-                    at, pid = self.current[i], self.procs[i].pid
-                    unstarted = list(flight[i]) + ([held[i][0]] if held[i] is not None else [])  # never begun
-                    flight[i].clear()
-                    held[i] = None
-                    self.procs[i].join(timeout=1)
-                    self._spawn(i)
-                    if on_crash is None:
-                        self.close()
-                        raise WorkerError(f"a worker died in {task.method}")
-                    q = queue_of(i)
-                    never = id(task) in lost  # it died before this task reached it: nothing of the task ran
-                    lost.difference_update(id(t) for t in [task] + unstarted)  # each is sent again
-                    if never:
-                        q.extendleft(reversed([task] + unstarted))
-                    else:
-                        q.extendleft(reversed(on_crash(task, at, pid) + unstarted))
+    def _run_inline(self, queues: list[list[Task]], on_result, tick, shared: bool) -> None:
+        for queue in queues:
+            for task in queue:
+                value = getattr(self.worker, task.method)(*task.call_args())
+                if task.method in self.kind.harvested_with:
+                    self.kind.merge_harvest(self._harvested, self.worker.harvest())
+                on_result(replace(task, tag=0) if shared else task, value)
+                if tick:
+                    tick()
 
     def stop(self) -> None:
         """Tell every worker to end, without waiting for them (``close`` waits): a run's summary is made
@@ -323,6 +242,112 @@ class LocalPool:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+
+class _Dispatch:
+    """One ``LocalPool.run`` over forked workers: the tasks each worker has in its pipe (``flight``), the one
+    pickled and held back (``held``), the tasks whose message never reached a dead worker (``lost``)."""
+
+    def __init__(self, pool: LocalPool, queues: list[list[Task]], shared: bool):
+        self.pool, self.shared = pool, shared
+        self.queues = [deque(q) for q in queues] + [deque() for _ in range(pool.n - len(queues))]
+        self.flight: list[deque[Task]] = [deque() for _ in range(pool.n)]  # sent to worker i, not answered yet
+        self.held: list[tuple[Task, bytes] | None] = [None] * pool.n  # pickled for worker i, too big to send yet
+        self.lost: set[int] = set()  # id() of tasks whose message never reached their worker: it had died
+
+    def queue_of(self, i: int) -> deque[Task]:
+        return self.queues[0] if self.shared else self.queues[i]
+
+    def feed(self, i: int) -> None:
+        """Keep ``IN_FLIGHT`` tasks in worker i's pipe.  A task goes behind another only when its message is
+        small (``PIPE_SAFE``: the worker reads it only once it ends the task in hand, and meanwhile the
+        parent must be free to read that task's result).  A task's ``late`` arguments are made when it is
+        sent, one task ahead of the worker."""
+        q, flight, held = self.queue_of(i), self.flight[i], self.held
+        while len(flight) < IN_FLIGHT:
+            if held[i] is None:
+                if not q:
+                    return
+                task = q.popleft()
+                held[i] = (task, bytes(ForkingPickler.dumps((task.method, task.call_args()))))
+            task, message = held[i]
+            if flight and len(message) > PIPE_SAFE:
+                return
+            held[i] = None
+            flight.append(task)
+            try:
+                self.pool.conns[i].send_bytes(message)
+            except OSError:  # the worker died (a broken pipe): the loop below finds it dead
+                self.lost.add(id(task))
+                return
+
+    def run(self, on_result, on_crash, tick, tick_s: float) -> None:
+        pool, flight = self.pool, self.flight
+        while True:
+            for i in range(pool.n):
+                self.feed(i)
+            if not any(flight):
+                return
+            waiting = {pool.conns[i]: i for i in range(pool.n) if flight[i]}
+            waiting.update({pool.procs[i].sentinel: i for i in range(pool.n) if flight[i]})
+            ready = wait(list(waiting), timeout=tick_s)
+            if tick:
+                tick()
+            for handle in ready:
+                i = waiting[handle]
+                if flight[i]:
+                    self.take(i, on_result, on_crash)
+
+    def take(self, i: int, on_result, on_crash) -> None:
+        """Worker i's answer to its oldest task in flight, if it has one: its value handed on, its error
+        raised, or its death handled (``died``)."""
+        pool, task = self.pool, self.flight[i][0]
+        conn = pool.conns[i]
+        if conn.poll():
+            try:
+                status, value = conn.recv()
+            except (EOFError, OSError):
+                status, value = "died", None
+        else:
+            status, value = ("died", None) if not pool.procs[i].is_alive() else ("wait", None)
+        if status == "wait":
+            return
+        self.flight[i].popleft()
+        if status == "harvested":
+            value, harvest = value
+            pool.kind.merge_harvest(pool._harvested, harvest)
+            status = "ok"
+        if status == "ok":
+            self.feed(i)  # keep the worker busy while its result is taken in
+            on_result(replace(task, tag=i) if self.shared else task, value)
+        elif status == "error":
+            pool.close()
+            raise WorkerError(f"a worker failed in {task.method}: {value.strip().splitlines()[-1]}")
+        else:
+            self.died(i, task, on_crash)
+
+    def died(self, i: int, task: Task, on_crash) -> None:
+        """Worker i died in ``task``: a fresh one is forked in its place, and the task (with what was sent or
+        held for it and never begun) goes again, as ``on_crash`` decides, or as it was when its message never
+        reached the dead worker."""
+        pool = self.pool
+        at, pid = pool.current[i], pool.procs[i].pid
+        unstarted = list(self.flight[i]) + ([self.held[i][0]] if self.held[i] is not None else [])  # never begun
+        self.flight[i].clear()
+        self.held[i] = None
+        pool.procs[i].join(timeout=1)
+        pool._spawn(i)
+        if on_crash is None:
+            pool.close()
+            raise WorkerError(f"a worker died in {task.method}")
+        q = self.queue_of(i)
+        never = id(task) in self.lost  # it died before this task reached it: nothing of the task ran
+        self.lost.difference_update(id(t) for t in [task] + unstarted)  # each is sent again
+        if never:
+            q.extendleft(reversed([task] + unstarted))
+        else:
+            q.extendleft(reversed(on_crash(task, at, pid) + unstarted))
 
 
 def default_jobs() -> int:
