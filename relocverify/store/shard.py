@@ -9,7 +9,8 @@ in parallel, and the parent moves a shard into the store with a handful of
 is done with it.
 
 A shard holds the store's row tables (``instructions``, ``packed``,
-``variants``) with three differences, all resolved by the merge:
+``variants``), made from ``schema.sql`` (``schema.shard_schema``), with
+three differences, all resolved by the merge:
 
 * an outcome or a variant name the worker found new has a provisional
   negative id, defined in ``new_outcomes`` or ``new_names``; the merge numbers
@@ -37,26 +38,7 @@ import sqlite3
 from ..errors import StoreError
 from .packed_rows import Remapper
 from .row_seals import seal_functions
-
-SCHEMA = """
-CREATE TABLE instructions (
-    function INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL, outcome INTEGER NOT NULL,
-    reason TEXT, proof_us INTEGER NOT NULL, fresh INTEGER NOT NULL, sites INTEGER, answers TEXT, cex INTEGER,
-    PRIMARY KEY (function, offset)) WITHOUT ROWID;
-CREATE TABLE packed (
-    function INTEGER PRIMARY KEY, outcomes BLOB NOT NULL, counts BLOB NOT NULL, names BLOB, variants BLOB,
-    sites BLOB, data BLOB NOT NULL);
-CREATE TABLE new_names (pid INTEGER PRIMARY KEY, name TEXT NOT NULL);
-CREATE TABLE variants (
-    function INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL, outcome INTEGER NOT NULL, reason TEXT,
-    PRIMARY KEY (function, offset, name)) WITHOUT ROWID;
-CREATE TABLE new_outcomes (
-    pid INTEGER PRIMARY KEY, verdict TEXT NOT NULL, method TEXT NOT NULL, plan_kind TEXT NOT NULL,
-    rule TEXT NOT NULL, klass TEXT NOT NULL, reason_key TEXT NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE counterexamples (id INTEGER PRIMARY KEY, state TEXT NOT NULL, differences TEXT NOT NULL,
-    replay TEXT NOT NULL);
-CREATE TABLE done (function INTEGER PRIMARY KEY, config INTEGER NOT NULL);
-"""
+from .schema import shard_schema
 
 _SUFFIX = ".shard-"
 
@@ -89,7 +71,7 @@ class ShardWriter:
                 self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.executescript(SCHEMA)
+                self.db.executescript(shard_schema())
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.path}: cannot write a shard of the store ({exc})") from None
         return self.db

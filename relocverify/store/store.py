@@ -60,7 +60,6 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Iterable, Iterator
 
 from ..errors import InputError, StoreError
@@ -70,6 +69,7 @@ from ..proof.verdict import Verdict
 from . import row_seals, shard
 from .forking import sqlite_work
 from .jump_rows import JumpRow, pack_ids
+from .schema import schema_sql
 from .packed_rows import (
     FRESH_BIT,
     K_SHIFT,
@@ -135,10 +135,6 @@ PASS_TABLES = """
 CREATE TABLE IF NOT EXISTS pass_rows (
     function INTEGER NOT NULL, pass TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (function, pass)) WITHOUT ROWID;
 """
-
-
-def _schema_sql() -> str:
-    return resources.files(__package__).joinpath("schema.sql").read_text()
 
 
 @dataclass(frozen=True)
@@ -273,7 +269,7 @@ class Store:
 
     def _create(self) -> None:
         self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-        self.db.executescript("BEGIN;" + _schema_sql() + "COMMIT;")
+        self.db.executescript("BEGIN;" + schema_sql() + "COMMIT;")
         self.db.executemany("INSERT INTO meta VALUES (?, ?)",
                             [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
         row_seals.new_key(self.db)
