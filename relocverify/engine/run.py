@@ -395,8 +395,8 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
     _harvest(pool, cache, tag, cached)
     if own:
         session.stop()
-    return Verification(expected, counts, alternatives, jump_proofs, tuple(ranges.unchecked) if ranges is not None else (),
-                        passes)
+    unchecked = tuple(ranges.unchecked) if ranges is not None else ()
+    return Verification(expected, counts, alternatives, jump_proofs, unchecked, passes)
 
 
 def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, work: Verification,

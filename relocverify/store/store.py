@@ -44,6 +44,11 @@ at once (each worker commits its own functions); SQLite serialises them.
 
 A file that is not a store, or a store of another schema, is refused
 untouched: ``Store`` reads ``meta`` before it writes anything.
+
+Two faces: ``Results`` is the read model (``ImageReads``, ``RowReads``, ``JumpReads``, ``SealChecks``: what
+report, show, export, gate and the audit read); ``Store`` adds the narrow writer the engine uses (images,
+runs, functions, shard merges, replacements, jump probes, passes' rows).  ``Store(path, readonly=True)``
+opens a store for reading.
 """
 
 from __future__ import annotations
@@ -170,183 +175,9 @@ class InstructionRow:
     counterexample: int | None
 
 
-class Store:
-    """A relocverify store.  ``Store(path)`` creates a new one or opens an
-    existing one; any other file is refused with ``StoreError``, untouched."""
-
-    def __init__(self, path: str, readonly: bool = False):
-        self.path = path
-        self.readonly = readonly
-        self._memo: dict = {}
-        self._lock = None
-        self._outcomes: dict[int, tuple] | None = None
-        self._checkpoint: _Checkpoint | None = None  # a merge's log copied into the file behind (``merge_shards``)
-        self._merger: _Merger | None = None  # shards merged behind (``merge_shards_behind``)
-        self.touched = False
-        if os.path.exists(path):
-            try:
-                input_file(path, "store")  # a regular file: no FIFO, device or directory
-            except InputError as exc:
-                raise StoreError(str(exc)) from None
-        if readonly and not (os.path.exists(path) and os.path.getsize(path) > 0):
-            raise StoreError(f"{path}: no such store")
-        had_lock_file = os.path.exists(path + ".lock")
-        if not readonly:
-            # the lock first: another writer may be creating this very store, and until it is done the
-            # file looks like nobody's SQLite file; the second writer is told the store is busy
-            self._lock = _WriterLock.acquire(path)
-        exists = os.path.exists(path) and os.path.getsize(path) > 0
-        if exists:
-            try:
-                self._check_foreign(path)
-            except StoreError:
-                self._release()
-                if not had_lock_file and not readonly:
-                    try:  # leave another program's file as we found it: no lock file beside it
-                        os.remove(path + ".lock")
-                    except OSError:
-                        pass
-                raise
-        try:
-            self.db = read_only(path) if readonly else shard.connect(path)
-            if not readonly:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
-            # A run inserts millions of rows into B-trees of ~100 MB, in key order (``shard.merge``):
-            # appends, which need few pages in memory, but more than SQLite's default of 2 MB.  32 MB
-            # costs a whole-kernel run no time against 256 MB, and its peak memory 40 MB less.
-            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            if not exists:
-                self._create()
-                if self._lock is not None:
-                    self._lock.checked = True
-            self._check_schema()
-            #: changed since relocverify last closed it (killed, copied, edited): its seals are worth a look
-            self.touched = not readonly and exists and not self._lock.checked
-            if not readonly and exists and not self._lock.checked:
-                # not closed cleanly by us since it last changed (killed, copied, edited): a writer never
-                # adds rows to a damaged store; a store we closed ourselves is not read again
-                self.check_integrity()
-                self._lock.checked = True
-            if not readonly:
-                self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
-        except sqlite3.DatabaseError as exc:
-            self._release()
-            raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
-        except BaseException:
-            self._release()
-            raise
-
-    # -- identity --------------------------------------------------------------
-    @staticmethod
-    def _check_foreign(path: str) -> None:
-        """Refuse, without writing, a file that is not a relocverify store."""
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
-        if head != b"SQLite format 3\x00":
-            raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
-        try:
-            con = read_only(path)
-            try:
-                rows = dict(con.execute("SELECT key, value FROM meta"))
-            finally:
-                con.close()
-        except sqlite3.DatabaseError:
-            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
-                             f"choose another --db") from None
-        if rows.get("application") != APPLICATION:
-            if rows.get("schema") == "1":
-                raise StoreError(f"{path}: a relocverify schema-1 store; this version writes schema "
-                                 f"{SCHEMA_VERSION}: rerun with a new --db (the old file is left as it is)")
-            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
-                             f"choose another --db")
-        if rows.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"{path}: a relocverify schema-{rows.get('schema')} store; this version reads "
-                             f"schema {SCHEMA_VERSION}: rerun with a new --db")
-
-    def _create(self) -> None:
-        self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-        self.db.executescript("BEGIN;" + schema_sql() + "COMMIT;")
-        self.db.executemany("INSERT INTO meta VALUES (?, ?)",
-                            [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
-        row_seals.new_key(self.db)
-
-    def _check_schema(self) -> None:
-        meta = dict(self.db.execute("SELECT key, value FROM meta"))
-        if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
-        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        missing = sorted(REQUIRED_TABLES - tables)
-        if missing:
-            raise StoreError(f"{self.path}: a damaged relocverify store: the table(s) {', '.join(missing)} are "
-                             f"missing; verify into a new --db")
-
-    def check_integrity(self) -> None:
-        """Raise StoreError unless SQLite's integrity check passes (a command that reads the whole store,
-        such as ``report``, calls it first, so it never builds anything from a damaged one)."""
-        try:
-            rows = [r[0] for r in self.db.execute("PRAGMA integrity_check(4)")]
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: a damaged store ({exc})") from None
-        if rows != ["ok"]:
-            raise StoreError(f"{self.path}: a damaged store: SQLite's integrity check says {rows[0][:120]}")
-
-    def altered_functions(self, image: int) -> set[int]:
-        """Ids of the image's functions whose findings are not as relocverify sealed them, looked for only in a
-        store changed since relocverify last closed it (``touched``; readers check every time): a run
-        verifies them again."""
-        altered = set(row_seals.broken(self.db, "f.image=?", (image,))) if self.touched else set()
-        if altered and self._lock is not None:
-            self._lock.checked = False  # still to be looked at by the next open, until a run verifies them again
-        return altered
-
-    def check_seals(self, image: int | None = None, function: int | None = None) -> None:
-        """Raise StoreError (one line) unless the findings of the image's functions (or of one function, or of
-        the whole store) are as relocverify sealed them (``store.row_seals``): every command that turns stored
-        verdicts into claims calls it first."""
-        if function is not None:
-            row_seals.check(self.db, self.path, "f.id=?", (function,))
-        elif image is not None:
-            row_seals.check(self.db, self.path, "f.image=?", (image,))
-        else:
-            row_seals.check(self.db, self.path)
-
-    def close(self) -> None:
-        try:
-            try:
-                self._finish_merger()
-            except (sqlite3.Error, StoreError):
-                pass  # a run that failed before its last merge: its shards stay, for the next run to merge
-            finally:
-                self._join_checkpoint()
-        finally:
-            self.db.close()
-            self._release()
-
-    def _release(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    # -- transactions ------------------------------------------------------------
-    def _transaction(self):
-        return _Transaction(self.db)
-
-    # -- images and runs ---------------------------------------------------------
-    def image_id(self, sha256: str, path: str, fmt: str, symbol_source: str, info: dict) -> int:
-        """The id of the image with this sha256, adding it if new.  ``path`` is kept as text: a name that is no
-        UTF-8 (a Latin-1 file name, carried as surrogates) keeps its odd bytes as ``\\xNN``."""
-        path = os.fsencode(path).decode("utf-8", "backslashreplace")
-        with self._transaction():
-            row = self.db.execute("SELECT id FROM images WHERE sha256=?", (sha256,)).fetchone()
-            if row is not None:
-                self.db.execute("UPDATE images SET path=?, info=? WHERE id=?", (path, json.dumps(info), row[0]))
-                return row[0]
-            return self.db.execute("INSERT INTO images (sha256, path, format, symbol_source, info) VALUES (?,?,?,?,?)",
-                                   (sha256, path, fmt, symbol_source, json.dumps(info))).lastrowid
+class ImageReads:
+    """The store's images, runs and functions as readers see them: what was verified, under which configuration, with
+    which summary.  A part of the read model (``Results``); needs ``self.db``."""
 
     def find_image(self, sha256: str | None = None) -> int | None:
         """The id of the image with ``sha256``, or of the newest image when None."""
@@ -362,33 +193,6 @@ class Store:
         if row is None:
             raise StoreError(f"{self.path}: no image {image}")
         return {"sha256": row[0], "path": row[1], "format": row[2], "symbols": row[3], **json.loads(row[4] or "{}")}
-
-    def mark_abandoned_runs(self) -> int:
-        """Runs left 'running' by a process that no longer exists (killed or crashed)
-        become 'killed'.  Returns how many."""
-        host = socket.gethostname()
-        n = 0
-        for run, pid, run_host in self.db.execute("SELECT id, pid, host FROM runs WHERE status='running'").fetchall():
-            if run_host == host and pid is not None and alive(pid):
-                continue
-            if run_host != host:
-                continue  # another machine's run: it may still be going
-            self.db.execute("UPDATE runs SET status='killed', finished=? WHERE id=?", (time.time(), run))
-            n += 1
-        return n
-
-    def start_run(self, image: int, config: str, versions: dict, limit: int | None = None) -> int:
-        """A new run, 'running' until ``finish_run``; ``limit`` is its scope (first N functions, or all)."""
-        return self.db.execute(
-            "INSERT INTO runs (image, started, status, config, versions, pid, host, scope) VALUES (?,?,?,?,?,?,?,?)",
-            (image, time.time(), "running", config, json.dumps(versions, sort_keys=True), os.getpid(),
-             socket.gethostname(), limit)).lastrowid
-
-    def finish_run(self, run: int, status: str, summary: dict | None) -> None:
-        with self._transaction():
-            self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
-                            (time.time(), status, None if summary is None else json.dumps(summary), run))
-            row_seals.seal_run(self.db, run)
 
     def last_summary(self, image: int, config: str, limit: int | None = None) -> dict | None:
         """The summary of the newest complete run of this image under this configuration and scope."""
@@ -415,21 +219,6 @@ class Store:
                  "config": r[5], "versions": json.loads(r[6] or "{}")}
                 for r in self.db.execute(sql + " ORDER BY id", args)]
 
-    # -- functions -----------------------------------------------------------------
-    def add_functions(self, image: int, functions: Iterable[tuple[int, int, str, str, bytes]]) -> dict:
-        """Record (start, size, name, section, bytes) of every function; returns
-        {(start, name): id}, keeping the ids of functions already stored."""
-        with self._transaction():
-            known = {(unsigned(s), n): i for i, s, n in
-                     self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
-            new = [(image, signed(s), z, n, sec, b) for s, z, n, sec, b in functions if (s, n) not in known]
-            self.db.executemany("INSERT INTO functions (image, start, size, name, section, bytes) "
-                                "VALUES (?,?,?,?,?,?)", new)
-            if new:
-                known = {(unsigned(s), n): i for i, s, n in
-                         self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
-        return known
-
     def stale_functions(self, image: int, config: str) -> set[int]:
         """Ids of the functions stored under another configuration than ``config``."""
         return {r[0] for r in self.db.execute("SELECT f.id FROM functions f JOIN configs c ON c.id = f.config "
@@ -450,13 +239,6 @@ class Store:
                 f"({','.join('?' * len(part))})", (config, *part))}
         return out
 
-    def config_id(self, config: str) -> int:
-        with self._transaction():
-            row = self.db.execute("SELECT id FROM configs WHERE text=?", (config,)).fetchone()
-            if row is not None:
-                return row[0]
-            return self.db.execute("INSERT INTO configs (text) VALUES (?)", (config,)).lastrowid
-
     def iter_functions(self, image: int) -> Iterator[FunctionRecord]:
         for i, s, z, n, sec in self.db.execute("SELECT id, start, size, name, section FROM functions "
                                                "WHERE image=? ORDER BY start, name", (image,)):
@@ -476,196 +258,67 @@ class Store:
                 "ON f.id = p.function WHERE f.image=?", (image,)):
             yield fid, section, unpack_ids(outcomes), unpack_u32(ns)
 
-    # -- outcomes --------------------------------------------------------------------
-    def outcome_ids(self) -> dict[tuple, int]:
-        return {tuple(r[1:]): r[0] for r in self.db.execute(
-            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key FROM outcomes")}
+    def last_run(self, image: int) -> dict:
+        """The newest run of the image, preferring one with a summary, with its configuration, versions and
+        host ({} if none)."""
+        row = self.db.execute("SELECT id, started, finished, status, config, versions, summary, host FROM runs "
+                              "WHERE image=? ORDER BY (summary IS NOT NULL) DESC, id DESC LIMIT 1",
+                              (image,)).fetchone()
+        if row is None:
+            return {}
+        return {"id": row[0], "started": row[1], "finished": row[2], "status": row[3],
+                "config": json.loads(row[4] or "{}"), "versions": json.loads(row[5] or "{}"),
+                "summary": json.loads(row[6] or "{}"), "host": row[7]}
 
-    def outcome_reasons(self) -> dict[int, str]:
-        return dict(self.db.execute("SELECT id, reason FROM outcomes"))
+    def verified_function_count(self, image: int) -> int:
+        """How many functions of the image a run has verified (stored with a configuration)."""
+        return self.db.execute("SELECT count(*) FROM functions WHERE image=? AND config IS NOT NULL",
+                               (image,)).fetchone()[0]
 
-    # -- writing results ---------------------------------------------------------------
-    def _outcome(self, memo: dict, f) -> tuple[int, str]:
-        """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
-        return self._outcome_row(memo, f.outcome, f.reason)
+    def counts(self, image: int) -> Iterator[tuple]:
+        """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts."""
+        yield from self.tallies(image)[0]
 
-    def _outcome_row(self, memo: dict, outcome: tuple, reason: str) -> tuple[int, str]:
-        ids = memo.setdefault("outcomes", {})
-        hit = ids.get(outcome)
-        if hit is None:
-            db = self.db
-            db.execute("INSERT OR IGNORE INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
-                       "VALUES (?,?,?,?,?,?,?)", outcome + (reason,))
-            hit = ids[outcome] = db.execute(
-                "SELECT id, reason FROM outcomes WHERE verdict=? AND method=? AND plan_kind=? AND rule=? "
-                "AND klass=? AND reason_key=?", outcome).fetchone()
-        return hit
+    def tallies(self, image: int) -> tuple[list[tuple], dict[int, dict[str, int]]]:
+        """One scan of the image's packed counts (added up by integer ids, named once per outcome): the rows
+        of ``counts``, and per function with an instruction that is not proved its counts by verdict."""
+        fields = self._outcome_fields()
+        verdict_of = {oid: o[0].value for oid, o in fields.items()}
+        weak = frozenset(oid for oid, v in verdict_of.items() if v != Verdict.PROVED.value)
+        by_section: dict[str, dict[int, int]] = {}
+        weak_functions: dict[int, dict[str, int]] = {}
+        for fid, section, oids, cs in self._packed_counts(image):
+            mine = by_section.get(section)
+            if mine is None:
+                mine = by_section[section] = {}
+            for oid, n in zip(oids, cs):
+                mine[oid] = mine.get(oid, 0) + n
+            if not weak.isdisjoint(oids):
+                weak_functions[fid] = _by_verdict(oids, cs, verdict_of)
+        rows = [(section, fields[oid][0].value) + fields[oid][1:6] + (n,)
+                for section, per in sorted(by_section.items()) for oid, n in sorted(per.items()) if n]
+        return rows, weak_functions
 
-    def _variant_name(self, memo: dict, name: str) -> int:
-        names = memo.setdefault("names", {})
-        hit = names.get(name)
-        if hit is None:
-            self.db.execute("INSERT OR IGNORE INTO variant_names (name) VALUES (?)", (name,))
-            hit = names[name] = self.db.execute("SELECT id FROM variant_names WHERE name=?", (name,)).fetchone()[0]
-        return hit
+    def function_names(self, image: int) -> dict[int, str]:
+        return dict(self.db.execute("SELECT id, name FROM functions WHERE image=?", (image,)))
 
-    def _counterexample(self, c) -> int:
-        return self.db.execute("INSERT INTO counterexamples (state, differences, replay) VALUES (?,?,?)",
-                               (c.state_json(), json.dumps([[d.what, d.original, d.relocated] for d in c.differences]),
-                                c.replay_command)).lastrowid
+    def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
+        """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks and
+        the full rows'."""
+        totals = Counter(dict(self.db.execute(
+            "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
+            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))))
+        pairs = unpack_u32(b"".join(blob for (blob,) in self.db.execute(
+            "SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=? "
+            "AND p.sites IS NOT NULL", (image,))))
+        totals.update(pairs[1::2])
+        yield from sorted(totals.items())
 
-    def write_replacements(self, image: int, rows: list[tuple]) -> None:
-        """(alternative index, site address, address, bytes, finding) of every alternative replacement
-        instruction; an alternative whose replacement cannot be known has one row with empty bytes."""
-        memo: dict = {}
-        with self._transaction():
-            self.db.execute("DELETE FROM replacements WHERE image=?", (image,))
-            self.db.executemany(
-                "INSERT INTO replacements VALUES (?,?,?,?,?,?,?,?,?)",
-                [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
-                  f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
-            row_seals.seal_replacements(self.db, image)
 
-    # -- passes (engine.passes) -----------------------------------------------------------
-    def write_pass_rows(self, name: str, rows: list[tuple[int, list[tuple]]]) -> None:
-        """A pass's rows of functions (function id, its rows), in one transaction (replacing); the table is
-        made by the first pass a store is given (``PASS_TABLES``), so a store no pass ran in has none."""
-        with self._transaction():
-            self.db.execute(PASS_TABLES)
-            self.db.executemany("INSERT OR REPLACE INTO pass_rows VALUES (?,?,?)",
-                                [(fid, name, json.dumps(r)) for fid, r in rows])
+class RowReads:
+    """Every instruction's row, its outcome, variants and counterexample, as ``report``, ``show``, ``export``, ``gate``
+    and the audit read them.  A part of the read model (``Results``); needs ``self.db``."""
 
-    def functions_without_pass(self, image: int, name: str) -> list[int]:
-        """The image's functions that pass ``name`` has no rows for, by address."""
-        if not self._has_table("pass_rows"):
-            return [r[0] for r in self.db.execute("SELECT id FROM functions WHERE image=? ORDER BY start, name",
-                                                  (image,))]
-        return [r[0] for r in self.db.execute(
-            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS "
-            "(SELECT 1 FROM pass_rows p WHERE p.function = f.id AND p.pass = ?) ORDER BY start, name", (image, name))]
-
-    def iter_pass_rows(self, image: int, name: str):
-        """Every row pass ``name`` stored for the image's functions, as lists, function by function."""
-        if not self._has_table("pass_rows"):
-            return
-        for (data,) in self.db.execute("SELECT p.data FROM pass_rows p JOIN functions f ON f.id = p.function "
-                                       "WHERE f.image=? AND p.pass=? ORDER BY f.start, f.name", (image, name)):
-            yield from json.loads(data)
-
-    def _has_table(self, name: str) -> bool:
-        return self.db.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name=?", (name,)).fetchone() is not None
-
-    # -- jump probes ----------------------------------------------------------------------
-    def write_jump_probes(self, rows: list[JumpRow], examples: dict[str, str]) -> None:
-        """Functions' jump-probe answers (``store.jump_rows``), in one transaction (replacing); a new
-        bucket gets its example reason from ``examples``."""
-        with self._transaction():
-            ids = dict(self.db.execute("SELECT name, id FROM jump_buckets"))
-            for name in {b for row in rows for b in row.buckets} - set(ids):
-                ids[name] = self.db.execute("INSERT INTO jump_buckets (name, example) VALUES (?, ?)",
-                                            (name, examples.get(name, ""))).lastrowid
-            self.db.executemany("INSERT OR REPLACE INTO jump_packed VALUES (?,?,?,?)",
-                                [(row.function, pack_ids(ids[b] for b in row.buckets), row.offsets, row.indexes)
-                                 for row in rows])
-
-    def functions_without_jump_probes(self, image: int) -> list[int]:
-        return [r[0] for r in self.db.execute(
-            "SELECT id FROM functions f WHERE image=? "
-            "AND NOT EXISTS (SELECT 1 FROM jump_packed p WHERE p.function = f.id) "
-            "AND NOT EXISTS (SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
-
-    def jump_probe_counts(self, image: int) -> dict[str, int]:
-        """Bucket name -> instructions, over the image's instructions that have an answer, most first."""
-        counts: dict[int, int] = dict(self.db.execute(
-            "SELECT j.bucket, count(*) FROM jump_probes j JOIN functions f ON f.id = j.function WHERE f.image=? "
-            "GROUP BY j.bucket", (image,)))
-        if self._has_packed_jumps():
-            for ids, indexes in self.db.execute("SELECT p.buckets, p.indexes FROM jump_packed p "
-                                                "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
-                for k, bucket in enumerate(unpack_u32(ids)):
-                    counts[bucket] = counts.get(bucket, 0) + indexes.count(k)
-        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
-        return {names[b]: n for b, n in sorted(counts.items(), key=lambda item: (-item[1], names[item[0]]))}
-
-    def jump_probe_at(self, function: int, offset: int) -> tuple[str, str] | None:
-        """(bucket, its example reason) of one instruction, or None when not analysed."""
-        bucket = self.jump_answers(function).get(offset)
-        return None if bucket is None else \
-            self.db.execute("SELECT name, example FROM jump_buckets WHERE id=?", (bucket,)).fetchone()
-
-    def jump_rows(self, image: int) -> list[tuple[int, str, int, str]]:
-        """(function start, function name, offset, bucket name) of every answered instruction of the image."""
-        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
-        out = [(unsigned(start), name, off, names[b]) for start, name, off, b in self.db.execute(
-            "SELECT f.start, f.name, j.offset, j.bucket FROM jump_probes j JOIN functions f ON f.id = j.function "
-            "WHERE f.image=?", (image,))]
-        if self._has_packed_jumps():
-            for start, name, ids, offsets, indexes in self.db.execute(
-                    "SELECT f.start, f.name, p.buckets, p.offsets, p.indexes FROM jump_packed p "
-                    "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
-                buckets = [names[b] for b in unpack_u32(ids)]
-                out.extend((unsigned(start), name, off, buckets[k]) for off, k in zip(unpack_u32(offsets), indexes))
-        return sorted(out)
-
-    def _has_packed_jumps(self) -> bool:
-        """Whether the store has ``jump_packed`` (a store opened read-only may be older than it)."""
-        known = self.__dict__.get("_packed_jumps")
-        if known is None:
-            known = self._packed_jumps = self.db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jump_packed'").fetchone() is not None
-        return known
-
-    def jump_probe_examples(self) -> dict[str, str]:
-        return dict(self.db.execute("SELECT name, example FROM jump_buckets"))
-
-    def merge_shards(self, paths: list[str]) -> dict[int, int]:
-        """Move each shard (``store.shard``) into the store, one transaction each, and delete it.
-        Returns the store ids of the provisional outcome ids the shards used.
-
-        A whole kernel's merge writes about 60 MB to the write-ahead log, and SQLite copied it into the
-        database file (a checkpoint) inside the merge's commit, 0.2 s in which a run's workers wait.  The
-        merge makes no checkpoint; a thread of its own (``_Checkpoint``) makes it while the run goes on
-        (its summary), and ``close`` waits for it.  Until then the rows are in the log, as durable as in
-        the file and read from there."""
-        behind = self._finish_merger()
-        if not paths:
-            return behind
-        self._join_checkpoint()
-        every = self.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
-        self.db.execute("PRAGMA wal_autocheckpoint=0")
-        try:
-            merged, final = shard.merge(self.db, paths)
-        finally:
-            self.db.execute(f"PRAGMA wal_autocheckpoint={int(every)}")
-        if merged:
-            self._checkpoint = _Checkpoint(self.path)
-        return behind | final
-
-    def merge_shards_behind(self, paths: list[str]) -> None:
-        """``merge_shards`` on a thread and a connection of their own (``_Merger``), in the order asked, while
-        the caller goes on: a run merges its workers' closed shards while they write the next ones.  The next
-        ``merge_shards`` (or ``close``) waits for these first, raises what they raised, and returns their ids
-        with its own."""
-        if self._merger is None:
-            self._join_checkpoint()
-            self._merger = _Merger(self.path)
-        self._merger.put(paths)
-
-    def _finish_merger(self) -> dict[int, int]:
-        merger, self._merger = self._merger, None
-        return {} if merger is None else merger.finish()
-
-    def _join_checkpoint(self) -> None:
-        if self._checkpoint is not None:
-            self._checkpoint.join()
-            self._checkpoint = None
-
-    def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
-        """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
-        return {tuple(r[1:7]): (r[0], r[7]) for r in self.db.execute(
-            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
-
-    # -- queries ---------------------------------------------------------------------------
     # A function's plain rows, its outcomes and counts, its sites and variants are its row of ``packed``
     # (``store.packed_rows``), its outcomes named by the function's own index ``k``; the other rows are rows
     # of ``instructions``, named by store id.  Readers put the two together by offset.
@@ -679,6 +332,22 @@ class Store:
             self._outcomes = {r[0]: (Verdict(r[1]),) + tuple(r[2:]) for r in self.db.execute(
                 "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
         return self._outcomes
+
+    def outcome_ids(self) -> dict[tuple, int]:
+        return {tuple(r[1:]): r[0] for r in self.db.execute(
+            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key FROM outcomes")}
+
+    def outcome_reasons(self) -> dict[int, str]:
+        return dict(self.db.execute("SELECT id, reason FROM outcomes"))
+
+    def _outcome(self, memo: dict, f) -> tuple[int, str]:
+        """The outcome id of a finding, and that outcome's reason text (its first instance's)."""
+        return self._outcome_row(memo, f.outcome, f.reason)
+
+    def outcome_ids_now(self) -> dict[tuple, tuple[int, str]]:
+        """Every outcome already stored: (verdict, method, plan kind, rule, class, reason key) -> (id, reason)."""
+        return {tuple(r[1:7]): (r[0], r[7]) for r in self.db.execute(
+            "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM outcomes")}
 
     def _rows_of(self, start: int, name: str, section: str, code: bytes, packed: tuple | None,
                  full: list[tuple], only: frozenset[int] | None = None) -> list[InstructionRow]:
@@ -842,23 +511,98 @@ class Store:
             found.sort()
         return out
 
-    def last_run(self, image: int) -> dict:
-        """The newest run of the image, preferring one with a summary, with its configuration, versions and
-        host ({} if none)."""
-        row = self.db.execute("SELECT id, started, finished, status, config, versions, summary, host FROM runs "
-                              "WHERE image=? ORDER BY (summary IS NOT NULL) DESC, id DESC LIMIT 1",
-                              (image,)).fetchone()
-        if row is None:
-            return {}
-        return {"id": row[0], "started": row[1], "finished": row[2], "status": row[3],
-                "config": json.loads(row[4] or "{}"), "versions": json.loads(row[5] or "{}"),
-                "summary": json.loads(row[6] or "{}"), "host": row[7]}
-
     def disagreement_answers(self, image: int) -> dict[tuple[str, int], str]:
         """(function name, offset) -> the decoders' answers (JSON), for every row where the decoders disagree."""
         return {(name, off): answers for name, off, answers in self.db.execute(
             "SELECT f.name, i.offset, i.answers FROM instructions i JOIN functions f ON f.id = i.function "
             "WHERE i.answers IS NOT NULL AND f.image=?", (image,))}
+
+    def counterexample(self, cex: int) -> dict | None:
+        r = self.db.execute("SELECT state, differences, replay FROM counterexamples WHERE id=?", (cex,)).fetchone()
+        if r is None:
+            return None
+        return {"state": json.loads(r[0]), "differences": json.loads(r[1]), "replay": r[2]}
+
+    def replacement_rows(self, image: int) -> list[tuple]:
+        """(alternative index, site, address, bytes, verdict, reason), in table order."""
+        return [(k, unsigned(s), unsigned(a), bytes(b), v, reason) for k, s, a, b, v, reason in self.db.execute(
+            "SELECT r.alt, r.site, r.address, r.bytes, o.verdict, r.reason FROM replacements r JOIN outcomes o "
+            "ON o.id = r.outcome WHERE r.image=? ORDER BY r.alt, r.address", (image,))]
+
+
+class JumpReads:
+    """The jump-probe answers and the passes' rows (``engine.passes``).  A part of the read model (``Results``); needs
+    ``self.db``."""
+
+    def functions_without_pass(self, image: int, name: str) -> list[int]:
+        """The image's functions that pass ``name`` has no rows for, by address."""
+        if not self._has_table("pass_rows"):
+            return [r[0] for r in self.db.execute("SELECT id FROM functions WHERE image=? ORDER BY start, name",
+                                                  (image,))]
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM functions f WHERE image=? AND NOT EXISTS "
+            "(SELECT 1 FROM pass_rows p WHERE p.function = f.id AND p.pass = ?) ORDER BY start, name", (image, name))]
+
+    def iter_pass_rows(self, image: int, name: str):
+        """Every row pass ``name`` stored for the image's functions, as lists, function by function."""
+        if not self._has_table("pass_rows"):
+            return
+        for (data,) in self.db.execute("SELECT p.data FROM pass_rows p JOIN functions f ON f.id = p.function "
+                                       "WHERE f.image=? AND p.pass=? ORDER BY f.start, f.name", (image, name)):
+            yield from json.loads(data)
+
+    def _has_table(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name=?", (name,)).fetchone() is not None
+
+    def functions_without_jump_probes(self, image: int) -> list[int]:
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM functions f WHERE image=? "
+            "AND NOT EXISTS (SELECT 1 FROM jump_packed p WHERE p.function = f.id) "
+            "AND NOT EXISTS (SELECT 1 FROM jump_probes j WHERE j.function = f.id) ORDER BY start, name", (image,))]
+
+    def jump_probe_counts(self, image: int) -> dict[str, int]:
+        """Bucket name -> instructions, over the image's instructions that have an answer, most first."""
+        counts: dict[int, int] = dict(self.db.execute(
+            "SELECT j.bucket, count(*) FROM jump_probes j JOIN functions f ON f.id = j.function WHERE f.image=? "
+            "GROUP BY j.bucket", (image,)))
+        if self._has_packed_jumps():
+            for ids, indexes in self.db.execute("SELECT p.buckets, p.indexes FROM jump_packed p "
+                                                "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
+                for k, bucket in enumerate(unpack_u32(ids)):
+                    counts[bucket] = counts.get(bucket, 0) + indexes.count(k)
+        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
+        return {names[b]: n for b, n in sorted(counts.items(), key=lambda item: (-item[1], names[item[0]]))}
+
+    def jump_probe_at(self, function: int, offset: int) -> tuple[str, str] | None:
+        """(bucket, its example reason) of one instruction, or None when not analysed."""
+        bucket = self.jump_answers(function).get(offset)
+        return None if bucket is None else \
+            self.db.execute("SELECT name, example FROM jump_buckets WHERE id=?", (bucket,)).fetchone()
+
+    def jump_rows(self, image: int) -> list[tuple[int, str, int, str]]:
+        """(function start, function name, offset, bucket name) of every answered instruction of the image."""
+        names = dict(self.db.execute("SELECT id, name FROM jump_buckets"))
+        out = [(unsigned(start), name, off, names[b]) for start, name, off, b in self.db.execute(
+            "SELECT f.start, f.name, j.offset, j.bucket FROM jump_probes j JOIN functions f ON f.id = j.function "
+            "WHERE f.image=?", (image,))]
+        if self._has_packed_jumps():
+            for start, name, ids, offsets, indexes in self.db.execute(
+                    "SELECT f.start, f.name, p.buckets, p.offsets, p.indexes FROM jump_packed p "
+                    "JOIN functions f ON f.id = p.function WHERE f.image=?", (image,)):
+                buckets = [names[b] for b in unpack_u32(ids)]
+                out.extend((unsigned(start), name, off, buckets[k]) for off, k in zip(unpack_u32(offsets), indexes))
+        return sorted(out)
+
+    def _has_packed_jumps(self) -> bool:
+        """Whether the store has ``jump_packed`` (a store opened read-only may be older than it)."""
+        known = self.__dict__.get("_packed_jumps")
+        if known is None:
+            known = self._packed_jumps = self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jump_packed'").fetchone() is not None
+        return known
+
+    def jump_probe_examples(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT name, example FROM jump_buckets"))
 
     def jump_bucket_names(self) -> list[tuple[int, str, str]]:
         """(id, name, example reason) of every jump-probe bucket ([] for a run without ``--jump-probes``)."""
@@ -880,61 +624,345 @@ class Store:
         except sqlite3.OperationalError:  # a store opened read-only from before the jump tables
             return {}
 
-    def verified_function_count(self, image: int) -> int:
-        """How many functions of the image a run has verified (stored with a configuration)."""
-        return self.db.execute("SELECT count(*) FROM functions WHERE image=? AND config IS NOT NULL",
-                               (image,)).fetchone()[0]
 
-    def counterexample(self, cex: int) -> dict | None:
-        r = self.db.execute("SELECT state, differences, replay FROM counterexamples WHERE id=?", (cex,)).fetchone()
-        if r is None:
-            return None
-        return {"state": json.loads(r[0]), "differences": json.loads(r[1]), "replay": r[2]}
+class SealChecks:
+    """Whether the store is as relocverify left it: its seals (``row_seals``) and SQLite's own integrity check.  A part
+    of the read model (``Results``); needs ``self.db``."""
 
-    def counts(self, image: int) -> Iterator[tuple]:
-        """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts."""
-        yield from self.tallies(image)[0]
+    def check_integrity(self) -> None:
+        """Raise StoreError unless SQLite's integrity check passes (a command that reads the whole store,
+        such as ``report``, calls it first, so it never builds anything from a damaged one)."""
+        try:
+            rows = [r[0] for r in self.db.execute("PRAGMA integrity_check(4)")]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: a damaged store ({exc})") from None
+        if rows != ["ok"]:
+            raise StoreError(f"{self.path}: a damaged store: SQLite's integrity check says {rows[0][:120]}")
 
-    def tallies(self, image: int) -> tuple[list[tuple], dict[int, dict[str, int]]]:
-        """One scan of the image's packed counts (added up by integer ids, named once per outcome): the rows
-        of ``counts``, and per function with an instruction that is not proved its counts by verdict."""
-        fields = self._outcome_fields()
-        verdict_of = {oid: o[0].value for oid, o in fields.items()}
-        weak = frozenset(oid for oid, v in verdict_of.items() if v != Verdict.PROVED.value)
-        by_section: dict[str, dict[int, int]] = {}
-        weak_functions: dict[int, dict[str, int]] = {}
-        for fid, section, oids, cs in self._packed_counts(image):
-            mine = by_section.get(section)
-            if mine is None:
-                mine = by_section[section] = {}
-            for oid, n in zip(oids, cs):
-                mine[oid] = mine.get(oid, 0) + n
-            if not weak.isdisjoint(oids):
-                weak_functions[fid] = _by_verdict(oids, cs, verdict_of)
-        rows = [(section, fields[oid][0].value) + fields[oid][1:6] + (n,)
-                for section, per in sorted(by_section.items()) for oid, n in sorted(per.items()) if n]
-        return rows, weak_functions
+    def altered_functions(self, image: int) -> set[int]:
+        """Ids of the image's functions whose findings are not as relocverify sealed them, looked for only in a
+        store changed since relocverify last closed it (``touched``; readers check every time): a run
+        verifies them again."""
+        altered = set(row_seals.broken(self.db, "f.image=?", (image,))) if self.touched else set()
+        if altered and self._lock is not None:
+            self._lock.checked = False  # still to be looked at by the next open, until a run verifies them again
+        return altered
 
-    def function_names(self, image: int) -> dict[int, str]:
-        return dict(self.db.execute("SELECT id, name FROM functions WHERE image=?", (image,)))
+    def check_seals(self, image: int | None = None, function: int | None = None) -> None:
+        """Raise StoreError (one line) unless the findings of the image's functions (or of one function, or of
+        the whole store) are as relocverify sealed them (``store.row_seals``): every command that turns stored
+        verdicts into claims calls it first."""
+        if function is not None:
+            row_seals.check(self.db, self.path, "f.id=?", (function,))
+        elif image is not None:
+            row_seals.check(self.db, self.path, "f.image=?", (image,))
+        else:
+            row_seals.check(self.db, self.path)
 
-    def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
-        """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks and
-        the full rows'."""
-        totals = Counter(dict(self.db.execute(
-            "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
-            "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))))
-        pairs = unpack_u32(b"".join(blob for (blob,) in self.db.execute(
-            "SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=? "
-            "AND p.sites IS NOT NULL", (image,))))
-        totals.update(pairs[1::2])
-        yield from sorted(totals.items())
 
-    def replacement_rows(self, image: int) -> list[tuple]:
-        """(alternative index, site, address, bytes, verdict, reason), in table order."""
-        return [(k, unsigned(s), unsigned(a), bytes(b), v, reason) for k, s, a, b, v, reason in self.db.execute(
-            "SELECT r.alt, r.site, r.address, r.bytes, o.verdict, r.reason FROM replacements r JOIN outcomes o "
-            "ON o.id = r.outcome WHERE r.image=? ORDER BY r.alt, r.address", (image,))]
+class Results(ImageReads, RowReads, JumpReads, SealChecks):
+    """The read model: what report, show, export, gate and the audit read.  ``Store(path, readonly=True)`` opens
+    one; a ``Store`` (the writer) is one too, as the scheduler reads what it wrote."""
+
+
+class Store(Results):
+    """A relocverify store.  ``Store(path)`` creates a new one or opens an
+    existing one; any other file is refused with ``StoreError``, untouched."""
+
+    def __init__(self, path: str, readonly: bool = False):
+        self.path = path
+        self.readonly = readonly
+        self._memo: dict = {}
+        self._lock = None
+        self._outcomes: dict[int, tuple] | None = None
+        self._checkpoint: _Checkpoint | None = None  # a merge's log copied into the file behind (``merge_shards``)
+        self._merger: _Merger | None = None  # shards merged behind (``merge_shards_behind``)
+        self.touched = False
+        if os.path.exists(path):
+            try:
+                input_file(path, "store")  # a regular file: no FIFO, device or directory
+            except InputError as exc:
+                raise StoreError(str(exc)) from None
+        if readonly and not (os.path.exists(path) and os.path.getsize(path) > 0):
+            raise StoreError(f"{path}: no such store")
+        had_lock_file = os.path.exists(path + ".lock")
+        if not readonly:
+            # the lock first: another writer may be creating this very store, and until it is done the
+            # file looks like nobody's SQLite file; the second writer is told the store is busy
+            self._lock = _WriterLock.acquire(path)
+        exists = os.path.exists(path) and os.path.getsize(path) > 0
+        if exists:
+            try:
+                self._check_foreign(path)
+            except StoreError:
+                self._release()
+                if not had_lock_file and not readonly:
+                    try:  # leave another program's file as we found it: no lock file beside it
+                        os.remove(path + ".lock")
+                    except OSError:
+                        pass
+                raise
+        try:
+            self.db = read_only(path) if readonly else shard.connect(path)
+            if not readonly:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            # A run inserts millions of rows into B-trees of ~100 MB, in key order (``shard.merge``):
+            # appends, which need few pages in memory, but more than SQLite's default of 2 MB.  32 MB
+            # costs a whole-kernel run no time against 256 MB, and its peak memory 40 MB less.
+            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            if not exists:
+                self._create()
+                if self._lock is not None:
+                    self._lock.checked = True
+            self._check_schema()
+            #: changed since relocverify last closed it (killed, copied, edited): its seals are worth a look
+            self.touched = not readonly and exists and not self._lock.checked
+            if not readonly and exists and not self._lock.checked:
+                # not closed cleanly by us since it last changed (killed, copied, edited): a writer never
+                # adds rows to a damaged store; a store we closed ourselves is not read again
+                self.check_integrity()
+                self._lock.checked = True
+            if not readonly:
+                self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
+        except sqlite3.DatabaseError as exc:
+            self._release()
+            raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
+        except BaseException:
+            self._release()
+            raise
+
+    # -- identity --------------------------------------------------------------
+    @staticmethod
+    def _check_foreign(path: str) -> None:
+        """Refuse, without writing, a file that is not a relocverify store."""
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+        if head != b"SQLite format 3\x00":
+            raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
+        try:
+            con = read_only(path)
+            try:
+                rows = dict(con.execute("SELECT key, value FROM meta"))
+            finally:
+                con.close()
+        except sqlite3.DatabaseError:
+            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                             f"choose another --db") from None
+        if rows.get("application") != APPLICATION:
+            if rows.get("schema") == "1":
+                raise StoreError(f"{path}: a relocverify schema-1 store; this version writes schema "
+                                 f"{SCHEMA_VERSION}: rerun with a new --db (the old file is left as it is)")
+            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                             f"choose another --db")
+        if rows.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{path}: a relocverify schema-{rows.get('schema')} store; this version reads "
+                             f"schema {SCHEMA_VERSION}: rerun with a new --db")
+
+    def _create(self) -> None:
+        self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        self.db.executescript("BEGIN;" + schema_sql() + "COMMIT;")
+        self.db.executemany("INSERT INTO meta VALUES (?, ?)",
+                            [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
+        row_seals.new_key(self.db)
+
+    def _check_schema(self) -> None:
+        meta = dict(self.db.execute("SELECT key, value FROM meta"))
+        if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = sorted(REQUIRED_TABLES - tables)
+        if missing:
+            raise StoreError(f"{self.path}: a damaged relocverify store: the table(s) {', '.join(missing)} are "
+                             f"missing; verify into a new --db")
+
+    def close(self) -> None:
+        try:
+            try:
+                self._finish_merger()
+            except (sqlite3.Error, StoreError):
+                pass  # a run that failed before its last merge: its shards stay, for the next run to merge
+            finally:
+                self._join_checkpoint()
+        finally:
+            self.db.close()
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- transactions ------------------------------------------------------------
+    def _transaction(self):
+        return _Transaction(self.db)
+
+    # -- images and runs ---------------------------------------------------------
+    def image_id(self, sha256: str, path: str, fmt: str, symbol_source: str, info: dict) -> int:
+        """The id of the image with this sha256, adding it if new.  ``path`` is kept as text: a name that is no
+        UTF-8 (a Latin-1 file name, carried as surrogates) keeps its odd bytes as ``\\xNN``."""
+        path = os.fsencode(path).decode("utf-8", "backslashreplace")
+        with self._transaction():
+            row = self.db.execute("SELECT id FROM images WHERE sha256=?", (sha256,)).fetchone()
+            if row is not None:
+                self.db.execute("UPDATE images SET path=?, info=? WHERE id=?", (path, json.dumps(info), row[0]))
+                return row[0]
+            return self.db.execute("INSERT INTO images (sha256, path, format, symbol_source, info) VALUES (?,?,?,?,?)",
+                                   (sha256, path, fmt, symbol_source, json.dumps(info))).lastrowid
+
+    def mark_abandoned_runs(self) -> int:
+        """Runs left 'running' by a process that no longer exists (killed or crashed)
+        become 'killed'.  Returns how many."""
+        host = socket.gethostname()
+        n = 0
+        for run, pid, run_host in self.db.execute("SELECT id, pid, host FROM runs WHERE status='running'").fetchall():
+            if run_host == host and pid is not None and alive(pid):
+                continue
+            if run_host != host:
+                continue  # another machine's run: it may still be going
+            self.db.execute("UPDATE runs SET status='killed', finished=? WHERE id=?", (time.time(), run))
+            n += 1
+        return n
+
+    def start_run(self, image: int, config: str, versions: dict, limit: int | None = None) -> int:
+        """A new run, 'running' until ``finish_run``; ``limit`` is its scope (first N functions, or all)."""
+        return self.db.execute(
+            "INSERT INTO runs (image, started, status, config, versions, pid, host, scope) VALUES (?,?,?,?,?,?,?,?)",
+            (image, time.time(), "running", config, json.dumps(versions, sort_keys=True), os.getpid(),
+             socket.gethostname(), limit)).lastrowid
+
+    def finish_run(self, run: int, status: str, summary: dict | None) -> None:
+        with self._transaction():
+            self.db.execute("UPDATE runs SET finished=?, status=?, summary=? WHERE id=?",
+                            (time.time(), status, None if summary is None else json.dumps(summary), run))
+            row_seals.seal_run(self.db, run)
+
+    # -- functions -----------------------------------------------------------------
+    def add_functions(self, image: int, functions: Iterable[tuple[int, int, str, str, bytes]]) -> dict:
+        """Record (start, size, name, section, bytes) of every function; returns
+        {(start, name): id}, keeping the ids of functions already stored."""
+        with self._transaction():
+            known = {(unsigned(s), n): i for i, s, n in
+                     self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
+            new = [(image, signed(s), z, n, sec, b) for s, z, n, sec, b in functions if (s, n) not in known]
+            self.db.executemany("INSERT INTO functions (image, start, size, name, section, bytes) "
+                                "VALUES (?,?,?,?,?,?)", new)
+            if new:
+                known = {(unsigned(s), n): i for i, s, n in
+                         self.db.execute("SELECT id, start, name FROM functions WHERE image=?", (image,))}
+        return known
+
+    def config_id(self, config: str) -> int:
+        with self._transaction():
+            row = self.db.execute("SELECT id FROM configs WHERE text=?", (config,)).fetchone()
+            if row is not None:
+                return row[0]
+            return self.db.execute("INSERT INTO configs (text) VALUES (?)", (config,)).lastrowid
+
+    # -- writing results ---------------------------------------------------------------
+    def _outcome_row(self, memo: dict, outcome: tuple, reason: str) -> tuple[int, str]:
+        ids = memo.setdefault("outcomes", {})
+        hit = ids.get(outcome)
+        if hit is None:
+            db = self.db
+            db.execute("INSERT OR IGNORE INTO outcomes (verdict, method, plan_kind, rule, klass, reason_key, reason) "
+                       "VALUES (?,?,?,?,?,?,?)", outcome + (reason,))
+            hit = ids[outcome] = db.execute(
+                "SELECT id, reason FROM outcomes WHERE verdict=? AND method=? AND plan_kind=? AND rule=? "
+                "AND klass=? AND reason_key=?", outcome).fetchone()
+        return hit
+
+    def _variant_name(self, memo: dict, name: str) -> int:
+        names = memo.setdefault("names", {})
+        hit = names.get(name)
+        if hit is None:
+            self.db.execute("INSERT OR IGNORE INTO variant_names (name) VALUES (?)", (name,))
+            hit = names[name] = self.db.execute("SELECT id FROM variant_names WHERE name=?", (name,)).fetchone()[0]
+        return hit
+
+    def _counterexample(self, c) -> int:
+        return self.db.execute("INSERT INTO counterexamples (state, differences, replay) VALUES (?,?,?)",
+                               (c.state_json(), json.dumps([[d.what, d.original, d.relocated] for d in c.differences]),
+                                c.replay_command)).lastrowid
+
+    def write_replacements(self, image: int, rows: list[tuple]) -> None:
+        """(alternative index, site address, address, bytes, finding) of every alternative replacement
+        instruction; an alternative whose replacement cannot be known has one row with empty bytes."""
+        memo: dict = {}
+        with self._transaction():
+            self.db.execute("DELETE FROM replacements WHERE image=?", (image,))
+            self.db.executemany(
+                "INSERT INTO replacements VALUES (?,?,?,?,?,?,?,?,?)",
+                [(image, alt, signed(site), signed(address), raw, self._outcome(memo, f)[0],
+                  f.reason, f.proof_us, 1 if f.fresh else 0) for alt, site, address, raw, f in rows])
+            row_seals.seal_replacements(self.db, image)
+
+    # -- passes (engine.passes) -----------------------------------------------------------
+    def write_pass_rows(self, name: str, rows: list[tuple[int, list[tuple]]]) -> None:
+        """A pass's rows of functions (function id, its rows), in one transaction (replacing); the table is
+        made by the first pass a store is given (``PASS_TABLES``), so a store no pass ran in has none."""
+        with self._transaction():
+            self.db.execute(PASS_TABLES)
+            self.db.executemany("INSERT OR REPLACE INTO pass_rows VALUES (?,?,?)",
+                                [(fid, name, json.dumps(r)) for fid, r in rows])
+
+    # -- jump probes ----------------------------------------------------------------------
+    def write_jump_probes(self, rows: list[JumpRow], examples: dict[str, str]) -> None:
+        """Functions' jump-probe answers (``store.jump_rows``), in one transaction (replacing); a new
+        bucket gets its example reason from ``examples``."""
+        with self._transaction():
+            ids = dict(self.db.execute("SELECT name, id FROM jump_buckets"))
+            for name in {b for row in rows for b in row.buckets} - set(ids):
+                ids[name] = self.db.execute("INSERT INTO jump_buckets (name, example) VALUES (?, ?)",
+                                            (name, examples.get(name, ""))).lastrowid
+            self.db.executemany("INSERT OR REPLACE INTO jump_packed VALUES (?,?,?,?)",
+                                [(row.function, pack_ids(ids[b] for b in row.buckets), row.offsets, row.indexes)
+                                 for row in rows])
+
+    def merge_shards(self, paths: list[str]) -> dict[int, int]:
+        """Move each shard (``store.shard``) into the store, one transaction each, and delete it.
+        Returns the store ids of the provisional outcome ids the shards used.
+
+        A whole kernel's merge writes about 60 MB to the write-ahead log, and SQLite copied it into the
+        database file (a checkpoint) inside the merge's commit, 0.2 s in which a run's workers wait.  The
+        merge makes no checkpoint; a thread of its own (``_Checkpoint``) makes it while the run goes on
+        (its summary), and ``close`` waits for it.  Until then the rows are in the log, as durable as in
+        the file and read from there."""
+        behind = self._finish_merger()
+        if not paths:
+            return behind
+        self._join_checkpoint()
+        every = self.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        self.db.execute("PRAGMA wal_autocheckpoint=0")
+        try:
+            merged, final = shard.merge(self.db, paths)
+        finally:
+            self.db.execute(f"PRAGMA wal_autocheckpoint={int(every)}")
+        if merged:
+            self._checkpoint = _Checkpoint(self.path)
+        return behind | final
+
+    def merge_shards_behind(self, paths: list[str]) -> None:
+        """``merge_shards`` on a thread and a connection of their own (``_Merger``), in the order asked, while
+        the caller goes on: a run merges its workers' closed shards while they write the next ones.  The next
+        ``merge_shards`` (or ``close``) waits for these first, raises what they raised, and returns their ids
+        with its own."""
+        if self._merger is None:
+            self._join_checkpoint()
+            self._merger = _Merger(self.path)
+        self._merger.put(paths)
+
+    def _finish_merger(self) -> dict[int, int]:
+        merger, self._merger = self._merger, None
+        return {} if merger is None else merger.finish()
+
+    def _join_checkpoint(self) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.join()
+            self._checkpoint = None
 
 
 def _by_verdict(oids, counts, verdict_of: dict[int, str]) -> dict[str, int]:
