@@ -202,6 +202,6 @@ def test_the_packed_rows_are_the_walks_on_a_kernel_slice(tmp_path, monkeypatch):
         assert _rows_of(a, packed.ids) == _rows_of(b, walked.ids), chunk
         sites += sum(1 for row in a.packed if row[5])
     assert sites > 1000
-    assert packed.new_rows.keys() == walked.new_rows.keys() and len(packed.new_rows) > 3000
-    for fkey, (context, value) in packed.new_rows.items():
-        assert walked.new_rows[fkey] == (context, value)
+    assert packed.kept.new_rows.keys() == walked.kept.new_rows.keys() and len(packed.kept.new_rows) > 3000
+    for fkey, (context, value) in packed.kept.new_rows.items():
+        assert walked.kept.new_rows[fkey] == (context, value)

@@ -37,21 +37,14 @@ from ..store.jump_rows import JumpRow
 from ..store.packed_rows import pack_u32, pack_wide_ids
 from ..store.shard import ShardWriter, shard_path
 from ..store.store import RowBatch, site_mask
-from ..versions import source_digest
 from ..x86.decode import decode
 from ..x86.registers import MASK64
 from .keys import KeyMaker, per_instance
 from .native_rows import ROW_PACK
 from .passes import PassMemo
 from .pipeline import Prover, answers_json
-from .row_memo import (
-    canonical,
-    context_digest,
-    function_key,
-    kept_rows,
-    outcome_digest,
-    unpack_rows,
-)
+from .row_keeper import RowKeeper
+from .row_memo import function_key
 
 KEEP = "keep"  # Job.rules in a job sent to a live worker: keep the policy table it has
 NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
@@ -166,113 +159,9 @@ def from_cached(c: CachedFinding, fresh: bool = False) -> Finding:
                    answers=c.answers)
 
 
-class Worker:
-    def __init__(self, job: Job, smt: Callable | None = None):
-        """``smt``: what runs this worker's SMT checks (``Prover``'s; the session's helper, or None: here)."""
-        self.job = job
-        self.smt = smt
-        self.keys = KeyMaker(job.tramp)
-        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, smt)
-        self.learned: dict[bytes, Learned] = {}
-        self.new_findings: dict[bytes, CachedFinding] = {}
-        self.derivations: dict[bytes, bytes | None] = {}
-        self.new_rows: dict[bytes, tuple[bytes, bytes]] = {}  # function key -> (context, kept rows), for the cache
-        self.new_row_outcomes: dict[bytes, bytes] = {}  # outcome digest -> what it stands for, for the cache
-        self._digests: dict[int, bytes] = {}  # outcome id -> its digest (``row_memo.outcome_digest``)
-        self._row_outcomes: dict[bytes, tuple[tuple, str]] | None = None  # the cache's digests, once read
-        self.reused = 0  # functions whose rows were copied from the cache (``row_memo``)
-        self._rows_cache: ProofCache | None = None
-        self._new_bytes = 0  # the size of ``new_rows``
-        self._forget_survey()
-        self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes)
-        self._rejected: dict[tuple[int, tuple[str, ...]], tuple[Finding, Finding]] = {}  # (finding, kinds) at reject sites
-        self._forget_plain()
-        self.shard: ShardWriter | None = None
-        self._shards = 0
-        self.progress = None  # a callable(n) told of instructions done, if any
-        self.current = None  # a callable(i) told of the item in hand, if any
-
-    def reset(self, job: Job) -> None:
-        """Take the next image of a session.  What this worker learned stays (instance keys are
-        image-independent, as the persistent cache's are, and the store's outcome ids stay valid
-        in the same store); what belongs to the last image goes.  ``job.cached`` None and
-        ``job.rules`` KEEP: keep ours (a session's images share both; the policy table holds
-        predicates, which do not pickle)."""
-        if job.cached is None:
-            job = replace(job, cached=self.job.cached)
-        if job.rules == KEEP:
-            job = replace(job, rules=self.job.rules)
-        self.close_shard()
-        old, self.job = self.job, job
-        if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
-            self.keys = KeyMaker(job.tramp)
-            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, self.smt)
-            self.learned = {}
-        else:
-            if job.tramp != old.tramp:
-                # Another trampoline (user-space images each have their own): instance keys and full
-                # keys both say how an instruction relates to its trampoline, as the persistent
-                # cache's do, so what is learned stays, and so do the cache's proofs once read.
-                self.keys = KeyMaker(job.tramp)
-                self.prover.tramp = job.tramp
-            moved = job.store_path != old.store_path
-            for learned in self.learned.values():
-                if learned.ids is not None and (moved or learned.ids[0] < 0):
-                    learned.ids = learned.plain = None
-        self._forget_survey()
-        self.variants = VariantFinder(job.image) if job.sites is not None else None
-        self.ids = OutcomeIds(job.outcomes)
-        self._rejected = {}
-        self._forget_plain()
-        self.__dict__.pop("_alts", None)
-        self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
-        self.__dict__.pop("_context", None)
-        self._digests = {}  # outcome ids are the new store's, or numbered anew
-        self._row_outcomes = None  # the cache may hold more since
-
-    # -- helpers -------------------------------------------------------------------
-    def _load_proofs(self) -> dict[bytes, CachedProof]:
-        if self.job.cache_dir is None:
-            return {}
-        cache = ProofCache(self.job.cache_dir)
-        try:
-            return cache.proofs(self.job.tag)
-        finally:
-            cache.close()
-
-    def _jump_memory(self):
-        """The jump answers this worker has learned, first loaded from the persistent cache under the
-        jump tag, kept for the session (``engine.jumps.JumpMemory``); a new policy table starts anew."""
-        from .jumps import JumpMemory, jump_tag
-
-        tag = jump_tag(self.job.tag)
-        memory = self.__dict__.get("_jump_answers")
-        if memory is not None and memory[0] == tag:
-            return memory[1]
-        entries = {}
-        if self.job.cache_dir is not None:
-            cache = ProofCache(self.job.cache_dir)
-            try:
-                entries = cache.jump_entries(tag)
-            finally:
-                cache.close()
-        self._jump_answers = (tag, JumpMemory(entries))
-        return self._jump_answers[1]
-
-    def _function_bytes(self, fn: Function) -> bytes:
-        section = self.job.image.get_section(fn.section)
-        if section is None or not section.contains(fn.start, fn.size) or not section.data:
-            return b""
-        off = fn.start - section.address
-        return section.data[off:off + fn.size]
-
-    def _forget_plain(self) -> None:
-        """Forget the tables ``function_rows`` writes plain rows from, by key number: each key's plain shared
-        finding (outcome id, proof µs; 0: none known) and the address its representative was proved at.
-        Forgotten whenever an outcome's id or a key's finding may change (new findings, the store's ids, the
-        next image); the per-instruction path fills them again, one instance per key."""
-        self._oid, self._us, self._rep = array("q"), array("I"), array("Q")
+class SurveyTasks:
+    """Phase 1, the survey: every instruction of the functions keyed (``keys``), the keys nobody knows
+    collected, the functions whose every key is known written at once, the others kept waiting compactly.  A part of ``Worker``."""
 
     def _forget_survey(self) -> None:
         """What the survey keeps of an image until its rows are written, compactly: each waiting
@@ -297,118 +186,6 @@ class Worker:
             self.key_table = list(self.key_number)  # a dict keeps insertion order: the numbers'
         return zip(accumulate(lengths, initial=0), lengths, map(self.key_table.__getitem__, numbers))
 
-    def _row_context(self) -> bytes | None:
-        """What every function key of this image shares (``row_memo.context_digest``); None when rows
-        are neither reused nor kept (no proof cache, or ``Job.reuse_rows`` off)."""
-        if "_context" not in self.__dict__:
-            job = self.job
-            self._context = None
-            if job.reuse_rows and job.cache_dir is not None:
-                thunks = self.variants.thunk_reg if self.variants is not None else {}
-                self._context = context_digest(job.tag, source_digest(), job.tramp, job.timeout_s,
-                                               job.sites is not None, thunks)
-        return self._context
-
-    def _cache(self) -> ProofCache:
-        """This worker's own connection to the proof cache, for kept rows: opened once, kept from image to
-        image (a package's thousand modules)."""
-        if self._rows_cache is not None and self._rows_cache.directory != self.job.cache_dir:
-            self._close_rows_cache()
-        if self._rows_cache is None:
-            self._rows_cache = ProofCache(self.job.cache_dir)
-        return self._rows_cache
-
-    def _kept_rows(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        """The rows the proof cache keeps under these function keys."""
-        if not keys:
-            return {}
-        found = self._cache().function_rows(keys)
-        if found and self._row_outcomes is None:
-            self._row_outcomes = self._rows_cache.row_outcomes()
-        return found
-
-    def _close_rows_cache(self) -> None:
-        if self._rows_cache is not None:
-            self._rows_cache.close()
-            self._rows_cache = None
-
-    def _reuse(self, fid: int, value: bytes, batch: _Batch) -> int | None:
-        """A function's kept rows (``row_memo.kept_rows``) added to ``batch`` with this store's outcome
-        and variant name ids; how many instructions.  None, with nothing added, when they do not fit this
-        store: an outcome it holds under another reason, or a damaged value."""
-        got = unpack_rows(value)
-        if got is None:
-            return None
-        n, digests, counts, names, variants, sites, data, full, reasoned = got
-        known, table = self.ids.known, self._row_outcomes or {}
-        described = []
-        for digest in digests:
-            d = table.get(digest)
-            if d is None:
-                return None
-            hit = known.get(d[0])
-            if hit is not None and hit[1] != d[1]:
-                return None
-            described.append(d)
-        define = self.ids.define
-        oids = [define(outcome, reason)[0] for outcome, reason in described]
-        name = self.ids.name
-        batch.functions.append(fid)
-        if oids:  # a function with no instruction of its own has no packed row (``_Batch.end_function``)
-            batch.packed.append((fid, pack_wide_ids(oids), counts, pack_wide_ids(map(name, names)) if names else None,
-                                 variants, sites, data))
-            batch.n_packed += len(data) // 12
-        batch.full.extend((fid, off, length, oids[k], reason, us, 0, mask, answers, None)
-                          for off, length, k, reason, us, mask, answers in full)
-        batch.variants.extend((fid, off, vname, oids[k], reason) for off, vname, k, reason in reasoned)
-        self.reused += 1
-        return n
-
-    def _keep_rows(self, fkey: bytes, batch: _Batch, n: int, f0: int, v0: int, kmap: dict[int, int],
-                   names: dict[int, int], fresh: bool) -> None:
-        """The function just added to ``batch`` (its packed row last, its full rows from ``f0``, variants
-        with reasons from ``v0``), kept for the cache under ``fkey`` as a run on a warm cache would write
-        it (``row_memo.kept_rows``)."""
-        if not kmap:  # no instruction of its own (another function owns them all): no packed row
-            counts = variants = sites = None
-            data = b""
-        else:
-            _, _, counts, _, variants, sites, data = batch.packed[-1]
-        order = sorted(kmap, key=kmap.__getitem__)
-        full = [(r[1], r[2], kmap[r[3]], r[4], r[5], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
-        text = self.ids.name_text
-        value = kept_rows(n, b"".join(map(self._digest, order)), counts, [text(i) for i in names], variants,
-                          sites, data, fresh, full, [(r[1], r[2], kmap[r[3]], r[4]) for r in batch.variants[v0:]])
-        self.new_rows[fkey] = (self._context, value)
-        self._new_bytes += len(value)
-
-    def _digest(self, oid: int) -> bytes:
-        """An outcome's ``row_memo.outcome_digest``, what it stands for noted for the cache."""
-        digest = self._digests.get(oid)
-        if digest is None:
-            described = canonical(self.ids.described(oid))
-            digest = self._digests[oid] = outcome_digest(described)
-            self.new_row_outcomes[digest] = described
-        return digest
-
-    def lookup(self, key: bytes) -> Learned | None:
-        hit = self.learned.get(key)
-        if hit is None:
-            c = self.job.cached.get(key)
-            if c is not None:
-                hit = self.learned[key] = Learned(c)
-        return hit
-
-    def _int3_finding(self, key: bytes) -> CachedFinding | None:
-        """What the cache or this run holds for an instance key (``JumpProver._derived`` reads it)."""
-        hit = self.lookup(key)
-        return None if hit is None else hit.cached
-
-    def _tell(self, n: int) -> None:
-        if self.progress is not None:
-            self.progress(n)
-
-    # -- phase 1 -------------------------------------------------------------------
     def survey(self, fids: list[int], gather: bool = False
                ) -> tuple[dict[bytes, tuple[bytes, int]], int, set[bytes], list[int], int, int]:
         """Walk functions and key their instructions.  A function whose rows the proof cache keeps
@@ -429,8 +206,8 @@ class Worker:
         cached, learned = self.job.cached, self.learned
         total = 0
         batch = _Batch()
-        context = self._row_context()
-        reused = self.reused
+        context = self.kept.context(self.job, self.variants)
+        reused = self.kept.reused
         prepared = []
         for fid in fids:
             fn = self.job.functions[fid]
@@ -440,13 +217,13 @@ class Worker:
                 here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
                 fkey = function_key(context, fn.start, fn.size, data, self.job.skip.get(fid), here, self.job.image)
             prepared.append((fid, fn, data, here, fkey))
-        kept = self._kept_rows([p[4] for p in prepared]) if context is not None else {}
+        kept = self.kept.rows_of(self.job.cache_dir, [p[4] for p in prepared]) if context is not None else {}
         for i, (fid, fn, data, here, fkey) in enumerate(prepared):
             if self.current is not None:
                 self.current(i)
             value = kept.get(fkey)
             if value is not None:
-                n = self._reuse(fid, value, batch)
+                n = self.kept.reuse(fid, value, batch, self.ids)
                 if n is not None:
                     total += n
                     self._tell(n)
@@ -480,64 +257,12 @@ class Worker:
         if gather:
             self._gathered.update(misses)
             misses = {}
-        return misses, total, hits, waiting, written, self.reused - reused
+        return misses, total, hits, waiting, written, self.kept.reused - reused
 
     def gathered(self) -> dict[bytes, tuple[bytes, int]]:
         """The keys nobody knew in the surveys made with ``gather``, each with its representative; forgotten here."""
         out, self._gathered = self._gathered, {}
         return out
-
-    # -- phase 2 -------------------------------------------------------------------
-    def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
-        """Verify each (key, bytes, address) representative; its finding stands for its key.
-
-        Every item is decoded first, one after the other (``decode`` keeps the last 8,192): the decoders'
-        code and tables stay in the CPU's caches, where each proof's decode between two lifts found them
-        cold.  The proofs then find their decodes made; same calls, same values, a cold kernel's
-        proofs about 7% faster."""
-        self.keys.forget()
-        for _, raw, address in items[:DECODE_AHEAD]:
-            decode(raw, address)
-        out = {}
-        for i, (key, raw, address) in enumerate(items):
-            if self.current is not None:
-                self.current(i)
-            out[key] = self._learn(key, raw, address)
-            self._tell(1)
-        return out
-
-    def _learn(self, key: bytes, raw: bytes, address: int, shareable: bool | None = None) -> Learned:
-        v = self.prover.verify(raw, address)
-        if shareable is None:
-            shareable = (v.full_key is not None or v.finding.method == "policy") and not per_instance(key)
-        c = to_cached(v.finding, shareable)
-        learned = Learned(c, address, v.finding)
-        self.learned[key] = learned
-        self.new_findings[key] = c
-        self.derivations[key] = v.full_key
-        if not shareable:  # the representative is also its own exact instance (see ``finding``)
-            exact = self._exact(key, address)
-            if exact not in self.learned:
-                self.learned[exact] = Learned(to_cached(v.finding, True), address, v.finding)
-                self.new_findings[exact] = self.learned[exact].cached
-        return learned
-
-    def accept(self, learned: dict[bytes, Learned]) -> None:
-        """Findings other workers made for keys of this worker's functions."""
-        self.learned.update(learned)
-        self._forget_plain()
-
-    def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
-                               dict[bytes, dict[tuple, object]]]:
-        """The findings, proofs and derivations made here since the last harvest, for the persistent
-        cache, and the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag.  (Kept rows
-        are written by the worker itself, ``write``.)"""
-        findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
-        self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
-        kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
-        memory = self.__dict__.get("_jump_answers")
-        jumps = {memory[0]: memory[1].take_new()} if memory is not None and memory[1].new else {}
-        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps
 
     def count(self, fids: list[int]) -> int:
         """How many instructions the functions hold, as the survey walks them (no key kept)."""
@@ -550,27 +275,10 @@ class Worker:
                     total += 1
         return total
 
-    # -- phase 3 -------------------------------------------------------------------
-    def finding(self, raw: bytes, address: int, key: bytes) -> Finding:
-        """The finding of one instruction instance."""
-        hit = self.lookup(key)
-        if hit is None:
-            hit = self._learn(key, raw, address)
-        if hit.address == address and hit.finding is not None:
-            return hit.finding
-        if hit.cached.per_instance:
-            # No finding stands for the key: this instance is proved on its own, and its
-            # finding kept under the key plus the exact addresses (A and T).
-            exact = self._exact(key, address)
-            hit = self.lookup(exact)
-            if hit is None:
-                hit = self._learn(exact, raw, address, shareable=True)
-            return hit.finding if hit.address == address and hit.finding is not None else _own(hit.shared, raw, address)
-        return _own(hit.shared, raw, address)
 
-    def _exact(self, key: bytes, address: int) -> bytes:
-        """The key of one instance (its key plus the exact A and T), for keys no finding stands for."""
-        return key + b"@" + address.to_bytes(8, "little") + self.job.tramp.to_bytes(8, "little")
+class RowTasks:
+    """Phase 3, the rows: a waiting function's rows made from its keys' findings (by ``row_pack.c``, or
+    walked in Python), sites and variants applied, whole functions written to this worker's shard.  A part of ``Worker``."""
 
     def rows(self, fids: list[int]) -> int:
         """Every instruction of the functions, with its finding, sites and live variants, written to
@@ -597,16 +305,8 @@ class Worker:
         else:  # the shard has every provisional id defined before: only the new ones (all, each batch, was quadratic)
             batch.outcomes, batch.names = self.ids.take_new()
         self.shard.write(self.job.config, batch)
-        if self._new_bytes >= KEEP_BYTES:
-            self.flush_kept_rows()
-
-    def flush_kept_rows(self) -> None:
-        """The rows kept since the last flush, one transaction, into the proof cache.  The worker writes them
-        itself, a few megabytes at a time: held for the parent's harvest they took 20 MB per worker and the
-        parent's time, and written per task a package's modules waited on each other's locks (17 ms a module)."""
-        if self.new_rows:
-            self._cache().add_function_rows(self.new_rows, self.new_row_outcomes)
-        self.new_rows, self.new_row_outcomes, self._new_bytes = {}, {}, 0
+        if self.kept.new_bytes >= KEEP_BYTES:
+            self.kept.flush(self.job.cache_dir)
 
     def close_shard(self) -> str | None:
         """Close the shard (the run merges it); the next write opens a new one."""
@@ -719,7 +419,7 @@ class Worker:
         batch.end_packed(fid, order, counts, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             kmap = dict(zip(order, range(len(order))))
-            self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
+            self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids)
 
     def _at_sites(self, finding: Finding, ids: tuple[int, str], sites: list, address: int, data: bytes, off: int,
                   n: int) -> tuple[Finding, tuple[int, str], tuple, int | None]:
@@ -859,7 +559,7 @@ class Worker:
                 unkept = unkept or vf.method in NOT_KEPT
         batch.end_function(fid, count, kmap, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
-            self._keep_rows(fkey, batch, batch.n - n0, f0, v0, kmap, names, made)
+            self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids)
 
     def crashed(self, fid: int, why: str) -> int:
         """Every instruction of a function whose verification killed its worker: unknown, with why,
@@ -879,6 +579,35 @@ class Worker:
         written = batch.n
         self.write(batch.done(self.ids))
         return written
+
+
+class ProbeTasks:
+    """The tasks after the rows: jump-probe answers (``engine.jumps``), the alternatives' replacements,
+    and the run's passes (``engine.passes``).  A part of ``Worker``."""
+
+    def _jump_memory(self):
+        """The jump answers this worker has learned, first loaded from the persistent cache under the
+        jump tag, kept for the session (``engine.jumps.JumpMemory``); a new policy table starts anew."""
+        from .jumps import JumpMemory, jump_tag
+
+        tag = jump_tag(self.job.tag)
+        memory = self.__dict__.get("_jump_answers")
+        if memory is not None and memory[0] == tag:
+            return memory[1]
+        entries = {}
+        if self.job.cache_dir is not None:
+            cache = ProofCache(self.job.cache_dir)
+            try:
+                entries = cache.jump_entries(tag)
+            finally:
+                cache.close()
+        self._jump_answers = (tag, JumpMemory(entries))
+        return self._jump_answers[1]
+
+    def _int3_finding(self, key: bytes) -> CachedFinding | None:
+        """What the cache or this run holds for an instance key (``JumpProver._derived`` reads it)."""
+        hit = self.lookup(key)
+        return None if hit is None else hit.cached
 
     # -- jump probes -----------------------------------------------------------------
     def jump_probes(self, fids: list[int], news: dict[tuple, object] | None = None
@@ -947,6 +676,178 @@ class Worker:
             self._alts = list(self.job.sites.iter_sites("alternative"))
         return self._alts
 
+
+class Worker(SurveyTasks, RowTasks, ProbeTasks):
+    """One worker of a run's pool, kept for the whole run (a session: from image to image): the instance keys,
+    findings and proofs it learns serve its later tasks.  Each task is a call of one of its public methods
+    (``schedule.local_pool``); its parts by phase are ``SurveyTasks``, ``RowTasks`` and ``ProbeTasks``."""
+
+    def __init__(self, job: Job, smt: Callable | None = None):
+        """``smt``: what runs this worker's SMT checks (``Prover``'s; the session's helper, or None: here)."""
+        self.job = job
+        self.smt = smt
+        self.keys = KeyMaker(job.tramp)
+        self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, smt)
+        self.learned: dict[bytes, Learned] = {}
+        self.new_findings: dict[bytes, CachedFinding] = {}
+        self.derivations: dict[bytes, bytes | None] = {}
+        self.kept = RowKeeper()  # functions' rows copied from the proof cache, and kept for it (``row_memo``)
+        self._forget_survey()
+        self.variants = VariantFinder(job.image) if job.sites is not None else None
+        self.ids = OutcomeIds(job.outcomes)
+        self._rejected: dict[tuple[int, tuple[str, ...]], tuple[Finding, Finding]] = {}  # (finding, kinds) at reject sites
+        self._forget_plain()
+        self.shard: ShardWriter | None = None
+        self._shards = 0
+        self.progress = None  # a callable(n) told of instructions done, if any
+        self.current = None  # a callable(i) told of the item in hand, if any
+
+    def reset(self, job: Job) -> None:
+        """Take the next image of a session.  What this worker learned stays (instance keys are
+        image-independent, as the persistent cache's are, and the store's outcome ids stay valid
+        in the same store); what belongs to the last image goes.  ``job.cached`` None and
+        ``job.rules`` KEEP: keep ours (a session's images share both; the policy table holds
+        predicates, which do not pickle)."""
+        if job.cached is None:
+            job = replace(job, cached=self.job.cached)
+        if job.rules == KEEP:
+            job = replace(job, rules=self.job.rules)
+        self.close_shard()
+        old, self.job = self.job, job
+        if (job.timeout_s, job.rules, job.tag) != (old.timeout_s, old.rules, old.tag):
+            self.keys = KeyMaker(job.tramp)
+            self.prover = Prover(job.tramp, job.timeout_s, self._load_proofs, job.rules, self.smt)
+            self.learned = {}
+        else:
+            if job.tramp != old.tramp:
+                # Another trampoline (user-space images each have their own): instance keys and full
+                # keys both say how an instruction relates to its trampoline, as the persistent
+                # cache's do, so what is learned stays, and so do the cache's proofs once read.
+                self.keys = KeyMaker(job.tramp)
+                self.prover.tramp = job.tramp
+            moved = job.store_path != old.store_path
+            for learned in self.learned.values():
+                if learned.ids is not None and (moved or learned.ids[0] < 0):
+                    learned.ids = learned.plain = None
+        self._forget_survey()
+        self.variants = VariantFinder(job.image) if job.sites is not None else None
+        self.ids = OutcomeIds(job.outcomes)
+        self._rejected = {}
+        self._forget_plain()
+        self.__dict__.pop("_alts", None)
+        self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
+        self.kept.next_image()
+
+    # -- helpers -------------------------------------------------------------------
+    def _load_proofs(self) -> dict[bytes, CachedProof]:
+        if self.job.cache_dir is None:
+            return {}
+        cache = ProofCache(self.job.cache_dir)
+        try:
+            return cache.proofs(self.job.tag)
+        finally:
+            cache.close()
+
+    def _function_bytes(self, fn: Function) -> bytes:
+        section = self.job.image.get_section(fn.section)
+        if section is None or not section.contains(fn.start, fn.size) or not section.data:
+            return b""
+        off = fn.start - section.address
+        return section.data[off:off + fn.size]
+
+    def _forget_plain(self) -> None:
+        """Forget the tables ``function_rows`` writes plain rows from, by key number: each key's plain shared
+        finding (outcome id, proof µs; 0: none known) and the address its representative was proved at.
+        Forgotten whenever an outcome's id or a key's finding may change (new findings, the store's ids, the
+        next image); the per-instruction path fills them again, one instance per key."""
+        self._oid, self._us, self._rep = array("q"), array("I"), array("Q")
+
+    def lookup(self, key: bytes) -> Learned | None:
+        hit = self.learned.get(key)
+        if hit is None:
+            c = self.job.cached.get(key)
+            if c is not None:
+                hit = self.learned[key] = Learned(c)
+        return hit
+
+    def _tell(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress(n)
+
+    # -- phase 2 -------------------------------------------------------------------
+    def prove(self, items: list[tuple[bytes, bytes, int]]) -> dict[bytes, Learned]:
+        """Verify each (key, bytes, address) representative; its finding stands for its key.
+
+        Every item is decoded first, one after the other (``decode`` keeps the last 8,192): the decoders'
+        code and tables stay in the CPU's caches, where each proof's decode between two lifts found them
+        cold.  The proofs then find their decodes made; same calls, same values, a cold kernel's
+        proofs about 7% faster."""
+        self.keys.forget()
+        for _, raw, address in items[:DECODE_AHEAD]:
+            decode(raw, address)
+        out = {}
+        for i, (key, raw, address) in enumerate(items):
+            if self.current is not None:
+                self.current(i)
+            out[key] = self._learn(key, raw, address)
+            self._tell(1)
+        return out
+
+    def _learn(self, key: bytes, raw: bytes, address: int, shareable: bool | None = None) -> Learned:
+        v = self.prover.verify(raw, address)
+        if shareable is None:
+            shareable = (v.full_key is not None or v.finding.method == "policy") and not per_instance(key)
+        c = to_cached(v.finding, shareable)
+        learned = Learned(c, address, v.finding)
+        self.learned[key] = learned
+        self.new_findings[key] = c
+        self.derivations[key] = v.full_key
+        if not shareable:  # the representative is also its own exact instance (see ``finding``)
+            exact = self._exact(key, address)
+            if exact not in self.learned:
+                self.learned[exact] = Learned(to_cached(v.finding, True), address, v.finding)
+                self.new_findings[exact] = self.learned[exact].cached
+        return learned
+
+    def accept(self, learned: dict[bytes, Learned]) -> None:
+        """Findings other workers made for keys of this worker's functions."""
+        self.learned.update(learned)
+        self._forget_plain()
+
+    def harvest(self) -> tuple[dict[bytes, CachedFinding], dict[bytes, CachedProof], dict[bytes, bytes | None],
+                               dict[bytes, dict[tuple, object]]]:
+        """The findings, proofs and derivations made here since the last harvest, for the persistent
+        cache, and the jump answers learned (``engine.jumps.JumpMemory``) by their jump tag.  (Kept rows
+        are written by the worker itself, ``write``.)"""
+        findings, proofs, derivations = self.new_findings, self.prover.new_proofs, self.derivations
+        self.new_findings, self.prover.new_proofs, self.derivations = {}, {}, {}
+        kept = {k: f for k, f in findings.items() if f.method not in NOT_KEPT}
+        memory = self.__dict__.get("_jump_answers")
+        jumps = {memory[0]: memory[1].take_new()} if memory is not None and memory[1].new else {}
+        return kept, proofs, {k: v for k, v in derivations.items() if k in kept}, jumps
+
+    # -- findings ------------------------------------------------------------------
+    def finding(self, raw: bytes, address: int, key: bytes) -> Finding:
+        """The finding of one instruction instance."""
+        hit = self.lookup(key)
+        if hit is None:
+            hit = self._learn(key, raw, address)
+        if hit.address == address and hit.finding is not None:
+            return hit.finding
+        if hit.cached.per_instance:
+            # No finding stands for the key: this instance is proved on its own, and its
+            # finding kept under the key plus the exact addresses (A and T).
+            exact = self._exact(key, address)
+            hit = self.lookup(exact)
+            if hit is None:
+                hit = self._learn(exact, raw, address, shareable=True)
+            return hit.finding if hit.address == address and hit.finding is not None else _own(hit.shared, raw, address)
+        return _own(hit.shared, raw, address)
+
+    def _exact(self, key: bytes, address: int) -> bytes:
+        """The key of one instance (its key plus the exact A and T), for keys no finding stands for."""
+        return key + b"@" + address.to_bytes(8, "little") + self.job.tramp.to_bytes(8, "little")
+
     def learn_ids(self, final: dict[int, int]) -> None:
         """The store's ids for this worker's provisional outcome ids (see ``OutcomeIds``)."""
         self.ids.learn(final)
@@ -958,8 +859,8 @@ class Worker:
 
     def close(self) -> None:
         self.close_shard()
-        self.flush_kept_rows()
-        self._close_rows_cache()
+        self.kept.flush(self.job.cache_dir)
+        self.kept.close()
 
 
 def replace_reason(f: Finding, reason: str) -> Finding:
