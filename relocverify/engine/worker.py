@@ -208,15 +208,7 @@ class SurveyTasks:
         batch = _Batch()
         context = self.kept.context(self.job, self.variants)
         reused = self.kept.reused
-        prepared = []
-        for fid in fids:
-            fn = self.job.functions[fid]
-            data = self._function_bytes(fn)
-            here, fkey = _UNSET, None  # the sites over it are found here only for its key
-            if context is not None:
-                here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
-                fkey = function_key(context, fn.start, fn.size, data, self.job.skip.get(fid), here, self.job.image)
-            prepared.append((fid, fn, data, here, fkey))
+        prepared = [self._prepared(fid, context) for fid in fids]
         kept = self.kept.rows_of(self.job.cache_dir, [p[4] for p in prepared]) if context is not None else {}
         for i, (fid, fn, data, here, fkey) in enumerate(prepared):
             if self.current is not None:
@@ -244,12 +236,7 @@ class SurveyTasks:
             if complete:
                 self.function_rows(fid, batch, ks, here, fkey)
             else:
-                self.surveyed[fid] = (bytes(map(_SECOND, ks)), array("I", map(self.key_number.__getitem__,
-                                                                               map(_THIRD, ks))))
-                if fkey is not None:
-                    self.function_keys[fid] = fkey
-                if here is not _UNSET:  # found for its key: its rows need them too
-                    self.function_sites[fid] = here
+                self._wait(fid, ks, here, fkey)
                 waiting.append(fid)
             self._tell(len(ks))
         written = batch.n
@@ -258,6 +245,26 @@ class SurveyTasks:
             self._gathered.update(misses)
             misses = {}
         return misses, total, hits, waiting, written, self.kept.reused - reused
+
+    def _prepared(self, fid: int, context: bytes | None) -> tuple:
+        """(id, function, its bytes, the sites over it, its function key): the sites are found here only for its
+        key (else ``_UNSET``: found when its rows are made), the key only when rows are kept (``context``)."""
+        fn = self.job.functions[fid]
+        data = self._function_bytes(fn)
+        here, fkey = _UNSET, None
+        if context is not None:
+            here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
+            fkey = function_key(context, fn.start, fn.size, data, self.job.skip.get(fid), here, self.job.image)
+        return fid, fn, data, here, fkey
+
+    def _wait(self, fid: int, ks: list[tuple[int, int, bytes]], here, fkey: bytes | None) -> None:
+        """Keep a function until the proofs are in, compactly (``_forget_survey``), with its key and the sites
+        found for it."""
+        self.surveyed[fid] = (bytes(map(_SECOND, ks)), array("I", map(self.key_number.__getitem__, map(_THIRD, ks))))
+        if fkey is not None:
+            self.function_keys[fid] = fkey
+        if here is not _UNSET:  # found for its key: its rows need them too
+            self.function_sites[fid] = here
 
     def gathered(self) -> dict[bytes, tuple[bytes, int]]:
         """The keys nobody knew in the surveys made with ``gather``, each with its representative; forgotten here."""
@@ -331,25 +338,10 @@ class RowTasks:
         start = fn.start
         lengths, numbers = self._numbers(fid, keys)
         skip = self.job.skip.get(fid)
-        if here is _UNSET:
-            here = self.function_sites.pop(fid, _UNSET)
-        if here is _UNSET:
-            here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
-        if fkey is _UNSET:
-            fkey = self.function_keys.pop(fid, None)
+        here, fkey = self._sites_and_key(fid, fn, here, fkey)
         offs = list(accumulate(lengths, initial=0))
         at_site = _site_positions(here, offs, lengths, start) if here else {}
-        forced = set(at_site)
-        if skip:
-            forced.update(i for i, off in enumerate(offs[:-1]) if start + off in skip)
-        grown = len(self.key_number) - len(self._oid)
-        if grown > 0:
-            self._oid.frombytes(bytes(8 * grown))
-            self._us.frombytes(bytes(4 * grown))
-            self._rep.frombytes(bytes(8 * grown))
-        specials = array("I")
-        specials.frombytes(ROW_PACK.scan(lengths, numbers, start & MASK64, self._oid, self._rep,
-                                         array("I", sorted(forced))))
+        specials = self._specials(start, lengths, numbers, offs, at_site, skip)
         n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
         s_oid, s_us, s_flags, s_mask = array("q"), array("I"), bytearray(), array("I")
         v_special, v_vid, v_j = array("I"), array("q"), array("i")
@@ -366,60 +358,117 @@ class RowTasks:
                 continue  # an overlapping function owns this instruction
             key = key_table[j]
             hit = learned.get(key) or self.lookup(key)
-            finding = None if hit is None else hit.shared
-            if finding is not None and hit.address != address:
-                ids = hit.ids
-                if ids is None:
-                    ids = hit.ids = self.ids.outcome(finding)
-                    if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
-                        us = finding.proof_us
-                        hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
-                if hit.plain is not None:  # the tables serve its key's later instances
-                    self._oid[j], self._us[j] = hit.plain
-                    self._rep[j] = (hit.address or 0) & MASK64
-                elif finding.answers is not None:
-                    finding = _own(finding, data[off:off + n], address)
-            else:
-                finding = self.finding(data[off:off + n], address, key)
-                ids = self.ids.outcome(finding)
+            finding, ids, shared = self._instance(hit, key, data, off, n, address)
+            if shared and hit.plain is not None:  # the tables serve its key's later instances
+                self._oid[j], self._us[j] = hit.plain
+                self._rep[j] = (hit.address or 0) & MASK64
             unkept = unkept or finding.method in NOT_KEPT
             live = ()
             mask = None
             sites = at_site.get(i)
             if sites:
                 finding, ids, live, mask = self._at_sites(finding, ids, sites, address, data, off, n)
-            oid = ids[0]
-            s_oid.append(oid)
-            s_mask.append(mask or 0)
-            if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
-                us = finding.proof_us
-                s_us.append(us if us < _U32 else _U32 - 1)
-                s_flags.append(_FRESH if finding.fresh else 0)
-                made = made or finding.fresh  # a site's finding may be fresh though the instruction's was not
-            else:
-                s_us.append(0)
-                s_flags.append(_FULL)
-                batch.add_full(fid, off, n, oid, ids[1], finding, mask)
-            for name, vf in live:
-                vid, vreason = self.ids.outcome(vf)
-                v_special.append(s)
-                v_vid.append(vid)
-                if vf.reason == vreason:
-                    nid = self.ids.name(name)
-                    vj = names.get(nid)
-                    if vj is None:
-                        vj = names[nid] = len(names)
-                    v_j.append(vj)
-                else:
-                    v_j.append(-1)
-                    batch.variants.append((fid, off, name, vid, vf.reason))
-                unkept = unkept or vf.method in NOT_KEPT
+            # a site's finding may be fresh though the instruction's was not
+            made = _special_row(finding, ids, mask, (s_oid, s_us, s_flags, s_mask), batch, fid, off, n) or made
+            if live:
+                unkept = self._packed_variants(live, s, fid, off, names, (v_special, v_vid, v_j), batch) or unkept
         order, counts, plain, at_sites, variants = ROW_PACK.pack(
             lengths, numbers, self._oid, self._us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j)
         batch.end_packed(fid, order, counts, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             kmap = dict(zip(order, range(len(order))))
             self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids)
+
+    def _sites_and_key(self, fid: int, fn: Function, here, fkey) -> tuple[list | None, bytes | None]:
+        """The sites over a function and its function key (``row_memo``): as given, as its survey kept them,
+        or found now."""
+        if here is _UNSET:
+            here = self.function_sites.pop(fid, _UNSET)
+        if here is _UNSET:
+            here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
+        if fkey is _UNSET:
+            fkey = self.function_keys.pop(fid, None)
+        return here, fkey
+
+    def _specials(self, start: int, lengths: bytes, numbers: array, offs: list[int], at_site: dict,
+                  skip) -> array:
+        """The positions ``row_pack.scan`` leaves to the per-instruction path: those its tables cannot serve,
+        those at kernel sites and those another function owns (``skip``)."""
+        forced = set(at_site)
+        if skip:
+            forced.update(i for i, off in enumerate(offs[:-1]) if start + off in skip)
+        grown = len(self.key_number) - len(self._oid)
+        if grown > 0:
+            self._oid.frombytes(bytes(8 * grown))
+            self._us.frombytes(bytes(4 * grown))
+            self._rep.frombytes(bytes(8 * grown))
+        specials = array("I")
+        specials.frombytes(ROW_PACK.scan(lengths, numbers, start & MASK64, self._oid, self._rep,
+                                         array("I", sorted(forced))))
+        return specials
+
+    def _instance(self, hit: Learned | None, key: bytes, data: bytes, off: int, n: int, address: int
+                  ) -> tuple[Finding, tuple[int, str], bool]:
+        """(an instance's finding, its outcome ids, whether it is its key's shared finding): the shared one
+        (its ids made once, and its plain row when it has one; its own decoder answers when the shared one
+        has some), or, for the key's representative or a key with no shared finding, its own."""
+        finding = None if hit is None else hit.shared
+        if finding is None or hit.address == address:
+            finding = self.finding(data[off:off + n], address, key)
+            return finding, self.ids.outcome(finding), False
+        ids = hit.ids
+        if ids is None:
+            ids = hit.ids = self.ids.outcome(finding)
+            if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
+                us = finding.proof_us
+                hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
+        if finding.answers is not None:
+            finding = _own(finding, data[off:off + n], address)
+        return finding, ids, True
+
+    def _packed_variants(self, live, s: int, fid: int, off: int, names: dict[int, int], into: tuple, batch) -> bool:
+        """The live variants of special position ``s`` for ``row_pack.pack`` (``into``: its special index, outcome
+        id and name index arrays; a variant with a reason of its own is a row of ``batch.variants``); whether
+        one has a finding the cache does not keep."""
+        v_special, v_vid, v_j = into
+        unkept = False
+        for name, vf in live:
+            vid, vreason = self.ids.outcome(vf)
+            v_special.append(s)
+            v_vid.append(vid)
+            if vf.reason == vreason:
+                nid = self.ids.name(name)
+                vj = names.get(nid)
+                if vj is None:
+                    vj = names[nid] = len(names)
+                v_j.append(vj)
+            else:
+                v_j.append(-1)
+                batch.variants.append((fid, off, name, vid, vf.reason))
+            unkept = unkept or vf.method in NOT_KEPT
+        return unkept
+
+    def _walked_variants(self, live, fid: int, off: int, kmap: dict[int, int], count: list[int],
+                         names: dict[int, int], variants: array, batch) -> bool:
+        """``_packed_variants`` for the walk: each variant's outcome numbered in ``kmap``/``count``, its
+        (offset, name index, outcome index) in ``variants``."""
+        unkept = False
+        for name, vf in live:
+            vid, vreason = self.ids.outcome(vf)
+            vk = kmap.get(vid)
+            if vk is None:
+                vk = kmap[vid] = len(count)
+                count.append(0)
+            if vf.reason == vreason:
+                nid = self.ids.name(name)
+                j = names.get(nid)
+                if j is None:
+                    j = names[nid] = len(names)
+                variants.extend((off, j, vk))
+            else:
+                batch.variants.append((fid, off, name, vid, vf.reason))
+            unkept = unkept or vf.method in NOT_KEPT
+        return unkept
 
     def _at_sites(self, finding: Finding, ids: tuple[int, str], sites: list, address: int, data: bytes, off: int,
                   n: int) -> tuple[Finding, tuple[int, str], tuple, int | None]:
@@ -470,12 +519,7 @@ class RowTasks:
         data = self._function_bytes(fn)
         keys = self._keys(fid) if keys is None else keys
         skip = self.job.skip.get(fid)
-        if here is _UNSET:
-            here = self.function_sites.pop(fid, _UNSET)
-        if here is _UNSET:
-            here = self.job.sites.sites_at(start, fn.size) if self.job.sites is not None else None
-        if fkey is _UNSET:
-            fkey = self.function_keys.pop(fid, None)
+        here, fkey = self._sites_and_key(fid, fn, here, fkey)
         sweep = _SiteSweep(here) if here is not None else None
         next_site = sweep.next_start() if sweep else None
         learned = self.learned
@@ -506,19 +550,7 @@ class RowTasks:
                         count[k] += 1
                     extend((off, n | k << 5, p[1]))
                     continue
-            finding = None if hit is None else hit.shared
-            if finding is not None and hit.address != address:
-                ids = hit.ids
-                if ids is None:
-                    ids = hit.ids = self.ids.outcome(finding)
-                    if finding.answers is None and finding.reason == ids[1] and finding.method not in NOT_KEPT:
-                        us = finding.proof_us
-                        hit.plain = (ids[0], us if us < _U32 else _U32 - 1)
-                if finding.answers is not None:
-                    finding = _own(finding, data[off:off + n], address)
-            else:
-                finding = self.finding(data[off:off + n], address, key)
-                ids = self.ids.outcome(finding)
+            finding, ids, _ = self._instance(hit, key, data, off, n, address)
             unkept = unkept or finding.method in NOT_KEPT
             live = ()
             mask = None
@@ -527,36 +559,10 @@ class RowTasks:
                 next_site = sweep.next_start()
                 if here:
                     finding, ids, live, mask = self._at_sites(finding, ids, here, address, data, off, n)
-            oid = ids[0]
-            k = kmap.get(oid)
-            if k is None:
-                k = kmap[oid] = len(count)
-                count.append(1)
-            else:
-                count[k] += 1
-            if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
-                us = finding.proof_us
-                plain.extend((off, n | (16 if finding.fresh else 0) | k << 5, us if us < _U32 else _U32 - 1))
-                made = made or finding.fresh  # a site's finding may be fresh though the instruction's was not
-                if mask is not None:
-                    at_sites.extend((off, mask))
-            else:
-                batch.add_full(fid, off, n, oid, ids[1], finding, mask)
-            for name, vf in live:
-                vid, vreason = self.ids.outcome(vf)
-                vk = kmap.get(vid)
-                if vk is None:
-                    vk = kmap[vid] = len(count)
-                    count.append(0)
-                if vf.reason == vreason:
-                    nid = self.ids.name(name)
-                    j = names.get(nid)
-                    if j is None:
-                        j = names[nid] = len(names)
-                    variants.extend((off, j, vk))
-                else:
-                    batch.variants.append((fid, off, name, vid, vf.reason))
-                unkept = unkept or vf.method in NOT_KEPT
+            # a site's finding may be fresh though the instruction's was not
+            made = _walked_row(finding, ids, mask, kmap, count, plain, at_sites, batch, fid, off, n) or made
+            if live:
+                unkept = self._walked_variants(live, fid, off, kmap, count, names, variants, batch) or unkept
         batch.end_function(fid, count, kmap, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids)
@@ -1008,6 +1014,46 @@ class _Batch:
 
 
 _DROPPED, _FULL, _FRESH = 1, 2, 4  # a special position's flags for ``row_pack.pack``
+
+
+def _special_row(finding: Finding, ids: tuple[int, str], mask: int | None, into: tuple, batch, fid: int, off: int,
+                 n: int) -> bool:
+    """A special position's row for ``row_pack.pack`` (``into``: its outcome, proof µs, flags and site mask
+    arrays): plain, or a full row of ``batch``; whether it is a plain row of a fresh finding."""
+    s_oid, s_us, s_flags, s_mask = into
+    oid = ids[0]
+    s_oid.append(oid)
+    s_mask.append(mask or 0)
+    if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
+        us = finding.proof_us
+        s_us.append(us if us < _U32 else _U32 - 1)
+        s_flags.append(_FRESH if finding.fresh else 0)
+        return finding.fresh
+    s_us.append(0)
+    s_flags.append(_FULL)
+    batch.add_full(fid, off, n, oid, ids[1], finding, mask)
+    return False
+
+
+def _walked_row(finding: Finding, ids: tuple[int, str], mask: int | None, kmap: dict[int, int], count: list[int],
+                plain: array, at_sites: array, batch, fid: int, off: int, n: int) -> bool:
+    """An instruction's row in the walk: its outcome numbered (``kmap``, ``count``), then a plain row (with its
+    site mask in ``at_sites``) or a full row of ``batch``; whether it is a plain row of a fresh finding."""
+    oid = ids[0]
+    k = kmap.get(oid)
+    if k is None:
+        k = kmap[oid] = len(count)
+        count.append(1)
+    else:
+        count[k] += 1
+    if finding.answers is None and finding.counterexample is None and finding.reason == ids[1]:
+        us = finding.proof_us
+        plain.extend((off, n | (16 if finding.fresh else 0) | k << 5, us if us < _U32 else _U32 - 1))
+        if mask is not None:
+            at_sites.extend((off, mask))
+        return finding.fresh
+    batch.add_full(fid, off, n, oid, ids[1], finding, mask)
+    return False
 
 
 def _site_positions(here, offs: list[int], lengths: bytes, start: int) -> dict[int, list]:
