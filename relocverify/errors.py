@@ -4,7 +4,7 @@ Raise these only for caller mistakes and unusable inputs; per-instruction
 outcomes (undecodable bytes, rejected plans, unknown verdicts) are values.
 Third-party exceptions are converted to these at the one place they can
 arise, and the CLI turns every ``RelocverifyError`` into a one-line message
-and a fixed exit code (see ``cli.py``).
+and a fixed exit code (see ``cli.main``).
 """
 
 

@@ -59,9 +59,9 @@ CHUNK_FUNCTIONS = 64
 PROVE_CHUNK = 256
 REPLACEMENT_CHUNK = 256
 #: The rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``) this many
-#: times, the last at the phase's end: a whole kernel's one merge at the end, 0.5-0.7 s with both workers
-#: idle, became mostly work beside theirs (which it slows by about half its CPU: what it saves is the idle
-#: core's half).
+#: times, the last at the phase's end, so that most of the merging runs beside the workers rather than after
+#: them.  Any number >= 1 gives the same store; more rounds mean smaller merges, each with its own
+#: transaction (docs/performance.md has the measurements).
 ROWS_ROUNDS = 4
 
 
@@ -124,7 +124,7 @@ class Session:
         """Let the next image start on new workers.  What the workers learned is in the session's
         findings already (each run harvests it), and new workers are forked with them; what goes is the
         memory a whole kernel's proofs left behind in each worker (solver and lifter caches, freed
-        blocks the allocator keeps): a package run's peak fell from 1.16 to about 1 GiB."""
+        blocks the allocator keeps), which bounds a package run's peak memory (docs/performance.md)."""
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -166,9 +166,9 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
 
         smt.wait_listening()
     elif options.jobs > 1 and not job.cached:
-        # A cold cache: some proof will need the solver path (claripy, angr's IR operations, z3), which each
-        # worker imported on its own (1.1 s each, in parallel, and about 100 MB each).  Imported once here,
-        # before the fork, the time is the same and the pages are shared: a package's peak PSS was 1.00 GiB.
+        # A cold cache: some proof will need the solver path (claripy, angr's IR operations, z3).  Imported once
+        # here, before the fork, rather than by each worker, so that its pages are shared between them (the
+        # peak memory's share is in docs/performance.md); not imported, the workers import it when needed.
         from ..proof import smt_check  # noqa: F401
     return LocalPool(ENGINE_WORKERS, job, options.jobs, smt.address if smt is not None else None)
 
@@ -837,8 +837,8 @@ def _wanted(found: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]],
             out: dict[bytes, Learned] | None = None) -> dict[bytes, Learned]:
     """The findings of ``found`` that a worker is sent, added to ``out``: those of the keys its functions hold
     (``owned``: its first instance of each key), the representative's own finding (its counterexample, its
-    fresh mark) only when the representative is that instance, as no other instance is that one.  (Sending
-    every finding to every worker cost a cold kernel run 0.65 s between its phases.)"""
+    fresh mark) only when the representative is that instance, as no other instance is that one.  Sending a
+    worker every finding would give the same rows, later (the messages are made between the phases)."""
     out = {} if out is None else out
     for k, hit in found.items():
         mine = owned.get(k)
@@ -869,8 +869,8 @@ def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behin
 
 class Behind(threading.Thread):
     """Writes the proof cache on a connection of its own while the main thread waits on the workers
-    (between the proofs and the rows, the harvest's 0.4 s of inserts kept both workers waiting); ``join``
-    raises what the writing raised."""
+    (between the proofs and the rows, written in the main thread, its inserts kept both workers waiting);
+    ``join`` raises what the writing raised."""
 
     def __init__(self, directory: str, keep: Callable[[ProofCache], None]):
         super().__init__(name="relocverify-harvest", daemon=True)

@@ -8,8 +8,7 @@ next.  A task is a call of a worker's method, sent to a chosen worker, or
 with ``shared=True`` to whichever worker is free; each worker runs its
 tasks one at a time, in the order given.  A worker has its next task in its
 pipe before it ends the one in hand (``IN_FLIGHT``), so it never waits while
-the parent takes a result in: waiting so cost a cold kernel run about 0.7 s
-of each worker's survey.
+the parent takes a result in; ``IN_FLIGHT`` 1 gives the same results, later.
 
 Faults: a worker that dies (a crash in a native library, an OOM kill) is
 replaced by a fresh fork, told again what the run has learned so far, and
@@ -214,7 +213,7 @@ class LocalPool:
 
     def stop(self) -> None:
         """Tell every worker to end, without waiting for them (``close`` waits): a run's summary is made
-        while they tear down (a whole kernel's workers took 0.15 s to exit)."""
+        while they tear down."""
         if self.inline or self._stopped:
             return
         self._stopped = True
