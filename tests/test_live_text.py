@@ -284,3 +284,15 @@ def test_unreadable_live_text_judges_the_file_and_says_so(tmp_path):
     said = check_cli._live_lines(got)
     assert len(said) == 1 and "live: not read" in said[0] and "the file's verdict" in said[0]
     assert check_cli._live_json(got) == {"read": False, "reason": got.reason, "judged": "file"}
+
+
+def test_audit_running_audits_the_running_kernels_file_or_says_why_not():
+    from relocverify.image.running import identify
+
+    code, out, err = run("audit", "--running", "--tracer", "kprobes@6.1", "--limit", "2")
+    if identify().debian_version is None:
+        assert code == cli.EXIT_USAGE and out == "" and err.count("\n") == 1 and "not a Debian kernel" in err
+    else:  # the running kernel's file audited, and said so
+        assert code != cli.EXIT_INTERNAL and "audit: the running kernel" in err, err
+    code, out, err = run("audit", "--running", "/bin/true", "--tracer", "kprobes@6.1")
+    assert code == cli.EXIT_USAGE and "give no IMAGE" in err

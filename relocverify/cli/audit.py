@@ -15,6 +15,7 @@ instruction lands in one bucket per tracer.  Exit codes: 0 no tracer-wrong, 1 a 
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import closing
 from typing import TextIO
 
@@ -54,6 +55,9 @@ def add_parser(sub, types) -> None:
                    help="where every tracer's slot is (default: the kernel's module space, as vmlinux uses)")
     a.add_argument("--limit", type=types["COUNT"], default=None, metavar="N", help="only the first N functions")
     a.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from .live import add_options
+
+    add_options(a, types, live=False)  # --running: the file of the kernel this machine runs
     add_batch_options(a, types, "also write the audit summary as JSON to FILE (exit 1 when any tracer is "
                       "tracer-wrong, 3 when the totals do not add up)", fail_on=False)
     a.set_defaults(func=command)
@@ -71,6 +75,14 @@ def command(args, out: TextIO) -> int:
         raise InputError("name at least one --tracer (e.g. --tracer kprobes@6.1) or --tracer-cmd")
     if args.package and (args.image or args.module):
         raise InputError("--package names the whole kernel: give no IMAGE or --module with it")
+    if args.running:
+        if args.image or args.package:
+            raise InputError("audit --running: the running kernel is the image; give no IMAGE or --package")
+        from .live import running_image
+
+        line = running_image(args)
+        sys.stderr.write(f"audit: {line}; its file is audited (boot-time variants as the tracer models judge "
+                         f"them; one live instruction: relocverify check --running FUNCTION+OFF)\n")
     if args.module and not args.image:
         raise InputError("--module needs the vmlinux the modules were built for as IMAGE")
     if (args.module or args.package) and not args.db:
