@@ -97,9 +97,16 @@ def models_digest() -> str:
 class OutcomeMemo:
     """``<cache>/tracers/``: one file per (tag, tracer) holding {instance key: outcome row} as a marshal
     blob, written whole and atomically (``os.replace``); a file that does not load is ignored (its
-    outcomes are judged again).  Only ever read from the user's own cache directory."""
+    outcomes are judged again).  Only ever read from the user's own cache directory.
 
-    def __init__(self, directory: str | None):
+    Every change to a model or to relocverify's source makes a new tag, so the memos of old versions
+    are never read again: after each save the directory is held under ``limit`` bytes by removing
+    the least recently used memos (a load marks its file used), never the one just saved."""
+
+    LIMIT = 1 << 30  # 1 GiB: one whole kernel's memos for every tracer are ~0.1-0.8 GB
+
+    def __init__(self, directory: str | None, limit: int | None = None):
+        self.limit = self.LIMIT if limit is None else limit
         self.directory = None if directory is None else os.path.join(directory, "tracers")
         if self.directory is not None:
             os.makedirs(self.directory, exist_ok=True)
@@ -116,6 +123,10 @@ class OutcomeMemo:
                 doc = marshal.load(fh)
         except (OSError, ValueError, EOFError, TypeError):
             return {}
+        try:
+            os.utime(self._path(tag, tracer))  # used: the last to be evicted
+        except OSError:
+            pass
         return doc if isinstance(doc, dict) else {}
 
     def save(self, tag: bytes, tracer: str, memo: dict[bytes, tuple]) -> None:
@@ -126,6 +137,30 @@ class OutcomeMemo:
         with open(partial, "wb") as fh:
             marshal.dump(memo, fh)
         os.replace(partial, path)
+        self._evict(keep=path)
+
+    def _evict(self, keep: str) -> None:
+        """Least recently used memos removed until the directory holds at most ``limit`` bytes."""
+        files = []
+        for entry in os.scandir(self.directory):
+            if entry.name.endswith(".marshal") and entry.path != keep:
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                files.append((st.st_mtime, st.st_size, entry.path))
+        try:
+            total = os.path.getsize(keep) + sum(size for _, size, _ in files)
+        except OSError:
+            return
+        for _, size, path in sorted(files):
+            if total <= self.limit:
+                break
+            try:
+                os.unlink(path)
+                total -= size
+            except OSError:
+                pass
 
     def close(self) -> None:
         pass
