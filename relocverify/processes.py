@@ -8,15 +8,19 @@ went on waiting for a task that never came: the parent's ``join`` waited for eve
 selftest).  With the default action the kernel ends the worker wherever it is.
 
 A worker also ends with its parent (``die_with_parent``): a parent killed with SIGKILL runs no cleanup, and
-its workers went on running for good (issue 44)."""
+its workers went on running for good (issue 44).  Not with ``prctl(PR_SET_PDEATHSIG)``: its signal comes
+when the parent *thread* that forked the worker ends, and a pool forks the workers that replace those past
+``maxtasksperchild`` from its worker-handler thread, which ends in ``terminate``; those workers were
+killed there, one of them holding the task queue's lock, and ``terminate`` waited for that lock for ever
+(the 20,000-pair selftest hung after its last candidate).  A thread in the worker watches its parent
+process instead."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-
-_PR_SET_PDEATHSIG = 1
+import threading
+import time
 
 
 def alive(pid: int) -> bool:
@@ -30,16 +34,18 @@ def alive(pid: int) -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """The kernel sends this process SIGKILL when its parent ends, however the parent ends (Linux
-    ``prctl(PR_SET_PDEATHSIG)``); if the parent is gone already, this process ends now."""
+def die_with_parent(period: float = 0.25) -> None:
+    """This process ends (``os._exit``) within ``period`` seconds of its parent process's end, however the
+    parent ends: a daemon thread compares ``os.getppid()`` with the parent's (a child whose parent ends is
+    given to another)."""
     parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the worker outlives a killed parent, as before
-        return
-    if os.getppid() != parent:
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
         os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def pool_worker() -> None:

@@ -232,6 +232,27 @@ def test_a_worker_ends_with_its_killed_parent(tmp_path):
     assert not alive, f"workers {alive} outlived their killed parent"
 
 
+def test_a_pool_whose_workers_were_replaced_ends():
+    """Workers past ``maxtasksperchild`` are forked again by the pool's handler thread, which ends in
+    ``terminate``: a worker that ended with that thread (``prctl(PR_SET_PDEATHSIG)`` fires on the forking
+    thread's end) while holding the task queue's lock left ``terminate`` waiting for ever (the 20,000-pair
+    selftest hung after its last candidate)."""
+    import subprocess
+    import sys
+
+    script = ("import multiprocessing, time\n"
+              "from relocverify.processes import pool_worker\n"
+              "def same(x):\n"
+              "    return x\n"
+              "for _ in range(3):\n"
+              "    with multiprocessing.get_context('fork').Pool(2, pool_worker, maxtasksperchild=1) as pool:\n"
+              "        assert sum(pool.imap_unordered(same, range(20))) == 190\n"
+              "        time.sleep(0.3)\n"
+              "print('ended')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "ended\n", done.stderr
+
+
 def _alive(pid: int) -> bool:
     import os
 
