@@ -63,8 +63,13 @@ def _same_access(orig: Instruction, reloc: Instruction) -> bool:
     if orig.rip_relative:
         return reloc.rip_target == orig.rip_target or (reloc.memory.base not in ("rip", None))
     om, rm = orig.memory, reloc.memory
-    return (om.base, om.index, om.scale, om.displacement, om.segment) == \
-        (rm.base, rm.index, rm.scale, rm.displacement, rm.segment)
+    if (om.base, om.index, om.scale, om.displacement, om.segment) == \
+            (rm.base, rm.index, rm.scale, rm.displacement, rm.segment):
+        return True
+    # Through a scratch register (``xchg %ax,4(%r11,%rdx,2)`` for ``4(%rcx,%rdx,2)``, r11 a copy of
+    # rcx): the same segment override, and the address is the sequential obligation's to check, as for
+    # a RIP-relative operand re-aimed through a register above.
+    return om.segment == rm.segment and rm.base not in ("rip", None)
 
 
 def check_atomicity(decoded: Instruction, code: bytes | None, tramp: int, tracer_ranges) -> str | None:
