@@ -14,6 +14,7 @@ a new analysis of every function is.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -21,27 +22,28 @@ from ..image.functions import Function
 from ..image.image import Image
 
 
-class FunctionPass:
-    """The interface of a pass; ``name`` names its rows in the store and its section in the summary."""
+class FunctionPass(ABC):
+    """The interface of a pass (a subclass implements all four methods); ``name`` names its rows in the
+    store and its section in the summary."""
 
     name: str = ""
     row: type[NamedTuple] = NamedTuple
 
+    @abstractmethod
     def keys(self, image: Image, fn: Function, data: bytes) -> list:
         """The keys function ``fn`` (its bytes ``data``) needs, in order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def compute(self, key) -> object:
         """The value of one key (pure: a worker computes each key once)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def rows(self, fn: Function, found: Sequence[tuple[object, object]]) -> list[tuple]:
         """Function ``fn``'s rows from its (key, value) pairs, in ``keys``' order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def summarize(self, rows: Iterable[tuple]) -> dict:
         """The pass's section of the image's summary, from every row of the image's functions."""
-        raise NotImplementedError
 
 
 class PassMemo:
