@@ -77,16 +77,24 @@ def pids_cgroup():
             time.sleep(0.1)
 
 
-@SETTINGS
-@given(limit=st.integers(1, 4), jobs=st.sampled_from(["1", "2"]))
-def test_a_fork_refused_is_one_line_and_exit_2(small, tmp_path_factory, pids_cgroup, limit, jobs):
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=st.integers(1, 10), jobs=st.sampled_from(["1", "2"]), command=st.sampled_from(["vmlinux", "selftest"]))
+def test_a_fork_refused_is_one_line_and_exit_2(small, tmp_path_factory, pids_cgroup, limit, jobs, command):
+    """Refused in the parent, in a worker (its watch thread, its CPU judge's child) or in a native library
+    within a worker (z3 aborts when refused a thread): the answer, or the one line that names the limit, and
+    no process left in the cgroup either way (``multiprocessing.Pool`` lost the aborted worker's answer and
+    waited for ever, its replacement workers left running)."""
     (pids_cgroup / "pids.max").write_text(str(limit))
     db = tmp_path_factory.mktemp("fork") / "s.sqlite"
+    argv = (("vmlinux", small, "--db", str(db), "--no-cache") if command == "vmlinux"
+            else ("selftest", "--pairs", "24", "--seed", str(limit)))
     shell = f"echo $$ > {pids_cgroup}/cgroup.procs && exec \"$@\""
-    code, out, err = cli("vmlinux", small, "--db", str(db), "--no-progress", "--no-cache", "--jobs", jobs,
-                         prefix=("sh", "-c", shell, "sh"))
+    code, out, err = cli(*argv, "--no-progress", "--jobs", jobs, prefix=("sh", "-c", shell, "sh"))
+    left = (pids_cgroup / "cgroup.procs").read_text().split()
+    assert not left, f"processes {left} left running"
     if code == 0:
-        return  # the limit left room enough for this run
+        assert err == "", err  # the limit left room enough for this run
+        return
     one_line(code, err, "cannot start another process or thread", "--jobs 1")
 
 

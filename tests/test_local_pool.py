@@ -202,7 +202,7 @@ def test_a_learned_finding_crosses_a_pipe_as_it_was(finding, shareable, address,
 
 
 def test_a_worker_ends_with_its_killed_parent(tmp_path):
-    """A parent killed with SIGKILL runs no cleanup; its pool workers end with it (issue 44: they ran on)."""
+    """A parent killed with SIGKILL runs no cleanup; its ``fork_map`` workers end with it (issue 44: they ran on)."""
     import os
     import signal
     import subprocess
@@ -210,16 +210,15 @@ def test_a_worker_ends_with_its_killed_parent(tmp_path):
     import time
 
     pids = tmp_path / "pids"
-    script = ("import multiprocessing, os, time\n"
-              "from relocverify.processes import pool_worker\n"
+    script = ("import os, time\n"
+              "from relocverify.processes import fork_map\n"
               "def pid(_):\n"
-              "    return os.getpid()\n"
-              f"with multiprocessing.get_context('fork').Pool(2, pool_worker) as pool:\n"
-              f"    open({str(pids)!r}, 'w').write(' '.join(map(str, set(pool.map(pid, range(8))))))\n"
-              "    time.sleep(60)\n")
+              f"    open({str(pids)!r}, 'a').write(f'{{os.getpid()}} ')\n"
+              "    time.sleep(60)\n"
+              "fork_map(pid, range(2), 2)\n")
     parent = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
-    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     workers = [int(p) for p in pids.read_text().split()]
     os.kill(parent.pid, signal.SIGKILL)
@@ -229,28 +228,100 @@ def test_a_worker_ends_with_its_killed_parent(tmp_path):
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = [w for w in workers if _alive(w)]
-    assert not alive, f"workers {alive} outlived their killed parent"
+    assert len(workers) == 2 and not alive, f"workers {alive} outlived their killed parent"
 
 
-def test_a_pool_whose_workers_were_replaced_ends():
-    """Workers past ``maxtasksperchild`` are forked again by the pool's handler thread, which ends in
-    ``terminate``: a worker that ended with that thread (``prctl(PR_SET_PDEATHSIG)`` fires on the forking
-    thread's end) while holding the task queue's lock left ``terminate`` waiting for ever (the 20,000-pair
-    selftest hung after its last candidate)."""
-    import subprocess
-    import sys
+def _same(x):
+    return x
 
-    script = ("import multiprocessing, time\n"
-              "from relocverify.processes import pool_worker\n"
-              "def same(x):\n"
-              "    return x\n"
-              "for _ in range(3):\n"
-              "    with multiprocessing.get_context('fork').Pool(2, pool_worker, maxtasksperchild=1) as pool:\n"
-              "        assert sum(pool.imap_unordered(same, range(20))) == 190\n"
-              "        time.sleep(0.3)\n"
-              "print('ended')\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout == "ended\n", done.stderr
+
+def _pid(_):
+    import os
+
+    return os.getpid()
+
+
+def test_renewed_workers_answer_in_order_and_end():
+    """Workers past ``renew_after`` are replaced by the parent, from its own thread (``multiprocessing.Pool``
+    forked them from its handler thread, whose end killed them through ``PR_SET_PDEATHSIG`` while one held the
+    task queue's lock: the 20,000-pair selftest hung after its last candidate)."""
+    import os
+
+    from relocverify.processes import fork_map
+
+    for chunk in (1, 3):
+        assert fork_map(_same, range(40), 2, chunksize=chunk, renew_after=1) == list(range(40))
+    pids = fork_map(_pid, range(12), 2, renew_after=2)
+    assert len(set(pids)) >= 6 and os.getpid() not in pids  # each worker served two items, at most
+    assert not _children_alive()
+
+
+def _children_alive() -> list[int]:
+    import os
+
+    here = os.getpid()
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{pid}/stat").read().split(") ")[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == here and stat[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def _dies(how):
+    """A task that ends its worker in one of the ways a worker ends without answering."""
+    import os
+    import signal
+
+    def task(x):
+        if x != how[0]:
+            return x
+        kind = how[1]
+        if kind == "exit":
+            os._exit(3)
+        if kind == "refused":
+            from relocverify.processes import REFUSED_EXIT
+
+            os._exit(REFUSED_EXIT)
+        if kind == "raise":
+            raise KeyError(x)
+        if kind == "refused-raise":
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        os.kill(os.getpid(), getattr(signal, kind))
+        return x
+
+    return task
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(5, 30), jobs=st.integers(2, 3), chunk=st.integers(1, 4), renew=st.sampled_from([None, 1, 5]),
+       at=st.integers(0, 29), kind=st.sampled_from(["SIGKILL", "SIGABRT", "SIGSEGV", "exit", "refused", "raise",
+                                                     "refused-raise"]))
+def test_a_worker_that_ends_without_answering_is_an_error_not_a_hang(n, jobs, chunk, renew, at, kind):
+    """However a worker ends in the middle of an item (a signal, a native abort, an exit, a refused thread, an
+    exception), ``fork_map`` raises at once and leaves no worker behind; ``multiprocessing.Pool`` waited for the
+    lost answer for ever.  A refusal is the ``OSError`` the command line names as the system's limit."""
+    import errno
+
+    from relocverify.processes import WorkerDied, fork_map, refused
+
+    at %= n
+    try:
+        fork_map(_dies((at, kind)), range(n), jobs, chunksize=chunk, renew_after=renew)
+    except WorkerDied as exc:
+        assert kind in ("SIGKILL", "SIGABRT", "SIGSEGV", "exit") and "--jobs 1" in str(exc)
+        if kind.startswith("SIG"):
+            assert kind in str(exc)
+    except KeyError as exc:
+        assert kind == "raise" and exc.args == (at,)
+    except OSError as exc:
+        assert kind in ("refused", "refused-raise") and exc.errno == errno.EAGAIN and refused(exc) is not None
+    else:
+        raise AssertionError(f"{kind} at item {at} of {n} was not reported")
+    assert not _children_alive()
 
 
 def _alive(pid: int) -> bool:

@@ -102,32 +102,40 @@ def test_a_store_split_candidate_is_a_real_split():
     assert memory_model.compare(c.orig, c.at, c.reloc, c.tramp, c.tracer_memory)
 
 
-def test_a_terminated_pool_s_worker_ends_though_the_command_line_caught_sigterm():
-    """``processes.pool_worker``: with the command line's SIGTERM handler (it raises KeyboardInterrupt)
-    in the parent, a worker that swallows the exception would keep ``Pool.terminate`` waiting; the
-    initializer gives the workers SIGTERM's default action, so the pool closes at once."""
-    import multiprocessing
+def test_an_interrupted_map_ends_its_workers_though_they_caught_sigterm():
+    """``processes.fork_map`` under the command line's SIGTERM handler (it raises KeyboardInterrupt): the
+    workers start with SIGTERM's default action, and the interrupted parent kills the busy ones, so a worker
+    that swallows the exception keeps nothing waiting and is not left behind."""
+    import os
     import signal
+    import threading
     import time
 
     from relocverify.cli.main import _terminate
-    from relocverify.processes import pool_worker
+    from relocverify.processes import fork_map
 
     before = signal.signal(signal.SIGTERM, _terminate)
     try:
-        pool = multiprocessing.get_context("fork").Pool(2, pool_worker)
-        assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
-        pool.apply_async(_swallow_interrupts)
-        time.sleep(0.3)
+        assert fork_map(_sigterm_action, range(2), 2) == [signal.SIG_DFL] * 2
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
         t = time.monotonic()
-        pool.terminate()
-        pool.join()
-        assert time.monotonic() - t < 5
+        with pytest.raises(KeyboardInterrupt):
+            fork_map(_swallow_interrupts, range(2), 2)
+        assert time.monotonic() - t < 10
     finally:
         signal.signal(signal.SIGTERM, before)
+    from test_local_pool import _children_alive
+
+    assert not _children_alive()
 
 
-def _swallow_interrupts():
+def _sigterm_action(_):
+    import signal
+
+    return signal.getsignal(signal.SIGTERM)
+
+
+def _swallow_interrupts(_=None):
     """A task that goes on through KeyboardInterrupt (what the handler's exception met in a worker)."""
     import time
 

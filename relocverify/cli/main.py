@@ -441,16 +441,13 @@ def _usable(stream) -> bool:
 
 
 def _refused_start(e: BaseException) -> str | None:
-    """A process or thread the system would not start (fork or clone failing with EAGAIN or ENOMEM: a limit on
-    processes such as ``ulimit -u``/RLIMIT_NPROC or a cgroup's ``pids.max``, or no memory) as one line; None for
-    anything else.  The environment's failure, not ours: exit 2, like a full disk (issue 44: exit 4)."""
-    import errno
+    """A process or thread the system would not start (``processes.refused``: a limit on processes such as
+    ``ulimit -u``/RLIMIT_NPROC or a cgroup's ``pids.max``, or no memory) as one line; None for anything else.
+    The environment's failure, not ours: exit 2, like a full disk (issue 44: exit 4)."""
+    from ..processes import refused
 
-    if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM) and e.filename is None:
-        why = "the limit on processes is reached" if e.errno == errno.EAGAIN else "not enough memory"
-    elif isinstance(e, RuntimeError) and "can't start new thread" in str(e):
-        why = "the limit on processes or threads is reached"
-    else:
+    why = refused(e)
+    if why is None:
         return None
     return (f"cannot start another process or thread: the system refused it ({why}: ulimit -u, RLIMIT_NPROC or a "
             f"cgroup's pids.max); run with --jobs 1 or raise the limit")

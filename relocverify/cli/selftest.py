@@ -28,6 +28,7 @@ def add_parser(sub, types: dict) -> None:
     s.add_argument("--jobs", type=types["JOBS"], default=None, metavar="N",
                    help="worker processes, at most one per CPU (default: CPUs)")
     s.add_argument("--json", action="store_true", help="print the tallies and false proofs as JSON")
+    s.add_argument("--no-progress", action="store_true", help="print no progress on stderr (drawn on a terminal only)")
     s.add_argument("--validate-forms", action="store_true",
                    help="instead: run every instruction form of the sources below on this CPU and merge the "
                         "readings into the validated-form table (relocverify/proof/validated_forms.json, or "
@@ -74,7 +75,7 @@ def command(args, out: TextIO) -> int:
 
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     names = [n.strip() for n in args.operators.split(",")] if args.operators else None
-    report = run(args.pairs, seed, names, jobs, args.states, _progress(sys.stderr.isatty() and not args.json, "selftest", "pairs"))
+    report = run(args.pairs, seed, names, jobs, args.states, _progress(sys.stderr.isatty() and not (args.json or args.no_progress), "selftest", "pairs"))
     if args.json:
         json.dump(report.as_json(), out, indent=2)
         out.write("\n")
@@ -135,7 +136,7 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     todo = {form: raws for form, raws in forms.items()
             if form not in old_rows or old_rows[form]["status"] in again}
     out.write(f"validating {len(todo)} forms ({len(forms) - len(todo)} kept from the current table)\n")
-    results = validate_forms(dict(todo), jobs=jobs, progress=_progress(sys.stderr.isatty(), "forms", "forms"))
+    results = validate_forms(dict(todo), jobs=jobs, progress=_progress(sys.stderr.isatty() and not args.no_progress, "forms", "forms"))
     sources = previous.get("sources", {})
     sources = {"kernels": sorted(set(sources.get("kernels", [])) | set(args.kernel or [])),
                "modules": sources.get("modules", False) or args.modules,

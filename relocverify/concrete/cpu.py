@@ -611,6 +611,7 @@ def _child(program: Program, states: list[MachineState], w: int) -> None:
 def run_on_cpu(program: Program, states: list[MachineState]) -> list[Outcome]:
     """Run ``program`` once per state on this CPU; one ``Outcome`` per state, in order (see the module doc)."""
     program.check()
+    has_fsgsbase(), xsave_layout()  # asked here, where the answers are kept, not in each child (a fork apiece)
     outcomes: list[Outcome] = []
     while len(outcomes) < len(states):
         results, status = in_child(lambda w: _child(program, states[len(outcomes):], w))

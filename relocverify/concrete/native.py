@@ -56,6 +56,7 @@ import iced_x86 as iced
 from ..x86.instruction import Instruction
 from ..x86.registers import GPR64, MASK64, reg_family
 from . import native_harness as H
+from ..processes import REFUSED_EXIT, refused, refused_worker
 from .cpu_identity import current_mask
 from .outcome import CF, DF, OF, PF, SF, ZF, AF, RFLAGS_FIXED, MachineState, Outcome
 
@@ -447,13 +448,15 @@ def in_child(work: Callable[[int], None]) -> tuple[list, int]:
         code = 0
         try:
             work(w)
-        except BaseException:  # noqa: BLE001 - the parent sees the exit status
-            code = 3
+        except BaseException as exc:  # noqa: BLE001 - the parent sees the exit status
+            code = REFUSED_EXIT if refused(exc) is not None else 3
         os._exit(code)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == REFUSED_EXIT:
+        raise refused_worker()
     results, offset = [], 0
     while offset + 4 <= len(data):
         (size,) = struct.unpack_from("<I", data, offset)

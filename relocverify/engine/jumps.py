@@ -129,6 +129,7 @@ from ..kernel.patch_range import (FunctionRanges, PatchRanges, RangeRefusal, pas
 from ..kernel.sites import kind_key
 from ..plan.block import JUMP_SIZE, BlockPlan, NoBlock, call_reason, is_call, plan_block
 from ..plan.plan import PlanKind
+from ..processes import refused
 from ..proof.block import FAST_PATH_REASON, block_key, composed, piece_key, prove_block
 from ..proof.cache_key import pc_fields
 from ..proof.canonical import NotApplicable
@@ -365,6 +366,8 @@ class JumpProver:
         try:
             result = prove_block(block, self.timeout_ms)
         except Exception as exc:  # a bug in a library must not stop the run: this point is refused
+            if refused(exc) is not None:  # the system's limit is no answer: the run stops
+                raise
             return "proof:error", f"internal error: {type(exc).__name__}: {one_line(exc)}"
         if result.verdict is Verdict.PROVED:
             answer = (ELIGIBLE, result.reason)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..plan.plan import PlanKind, make_plan
+from ..processes import refused
 from ..proof.cache_key import cache_key, reusable
 from ..proof.verdict import Finding, ProofResult, Verdict
 from ..schedule.watchdog import WATCHDOG_MARGIN_S, ProofTimeout, own_alarm, watchdog  # noqa: F401 - the engine's names
@@ -117,5 +118,7 @@ class Prover:
         except ProofTimeout:
             result = ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a bug in a third-party library must not stop the run
+            if refused(exc) is not None:  # the system's limit, not this instruction's verdict: the run stops
+                raise
             result = ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {one_line(exc)}", "error")
         return result

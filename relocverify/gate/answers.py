@@ -7,13 +7,12 @@ subprocess (objdump, an external command) then runs once per chunk.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from itertools import compress
 from operator import itemgetter, not_
 from typing import Sequence
 
-from ..processes import pool_worker
+from ..processes import fork_map
 from ..x86.decoders.protocol import Decoder, Facts
 
 _SECOND = itemgetter(1)
@@ -53,8 +52,7 @@ def _pooled(adapters, work, jobs):
     chunk = max(5_000, sum(len(m) for _, m in work) // (jobs * 4))
     tasks = [(k, i, i + chunk) for k, (_, m) in enumerate(work) for i in range(0, len(m), chunk)]
     try:
-        with multiprocessing.get_context("fork").Pool(jobs, pool_worker) as pool:
-            done = pool.map(_decode_chunk, tasks, chunksize=1)
+        done = fork_map(_decode_chunk, tasks, jobs)
     finally:
         _WORK.clear()
     merged: dict[int, list[Facts]] = {k: [] for k in range(len(work))}

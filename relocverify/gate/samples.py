@@ -15,13 +15,12 @@ windows: there, each decoder decides where the first instruction ends.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from dataclasses import dataclass, field
 
 from ..collector import paused
 from ..errors import InputError
-from ..processes import pool_worker
+from ..processes import fork_map
 
 
 @dataclass
@@ -59,8 +58,7 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         _SWEEP[:] = [image, functions]
         size = -(-len(functions) // (jobs * 2))
         runs = [(i, min(i + size, len(functions))) for i in range(0, len(functions), size)]
-        with multiprocessing.get_context("fork").Pool(jobs, pool_worker) as pool:
-            parts = pool.map(_sweep_run, runs, chunksize=1)
+        parts = fork_map(_sweep_run, runs, jobs)
         _SWEEP.clear()
     else:
         with paused():  # a kernel's sweep keeps ~600 k samples and answers: 4.0 s with the collector, 2.7 without

@@ -61,6 +61,7 @@ from ..concrete.machine import MAX_STEPS, RELOCATION_MARGIN, execute, Machine, p
 from ..concrete.outcome import Difference, MachineState, with_code
 from ..concrete.replay import Replay, compare
 from ..plan.block import BlockPlan
+from ..processes import refused
 from ..x86.registers import MASK64
 from ..text import one_line
 from . import lift as L
@@ -370,7 +371,9 @@ def composed(block: BlockPlan, known: dict, keys: list | None = None, learn=None
         if ok is None:
             try:
                 ok = piece_proved(block, i)
-            except Exception:  # a library's error: prove_block gives the block its verdict
+            except Exception as exc:  # a library's error: prove_block gives the block its verdict
+                if refused(exc) is not None:  # the system's limit: the run stops
+                    raise
                 return False
             learn(key, ok)
         if not ok:

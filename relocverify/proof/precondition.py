@@ -24,6 +24,7 @@ import claripy
 from ..errors import InputError
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64, is_canonical
+from .smt import timed_solver
 
 MAX_TRACER_MEMORY = 1 << 24  # 16 MiB
 
@@ -68,7 +69,7 @@ def _witness(decoded: Instruction, tramp: int, code_length: int, ranges) -> None
         orig = S.execute_original(world, decoded.raw, decoded.address)
     except S.Gap:
         return  # no semantics to ask: the bounds above are all that can be checked
-    solver = claripy.Solver(timeout=10_000)
+    solver = timed_solver(10_000)
     for c in world.constraints() + private_tracer_memory(world, orig):
         solver.add(c)
     if not solver.satisfiable():

@@ -6,7 +6,10 @@ concrete replay on unicorn (``relocverify.concrete.replay``)."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
 
 import claripy
 
@@ -18,6 +21,27 @@ from ..x86.registers import MASK64
 from . import lift as L
 from . import semantics as S
 from .verdict import Counterexample
+
+
+def timed_solver(timeout_ms: int) -> claripy.Solver:
+    """A claripy solver with a time limit, in a process ready for it (``_timer_ready``)."""
+    _timer_ready(os.getpid())
+    return claripy.Solver(timeout=timeout_ms)
+
+
+@lru_cache(maxsize=None)
+def _timer_ready(pid: int) -> None:
+    """Once per process (a forked child is another: z3 forgets its threads at the fork): z3 starts a thread for
+    the first check with a time limit and keeps it for the later ones; a system that refuses it that thread (a
+    limit on processes or threads: ``ulimit -u``, a cgroup's ``pids.max``) makes z3 abort the whole process,
+    with no line to say why.  A Python thread started first is refused with the exception the command line
+    names (``processes.refused``); once z3 has its thread, no check needs another."""
+    probe = threading.Thread(target=int, name="relocverify-thread-room")
+    probe.start()
+    probe.join()
+    solver = claripy.Solver(timeout=60_000)
+    solver.add(claripy.BVS("ready", 8) == 1)
+    solver.satisfiable()
 
 
 def _merge(outs, f):
@@ -188,7 +212,7 @@ def clobbered_flags(world, orig_outs, at: int, unaffected: int, timeout_ms: int)
     for iced_bit, bit in bits.items():
         if not unaffected & iced_bit:
             continue
-        solver = claripy.Solver(timeout=timeout_ms)
+        solver = timed_solver(timeout_ms)
         for c in world.constraints():
             solver.add(c)
         solver.add(after[bit] != before[bit])
@@ -206,7 +230,7 @@ def first_satisfiable(world, conditions, timeout_ms, precondition=()):
     """The first of ``conditions`` ((condition, what it means), ...) some input satisfies, as (solver with a
     model, what it means), or None."""
     for condition, why in conditions:
-        solver = claripy.Solver(timeout=timeout_ms)
+        solver = timed_solver(timeout_ms)
         for c in world.constraints() + list(precondition):
             solver.add(c)
         solver.add(condition)
@@ -225,7 +249,7 @@ def solve(world, items, read_conds, x, timeout_ms, extra=(), precondition=()):
     for stage in ([it.orig != it.reloc for it in items], read_conds):
         if not stage:
             continue
-        solver = claripy.Solver(timeout=timeout_ms)
+        solver = timed_solver(timeout_ms)
         for c in base:
             solver.add(c)
         solver.add(claripy.Or(*stage))

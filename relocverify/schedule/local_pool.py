@@ -32,7 +32,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Callable
 
 from ..errors import RelocverifyError
-from ..processes import die_with_parent
+from ..processes import REFUSED_EXIT, StderrTap, die_with_parent, ended_why, refused, refused_worker
 from .kinds import WorkerKind
 from .smt_helper import helper_checker
 
@@ -59,10 +59,18 @@ class WorkerError(RelocverifyError):
     """A task raised an exception inside a worker (a bug): its traceback's last line."""
 
 
-def _serve(kind: WorkerKind, job, conn, progress, current, index: int, smt_address: str | None = None) -> None:
-    die_with_parent()  # a run killed with SIGKILL leaves no worker behind
-    kind.in_process()
-    worker = kind.make(job, helper_checker(smt_address))  # its SMT checks go to the session's helper, if one runs
+def _serve(kind: WorkerKind, job, conn, progress, current, index: int, smt_address: str | None = None,
+           tap: StderrTap | None = None) -> None:
+    if tap is not None:
+        tap.attach()
+    die_with_parent()  # a run killed with SIGKILL leaves no worker behind (once its task is done, if refused)
+    try:
+        kind.in_process()
+        worker = kind.make(job, helper_checker(smt_address))  # its SMT checks go to the session's helper, if one runs
+    except Exception as exc:
+        if refused(exc) is None:
+            raise
+        os._exit(REFUSED_EXIT)  # the parent names the limit (``died``), not this process's traceback
 
     def tell(n: int) -> None:
         progress[index] += n
@@ -87,8 +95,8 @@ def _serve(kind: WorkerKind, job, conn, progress, current, index: int, smt_addre
                     conn.send(("harvested", (value, worker.harvest())))
                 else:
                     conn.send(("ok", value))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
+            except Exception as exc:
+                conn.send(("refused" if refused(exc) is not None else "error", traceback.format_exc()))
     except (EOFError, KeyboardInterrupt):
         pass
     finally:
@@ -121,6 +129,7 @@ class LocalPool:
         self.current = ctx.Array("q", self.n, lock=False)
         self.procs: list = [None] * self.n
         self.conns: list = [None] * self.n
+        self.taps: list[StderrTap | None] = [None] * self.n  # each worker's standard error (``processes.StderrTap``)
         for i in range(self.n):
             self._spawn(i)
 
@@ -129,14 +138,22 @@ class LocalPool:
 
     def _spawn(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        args = (self.kind, self.job, child, self.progress, self.current, i, self.smt_address)
+        self.taps[i] = StderrTap()
+        args = (self.kind, self.job, child, self.progress, self.current, i, self.smt_address, self.taps[i])
         proc = self._ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
         self.procs[i], self.conns[i] = proc, parent
         for method, args in self._replay:
-            parent.send((method, args))
-            status, value = parent.recv()
+            try:
+                parent.send((method, args))
+                status, value = parent.recv()
+            except (EOFError, OSError):
+                proc.join(timeout=5)
+                tap, self.taps[i] = self.taps[i], None
+                raise ended_why(proc.exitcode, tap) from None
+            if status == "refused":
+                raise refused_worker()
             if status != "ok":
                 raise WorkerError(value.strip().splitlines()[-1])
 
@@ -228,12 +245,15 @@ class LocalPool:
             self.worker.close()
             return
         self.stop()
-        for proc in self.procs:
+        for i, proc in enumerate(self.procs):
             if proc is not None:
                 proc.join(timeout=5)
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
+            if self.taps[i] is not None:
+                self.taps[i].release()
+                self.taps[i] = None
 
     def __enter__(self):
         return self
@@ -320,6 +340,9 @@ class _Dispatch:
         if status == "ok":
             self.feed(i)  # keep the worker busy while its result is taken in
             on_result(replace(task, tag=i) if self.shared else task, value)
+        elif status == "refused":
+            pool.close()
+            raise refused_worker()
         elif status == "error":
             pool.close()
             raise WorkerError(f"a worker failed in {task.method}: {value.strip().splitlines()[-1]}")
@@ -336,6 +359,11 @@ class _Dispatch:
         self.flight[i].clear()
         self.held[i] = None
         pool.procs[i].join(timeout=1)
+        tap, pool.taps[i] = pool.taps[i], None
+        why = ended_why(pool.procs[i].exitcode, tap)
+        if isinstance(why, OSError):  # the system's limit, not a crash: forking again would meet it too
+            pool.close()
+            raise why
         pool._spawn(i)
         if on_crash is None:
             pool.close()

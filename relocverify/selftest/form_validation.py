@@ -41,7 +41,7 @@ from ..concrete import edge_operands as EO  # issue 41: every validation runs it
 from ..concrete.cpu_identity import FEATURE_MASK_ENV, current_mask
 from ..concrete.native import missing_features
 from ..concrete.outcome import MachineState, Outcome
-from ..processes import pool_worker
+from ..processes import fork_map
 from ..proof import evaluation as EV
 from ..proof import semantics as S
 from ..proof.forms import IMMEDIATE_BLIND, InsnFacts, facts
@@ -351,22 +351,9 @@ def validate_forms(forms: dict[str, list[bytes]], states_per_variant: int = 8, s
                    progress=None) -> dict[str, FormResult]:
     """Validate every form (in worker processes when ``jobs`` > 1)."""
     work = [(form, [r.hex() for r in rs], states_per_variant, seed) for form, rs in sorted(forms.items())]
-    results: dict[str, FormResult] = {}
-    if jobs <= 1:
-        for item in work:
-            r = _worker(item)
-            results[r.form] = r
-            if progress:
-                progress(len(results), len(work))
-        return results
-    from multiprocessing import get_context
-
-    with get_context("fork").Pool(jobs, pool_worker, maxtasksperchild=200) as pool:
-        for r in pool.imap_unordered(_worker, work, chunksize=4):
-            results[r.form] = r
-            if progress:
-                progress(len(results), len(work))
-    return results
+    # A worker is renewed after 200 forms: what angr and z3 keep between calls only grows.
+    done = fork_map(_worker, work, jobs, chunksize=4, renew_after=200, progress=progress)
+    return {r.form: r for r in done}
 
 
 def _pack_check() -> None:  # keep struct and MASK64 used for readers of this module's helpers

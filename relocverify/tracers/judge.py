@@ -24,6 +24,7 @@ import time
 
 from ..engine.pipeline import WATCHDOG_MARGIN_S, ProofTimeout, watchdog
 from ..plan.plan import Plan, PlanKind, make_plan
+from ..processes import refused
 from ..proof.cache_key import cache_key
 from ..proof.machine_model import Machine
 from ..proof.verdict import Counterexample, ProofResult, Verdict
@@ -89,6 +90,8 @@ def prove_answer(insn: Instruction, answer: Answer, tramp: int, timeout_s: float
         return ProofResult(Verdict.UNKNOWN, f"timeout: no verdict within {timeout_s:g} s", "timeout",
                            seconds=time.perf_counter() - t0)
     except Exception as exc:  # a bug in a third-party library must not stop an audit
+        if refused(exc) is not None:  # the system's limit is no verdict: the audit stops
+            raise
         return ProofResult(Verdict.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}"[:300], "error",
                            seconds=time.perf_counter() - t0)
 
@@ -119,6 +122,8 @@ def replay_unconfirmed(insn: Instruction, answer: Answer, result: ProofResult) -
     try:
         rep = replay_on_cpu(insn.raw, cex.at, cex.tramp, cex.state(), reloc, effects, memory)
     except Exception as exc:  # the judge's own failure must not stop an audit: said, and the verdict stays
+        if refused(exc) is not None:
+            raise
         return _with(result, "cpu-not-run", f"not run on the CPU ({type(exc).__name__}: {exc})"[:300])
     if rep.confirmed:
         what = ", ".join(d.what for d in rep.differences)
