@@ -455,7 +455,7 @@ def test_proved_means_proved(jd, image):
     fn = find_function(image, "gcd")
     address = _points(jd, fn)[0][0]
     patch = jd.runtime.begin_enable(address, _noop)
-    proof = jd.runtime.prove_block(patch.probe.block, 10_000)
+    proof = jd.runtime.trampolines.prove_block(patch.probe.block, 10_000)
     assert proof.verdict is Verdict.PROVED
     jd.runtime.finish(patch)
     jd.runtime.disable_jump(address)

@@ -10,6 +10,8 @@ in tracer memory (``JUMP_TRAMP_BASE``):
                            calls every consumer ``callback(A, context)``, and resumes at T+1
     T+1    the block       ``plan_block``'s linked relocations of [A, A+L), then a jump to A+L
 
+(``JumpTrampolines``: the slots, written once each, and the hook on them.)
+
 ``JumpProbes(kernel, verdicts).enable_jump(address, callback)`` writes
 anything only if (1) the live bytes (boot patches applied, probes' bytes
 left out) from A plan as a block at T+1 (``plan.block.plan_block``), (2)
@@ -73,7 +75,6 @@ where they are proved and safe and int3 probes elsewhere (``relocverify run
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 import iced_x86
@@ -164,6 +165,10 @@ class JumpProbe:
         nxt = self.boundaries[i + 1] if i + 1 < len(self.boundaries) else self.end
         return self.original[address - self.address:nxt - self.address]
 
+    def enabled(self) -> JumpEnabled:
+        """What ``enable_jump`` answers for this probe."""
+        return JumpEnabled(self.address, self.length, self.tramp, len(self.boundaries), self.enable_steps())
+
     def enable_steps(self) -> tuple[PatchStep, ...]:
         a = self.address
         return (PatchStep("int3", ((a, INT3),)), PatchStep("sync"),
@@ -201,30 +206,91 @@ def _default_prover():
     return prove_block
 
 
-class JumpProbes(ProbeRuntime):
-    """``ProbeRuntime`` with jump probes beside the int3 ones (see the module doc).
+class JumpTrampolines:
+    """The jump probes' trampolines in tracer memory (``JUMP_TRAMP_BASE``): for each (A, original bytes)
+    one slot T, the callback slot then the proved block, planned, checked and written the first time
+    and never written again; and the code hook on the callback slots, which records the one entered
+    (``hit``) and stops the run.
 
-    ``plan_block``, ``prove_block`` and ``patch_ranges`` default to ``plan.block``,
-    ``proof.block`` and ``kernel.patch_range.PatchRanges`` over the image."""
+    ``plan_block``, ``prove_block`` and ``patch_ranges`` are ``JumpProbes``'s (None: the defaults)."""
 
-    def __init__(self, kernel: KernelMachine, verdicts, plan_block=None, prove_block=None, patch_ranges=None,
+    def __init__(self, kernel: KernelMachine, plan_block=None, prove_block=None, patch_ranges=None,
                  timeout_ms: int = PROOF_TIMEOUT_MS):
-        super().__init__(kernel, verdicts)
+        self.kernel = kernel
         self.plan_block = plan_block or _default_planner()
         self.prove_block = prove_block or _default_prover()
         self._patch_ranges = patch_ranges
         self.timeout_ms = timeout_ms
-        self.uc.mem_map(JUMP_TRAMP_BASE, JUMP_TRAMP_SIZE)
+        kernel.uc.mem_map(JUMP_TRAMP_BASE, JUMP_TRAMP_SIZE)
         self._free = JUMP_TRAMP_BASE
         self._slots: dict[tuple[int, bytes], tuple[int, object]] = {}  # (A, original) -> (T, block), proved
-        self._jumps: dict[int, JumpProbe] = {}
         self._entries: set[int] = set()  # every trampoline's callback slot ever written
+        self.hit: int | None = None  # the callback slot the run stopped at (the runtime clears it per run)
+        kernel.uc.hook_add(UC_HOOK_CODE, self._on_code, begin=JUMP_TRAMP_BASE,
+                           end=JUMP_TRAMP_BASE + JUMP_TRAMP_SIZE - 1)
+
+    def patch_ranges(self):
+        """The ``PatchRanges`` a block's range is checked against (the image's, made on first use, unless given)."""
+        if self._patch_ranges is None:
+            from ..image.functions import find_functions
+            from ..kernel.patch_range import PatchRanges
+            self._patch_ranges = PatchRanges(self.kernel.image, find_functions(self.kernel.image),
+                                             self.kernel.sites)
+        return self._patch_ranges
+
+    def slot(self, address: int, original: bytes, decoded, fn: Function) -> tuple[int, object] | JumpRefused:
+        """(T, block) for the live bytes ``original`` at ``address`` (``decoded``, in ``fn``): the same
+        slot every time after the first, which plans, checks, proves and writes it."""
+        key = (address, original)
+        if key not in self._slots:
+            made = self._plan_and_prove(address, decoded, fn)
+            if isinstance(made, JumpRefused):
+                return made
+            self._slots[key] = made
+        return self._slots[key]
+
+    def _plan_and_prove(self, address: int, decoded, fn: Function) -> tuple[int, object] | JumpRefused:
+        tramp = (self._free + SLOT_ALIGN - 1) & ~(SLOT_ALIGN - 1)
+        block = self.plan_block(decoded, tramp + len(HOOK_SLOT))
+        if not hasattr(block, "trampoline"):
+            return JumpRefused(address, Verdict.REJECTED.value, f"block: {block.reason}", f"block:{block.key}")
+        refusal = self.patch_ranges().refusal(fn, address, block.length)
+        if refusal is not None:
+            return JumpRefused(address, Verdict.REJECTED.value, f"patch range: {refusal.reason}",
+                               f"range:{refusal.key}")
+        proof = self.prove_block(block, self.timeout_ms)
+        if proof.verdict is not Verdict.PROVED:
+            return JumpRefused(address, proof.verdict.value, f"block proof: {getattr(proof, 'reason', '')}",
+                               f"proof:{proof.verdict.value}")
+        code = HOOK_SLOT + block.trampoline
+        if tramp + len(code) > JUMP_TRAMP_BASE + JUMP_TRAMP_SIZE:
+            return JumpRefused(address, Verdict.REJECTED.value, "the jump trampoline area is full", "tramp-full")
+        self.kernel.write_code(tramp, code)
+        self._free = tramp + len(code)
+        self._entries.add(tramp)
+        return tramp, block
+
+    def _on_code(self, uc, address: int, _size, _data) -> None:
+        if address in self._entries:
+            self.hit = address
+            uc.emu_stop()
+
+
+class JumpProbes(ProbeRuntime):
+    """``ProbeRuntime`` with jump probes beside the int3 ones (see the module doc).
+
+    ``plan_block``, ``prove_block`` and ``patch_ranges`` default to ``plan.block``,
+    ``proof.block`` and ``kernel.patch_range.PatchRanges`` over the image; its ``trampolines``
+    (``JumpTrampolines``) hold them."""
+
+    def __init__(self, kernel: KernelMachine, verdicts, plan_block=None, prove_block=None, patch_ranges=None,
+                 timeout_ms: int = PROOF_TIMEOUT_MS):
+        super().__init__(kernel, verdicts)
+        self.trampolines = JumpTrampolines(kernel, plan_block, prove_block, patch_ranges, timeout_ms)
+        self._jumps: dict[int, JumpProbe] = {}
         self._threads: list[Thread] = []
-        self._jump_hit: int | None = None
         self.paused = False  # set by a code hook that stopped the run on purpose (``Interleaving``)
         self.running: Thread | None = None  # the call unicorn runs now
-        self.uc.hook_add(UC_HOOK_CODE, self._on_tramp_code, begin=JUMP_TRAMP_BASE,
-                         end=JUMP_TRAMP_BASE + JUMP_TRAMP_SIZE - 1)
 
     # -- what the base runtime must see ---------------------------------------------
     @property
@@ -238,14 +304,6 @@ class JumpProbes(ProbeRuntime):
                 if address <= j.address + i < address + size:
                     live[j.address + i - address] = b
         return bytes(live)
-
-    def patch_ranges(self):
-        if self._patch_ranges is None:
-            from ..image.functions import find_functions
-            from ..kernel.patch_range import PatchRanges
-            self._patch_ranges = PatchRanges(self.kernel.image, find_functions(self.kernel.image),
-                                             self.kernel.sites)
-        return self._patch_ranges
 
     def jump_probes(self) -> list[JumpProbe]:
         return list(self._jumps.values())
@@ -287,7 +345,7 @@ class JumpProbes(ProbeRuntime):
         done = self.finish(patch)
         if isinstance(done, Deferred):
             return done
-        return self._jump_enabled(patch.probe)
+        return patch.probe.enabled()
 
     def disable_jump(self, address: int, callback: Callback | None = None) -> Patch | Deferred | None:
         """Remove ``callback`` (None: all); with the last one, run the disable protocol."""
@@ -310,7 +368,7 @@ class JumpProbes(ProbeRuntime):
         j = self._jumps.get(address)
         if j is not None:
             j.consumers.append(callback)
-            return self._jump_enabled(j)
+            return j.enabled()
         made = self._prepare(address)
         if isinstance(made, JumpRefused):
             return made
@@ -373,19 +431,16 @@ class JumpProbes(ProbeRuntime):
         self._probes.pop(j.address, None)
         del self._jumps[j.address]
 
-    def _jump_enabled(self, j: JumpProbe) -> JumpEnabled:
-        return JumpEnabled(j.address, j.length, j.tramp, len(j.boundaries), j.enable_steps())
-
     def _prepare(self, address: int) -> JumpProbe | JumpRefused:
         def refuse(key: str, reason: str, verdict: str = Verdict.REJECTED.value) -> JumpRefused:
             return JumpRefused(address, verdict, reason, key)
 
         if not self.kernel.image.is_executable(address):
             return refuse("not-text", f"{address:#x} is not in an executable section")
-        problem = self._boundary_problem(address)
+        problem = self._bounds.boundary_problem(address, self.read_live)
         if problem:
             return refuse("boundary", problem)
-        fn = self._function_of(address)
+        fn = Function("", *self._bounds.span_of(address))
         live = self.read_live(address, min(fn.end - address, 5 * 15))
         decoded = []
         covered = 0
@@ -407,41 +462,12 @@ class JumpProbes(ProbeRuntime):
             policy = POLICY_BY_KIND.get(site.kind)
             if policy is not None and policy.consequence == "reject":
                 return refuse(f"site:{site.kind}", f"site {site.kind} at {site.address:#x}: {policy.reason}")
-        key = (address, original)
-        if key not in self._slots:
-            made = self._plan_and_prove(address, decoded, fn)
-            if isinstance(made, JumpRefused):
-                return made
-            self._slots[key] = made
-        tramp, block = self._slots[key]
+        made = self.trampolines.slot(address, original, decoded, fn)
+        if isinstance(made, JumpRefused):
+            return made
+        tramp, block = made
         boundaries = tuple(i.address for i in block.instructions)
         return JumpProbe(address, block.length, bytes(original[:block.length]), boundaries, tramp, block)
-
-    def _plan_and_prove(self, address: int, decoded, fn: Function) -> tuple[int, object] | JumpRefused:
-        tramp = (self._free + SLOT_ALIGN - 1) & ~(SLOT_ALIGN - 1)
-        block = self.plan_block(decoded, tramp + len(HOOK_SLOT))
-        if not hasattr(block, "trampoline"):
-            return JumpRefused(address, Verdict.REJECTED.value, f"block: {block.reason}", f"block:{block.key}")
-        refusal = self.patch_ranges().refusal(fn, address, block.length)
-        if refusal is not None:
-            return JumpRefused(address, Verdict.REJECTED.value, f"patch range: {refusal.reason}",
-                               f"range:{refusal.key}")
-        proof = self.prove_block(block, self.timeout_ms)
-        if proof.verdict is not Verdict.PROVED:
-            return JumpRefused(address, proof.verdict.value, f"block proof: {getattr(proof, 'reason', '')}",
-                               f"proof:{proof.verdict.value}")
-        code = HOOK_SLOT + block.trampoline
-        if tramp + len(code) > JUMP_TRAMP_BASE + JUMP_TRAMP_SIZE:
-            return JumpRefused(address, Verdict.REJECTED.value, "the jump trampoline area is full", "tramp-full")
-        self.kernel.write_code(tramp, code)
-        self._free = tramp + len(code)
-        self._entries.add(tramp)
-        return tramp, block
-
-    def _function_of(self, address: int) -> Function:
-        i = bisect.bisect_right(self._func_starts, address) - 1
-        start, end = self._funcs[i]
-        return Function("", start, end)
 
     # -- running: the trampolines' callback slot, and traps during the protocol ----------------
     def start(self, context, entry: int, regs: dict[str, int]) -> Thread:
@@ -462,22 +488,17 @@ class JumpProbes(ProbeRuntime):
         self.running = t
         super()._load(t)
 
-    def _on_tramp_code(self, uc, address: int, _size, _data) -> None:
-        if address in self._entries:
-            self._jump_hit = address
-            uc.emu_stop()
-
     def _segment(self, t: Thread, until: int, count: int) -> None:
-        self._jump_hit = None
+        self.trampolines.hit = None
         self.paused = False
         super()._segment(t, until, count)
         stopped_here = t.stop is not None and t.stop.kind == "budget"
         if self.paused and stopped_here:
             t.stop = None
-        elif self._jump_hit is not None and stopped_here:
+        elif self.trampolines.hit is not None and stopped_here:
             t.stop = None
             t.traps += 1
-            tramp = self._jump_hit
+            tramp = self.trampolines.hit
             owner = next((j for j in self._jumps.values() if j.tramp == tramp), None)
             for callback in list(owner.consumers if owner is not None else ()):
                 callback(owner.address, t.context)
@@ -681,5 +702,5 @@ def jump_summary_lines(summary: Counter) -> list[str]:
     return lines
 
 
-__all__ = ["JumpProbes", "JumpEnabled", "JumpRefused", "Deferred", "PatchStep", "Patch", "JumpProbe",
-           "Interleaving", "Torn", "JumpDifferential", "jump_summary_lines"]
+__all__ = ["JumpProbes", "JumpTrampolines", "JumpEnabled", "JumpRefused", "Deferred", "PatchStep", "Patch",
+           "JumpProbe", "Interleaving", "Torn", "JumpDifferential", "jump_summary_lines"]

@@ -27,9 +27,12 @@
   whose instructions are all probed).
 
 Every write the emulated kernel makes (and every write of an emulation's
-effects) is journalled with the byte it replaced: ``written()`` lists them
-and ``rollback()`` restores them, so that trials start from the same memory.
-The trampoline pages are tracer memory (``tracer_ranges``).
+effects) is journalled with the byte it replaced (``WriteJournal``):
+``written()`` lists them and ``rollback()`` restores them, so that trials
+start from the same memory.  ``FunctionBounds`` (the image's function spans)
+answers ``enable``'s question whether an address is an instruction boundary
+of its function's live text.  The trampoline pages are tracer memory
+(``tracer_ranges``).
 
 ``force_plan_for_testing`` replaces a probe's plan without a proof: a door
 for the tests that check that a wrong plan is caught, and for nothing else.
@@ -121,6 +124,84 @@ class _LiveMemory:
         return self.uc.mem_read(address, 1)[0]
 
 
+@dataclass(frozen=True)
+class FunctionBounds:
+    """The functions of an image as sorted (start, end) spans: the one that holds an address, and whether an
+    address is an instruction boundary of its live text."""
+
+    spans: tuple[tuple[int, int], ...]
+    starts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, image) -> FunctionBounds:
+        """The sized function symbols' spans (System.map symbols have no sizes: the image stage's function
+        bounds)."""
+        funcs = sorted((s.address, s.address + s.size) for s in image.symbols if s.kind == "func" and s.size)
+        if not funcs:
+            funcs = [(f.start, f.end) for f in find_functions(image)]
+        return cls(tuple(funcs), tuple(a for a, _ in funcs))
+
+    def span_of(self, address: int) -> tuple[int, int] | None:
+        """(start, end) of the function that holds ``address``; None where no function does."""
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i < 0 or address >= self.spans[i][1]:
+            return None
+        return self.spans[i]
+
+    def boundary_problem(self, address: int, read_live: Callable[[int, int], bytes]) -> str | None:
+        """Why ``address`` is not an instruction boundary of its function's live text (``read_live(address,
+        size)``), or None when it is one."""
+        span = self.span_of(address)
+        if span is None:
+            return f"{address:#x} is in no sized function symbol, so its instruction boundaries are unknown"
+        start, end = span
+        live = read_live(start, end - start)
+        dec = iced_x86.Decoder(64, live, ip=start)
+        for ins in dec:
+            if ins.ip >= address:
+                return None if ins.ip == address else (f"{address:#x} is not an instruction boundary of the live "
+                                                      f"text of its function at {start:#x}")
+        return f"{address:#x} is not an instruction boundary"
+
+
+class WriteJournal:
+    """The bytes written to the machine since the last rollback, each with the byte it replaced: ``written``
+    lists them, ``rollback`` restores them.  ``on_write`` is its unicorn write hook."""
+
+    def __init__(self, uc):
+        self.uc = uc
+        self._old: dict[int, int] = {}
+
+    def on_write(self, uc, _access, address: int, size: int, _value, _data) -> None:
+        self.record(address, size)
+
+    def record(self, address: int, size: int) -> None:
+        """Journal the bytes of [address, address+size) not journalled yet (unmapped: none, the write faults)."""
+        journal = self._old
+        if all(((address + i) & MASK64) in journal for i in range(size)):
+            return
+        try:
+            old = self.uc.mem_read(address, size)
+        except UcError:
+            return  # unmapped: the write faults
+        for i in range(size):
+            journal.setdefault((address + i) & MASK64, old[i])
+
+    def written(self, tracer_ranges: tuple[tuple[int, int], ...]) -> dict[int, int]:
+        """Every byte written since the last rollback, and its value now (``tracer_ranges`` left out)."""
+        out = {}
+        for a in sorted(self._old):
+            if not any(0 <= a - s < n for s, n in tracer_ranges):
+                out[a] = self.uc.mem_read(a, 1)[0]
+        return out
+
+    def rollback(self) -> None:
+        """Every journalled byte back to what it was; the journal empty."""
+        for a, b in self._old.items():
+            self.uc.mem_write(a, bytes([b]))
+        self._old.clear()
+
+
 class ProbeRuntime:
     def __init__(self, kernel: KernelMachine, verdicts):
         self.kernel = kernel
@@ -128,18 +209,13 @@ class ProbeRuntime:
         self.uc = kernel.uc
         self._probes: dict[int, Probe] = {}
         self._loaded: dict[int, int | None] = {c.index: None for c in kernel.contexts}
-        self._journal: dict[int, int] = {}
+        self._journal = WriteJournal(self.uc)
         self._trap: int | None = None
         self._fault: str | None = None
         self.uc.hook_add(UC_HOOK_INTR, self._on_interrupt)
         self.uc.hook_add(UC_HOOK_MEM_UNMAPPED, self._on_unmapped)
-        self.uc.hook_add(UC_HOOK_MEM_WRITE, self._on_write)
-        funcs = sorted((s.address, s.address + s.size) for s in kernel.image.symbols
-                       if s.kind == "func" and s.size)
-        if not funcs:  # System.map symbols have no sizes: the image stage's function bounds
-            funcs = [(f.start, f.end) for f in find_functions(kernel.image)]
-        self._func_starts = [a for a, _ in funcs]
-        self._funcs = funcs
+        self.uc.hook_add(UC_HOOK_MEM_WRITE, self._journal.on_write)
+        self._bounds = FunctionBounds.of(kernel.image)
 
     @property
     def tracer_ranges(self) -> tuple[tuple[int, int], ...]:
@@ -188,7 +264,7 @@ class ProbeRuntime:
 
     def write_memory(self, address: int, data: bytes) -> None:
         """Write data (arguments, say) into the machine, journalled so that ``rollback`` undoes it."""
-        self._record(address, len(data))
+        self._journal.record(address, len(data))
         self.uc.mem_write(address, data)
 
     def force_plan_for_testing(self, address: int, context: int, plan: Plan) -> None:
@@ -204,7 +280,7 @@ class ProbeRuntime:
     def _place(self, address: int) -> Probe | Refused:
         if not self.kernel.image.is_executable(address):
             return Refused(address, Verdict.REJECTED.value, f"{address:#x} is not in an executable section")
-        boundary = self._boundary_problem(address)
+        boundary = self._bounds.boundary_problem(address, self.read_live)
         if boundary:
             return Refused(address, Verdict.REJECTED.value, boundary)
         length = self.kernel.instruction_length(address)
@@ -219,19 +295,6 @@ class ProbeRuntime:
         self.kernel.write_code(address, b"\xcc")
         probe = self._probes[address] = Probe(address, raw, plans)
         return probe
-
-    def _boundary_problem(self, address: int) -> str | None:
-        i = bisect.bisect_right(self._func_starts, address) - 1
-        if i < 0 or address >= self._funcs[i][1]:
-            return f"{address:#x} is in no sized function symbol, so its instruction boundaries are unknown"
-        start, end = self._funcs[i]
-        live = self.read_live(start, end - start)
-        dec = iced_x86.Decoder(64, live, ip=start)
-        for ins in dec:
-            if ins.ip >= address:
-                return None if ins.ip == address else (f"{address:#x} is not an instruction boundary of the live "
-                                                      f"text of its function at {start:#x}")
-        return f"{address:#x} is not an instruction boundary"
 
     # -- hooks (inside unicorn: record and stop, never raise) -----------------------------
     def _on_interrupt(self, uc, intno: int, _data) -> None:
@@ -249,33 +312,14 @@ class ProbeRuntime:
         self._fault = f"unmapped {what} of {size} bytes at {address:#x}"
         return False
 
-    def _on_write(self, uc, _access, address: int, size: int, _value, _data) -> None:
-        self._record(address, size)
-
-    def _record(self, address: int, size: int) -> None:
-        journal = self._journal
-        if all(((address + i) & MASK64) in journal for i in range(size)):
-            return
-        try:
-            old = self.uc.mem_read(address, size)
-        except UcError:
-            return  # unmapped: the write faults
-        for i in range(size):
-            journal.setdefault((address + i) & MASK64, old[i])
-
+    # -- the write journal -----------------------------------------------------------
     def written(self) -> dict[int, int]:
         """Every byte written since the last rollback, and its value now (tracer memory left out)."""
-        tracer = self.tracer_ranges
-        out = {}
-        for a in sorted(self._journal):
-            if not any(0 <= a - s < n for s, n in tracer):
-                out[a] = self.uc.mem_read(a, 1)[0]
-        return out
+        return self._journal.written(self.tracer_ranges)
 
     def rollback(self) -> None:
-        for a, b in self._journal.items():
-            self.uc.mem_write(a, bytes([b]))
-        self._journal.clear()
+        """Every byte written since the last rollback back to what it was."""
+        self._journal.rollback()
 
     # -- running -------------------------------------------------------------------
     def start(self, context: Context, entry: int, regs: dict[str, int]) -> Thread:
@@ -368,7 +412,7 @@ class ProbeRuntime:
         except Exception as e:  # _EffectFault: a program that cannot run
             return str(e)
         for a, b in m.writes.items():
-            self._record(a, 1)
+            self._journal.record(a, 1)
             self.uc.mem_write(a, bytes([b]))
         changed = [(_UC_IDS[n], v) for n, v in m.regs.items() if regs.get(n) != v]
         if changed:
