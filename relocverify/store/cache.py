@@ -56,6 +56,7 @@ from urllib.parse import quote
 
 from ..environment import default_cache_dir
 from ..errors import StoreError
+from .cache_usage import SCHEMA as USAGE_SCHEMA, Usage
 from .seal import Seal
 
 _SCHEMA = """
@@ -80,11 +81,12 @@ FILE_NAME = "proofs.sqlite"
 #: SQLite's application_id of a relocverify proof cache ('RVPC'): how the file says what it is.
 APPLICATION_ID = 0x52565043
 _TABLES = frozenset({"meta", "proofs", "derivations", "segments", "jump_segments", "function_rows", "row_outcomes",
-                     "site_indexes", "proof_seals"})
+                     "site_indexes", "proof_seals", "usage"})
 _OLDER_TABLES = (frozenset({"meta", "proofs", "derivations", "segments"}),  # before jump answers were kept
                  frozenset({"meta", "proofs", "derivations", "segments", "jump_segments"}),  # before rows were
                  _TABLES - {"site_indexes", "proof_seals"},  # before sites were
-                 _TABLES - {"proof_seals"})  # before seals were
+                 _TABLES - {"proof_seals", "usage"},  # before seals were
+                 _TABLES - {"usage"})  # before the cache was bounded (``cache_usage``)
 ROWS_BATCH = 500  # function keys asked for in one query (SQLite allows 32,766 parameters)
 COMPACT_AFTER = 16  # segments under one tag before they are merged into one
 
@@ -184,6 +186,7 @@ class ProofCache:
         self.path = None if directory is None else os.path.join(directory, FILE_NAME)
         self.db = None
         self.seal: Seal | None = None
+        self.usage: Usage | None = None  # when each generation of rows was last used; the bound (``cache_usage``)
         if self.path is None:
             return
         try:
@@ -213,8 +216,9 @@ class ProofCache:
             if row is not None and row[0] != CACHE_SCHEMA:
                 raise StoreError(f"{self.path}: a proof cache of schema {row[0]}, this version uses "
                                  f"{CACHE_SCHEMA}: delete the file or pass --cache-dir elsewhere")
-            self.db.executescript(_SCHEMA)
+            self.db.executescript(_SCHEMA + USAGE_SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (CACHE_SCHEMA,))
+            self.usage = Usage(self.db)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unusable proof cache ({exc}): delete it or pass --no-cache") from None
 
@@ -223,21 +227,30 @@ class ProofCache:
         return self.db is not None
 
     def close(self) -> None:
+        """Closed; first trimmed to its bound (``cache_usage.Usage.trim``) when this process wrote to it."""
         if self.db is not None:
-            self.db.close()
-            self.db = None
+            try:
+                if self.usage is not None and self.usage.wrote:
+                    self.usage.trim()
+            except sqlite3.OperationalError:  # busy or read-only: the next writer trims
+                pass
+            finally:
+                self.db.close()
+                self.db = None
 
     # -- findings --------------------------------------------------------------------
     def findings(self, tag: bytes) -> dict[bytes, CachedFinding]:
         """Every instance key's finding under ``tag`` (later segments win)."""
         if self.db is None:
             return {}
+        self.usage.touch("tag", (tag,))
         return _loaded(self._opened(tag, self.db.execute("SELECT data FROM segments WHERE tag=? ORDER BY id",
                                                                 (tag,))))
 
     def add_findings(self, tag: bytes, findings: dict[bytes, CachedFinding]) -> None:
         if self.db is None or not findings:
             return
+        self.usage.touch("tag", (tag,), wrote=True)
         self._append(tag, findings)
         self._compact_when_due("segments", tag, lambda blobs: self._append(tag, _loaded(blobs)))
 
@@ -289,6 +302,7 @@ class ProofCache:
         """Every jump answer kept under ``tag``, its segments merged in order (``merge_jump_entries``)."""
         if self.db is None:
             return {}
+        self.usage.touch("tag", (tag,))
         return _merged_jump(self._opened(tag, self.db.execute(
             "SELECT data FROM jump_segments WHERE tag=? ORDER BY id", (tag,))))
 
@@ -296,6 +310,7 @@ class ProofCache:
         """One new segment of jump answers; the newest segments merged into one past ``COMPACT_AFTER``."""
         if self.db is None or not entries:
             return
+        self.usage.touch("tag", (tag,), wrote=True)
         self._append_jump(tag, entries)
         self._compact_when_due("jump_segments", tag, lambda blobs: self._append_jump(tag, _merged_jump(blobs)))
 
@@ -309,13 +324,17 @@ class ProofCache:
         if self.db is None or not keys:
             return {}
         out = {}
+        contexts = set()
         for i in range(0, len(keys), ROWS_BATCH):
             part = keys[i:i + ROWS_BATCH]
             marks = ",".join("?" * len(part))
-            for key, blob in self.db.execute(f"SELECT key, data FROM function_rows WHERE key IN ({marks})", part):
+            for key, context, blob in self.db.execute(
+                    f"SELECT key, context, data FROM function_rows WHERE key IN ({marks})", part):
                 data = self.seal.open(blob, key)
                 if data is not None:
                     out[key] = data
+                    contexts.add(context)
+        self.usage.touch("context", contexts)
         return out
 
     def row_outcomes(self) -> dict[bytes, tuple[tuple, str]]:
@@ -340,6 +359,7 @@ class ProofCache:
         they name stand for, in one transaction."""
         if self.db is None or not (rows or outcomes):
             return
+        self.usage.touch("context", {c for c, _ in rows.values()}, wrote=True)
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.executemany("INSERT OR REPLACE INTO row_outcomes VALUES (?,?)",
@@ -356,17 +376,20 @@ class ProofCache:
         """An image's sites kept under ``key`` (``engine.site_memo``), or None."""
         if self.db is None:
             return None
+        self.usage.touch("site", (key,))
         row = self.db.execute("SELECT data FROM site_indexes WHERE key=?", (key,)).fetchone()
         return None if row is None else self.seal.open(row[0], key)
 
     def add_site_index(self, key: bytes, data: bytes) -> None:
         if self.db is not None:
+            self.usage.touch("site", (key,), wrote=True)
             self.db.execute("INSERT OR REPLACE INTO site_indexes VALUES (?,?)", (key, self.seal.seal(data, key)))
 
     # -- full keys -----------------------------------------------------------------------
     def proofs(self, tag: bytes) -> dict[bytes, CachedProof]:
         if self.db is None:
             return {}
+        self.usage.touch("tag", (tag,))
         return {r[0]: CachedProof(*r[1:5]) for r in self.db.execute(
             "SELECT p.key, verdict, reason, method, proof_us, seal FROM proofs p JOIN proof_seals s "
             "ON s.tag = p.tag AND s.key = p.key WHERE p.tag=?", (tag,)) if self._proof_sealed(tag, r)}
@@ -375,6 +398,7 @@ class ProofCache:
         """One proof by its full key (a single question need not load every proof of the tag)."""
         if self.db is None:
             return None
+        self.usage.touch("tag", (tag,))
         row = self.db.execute("SELECT p.key, verdict, reason, method, proof_us, seal FROM proofs p JOIN proof_seals s "
                               "ON s.tag = p.tag AND s.key = p.key WHERE p.tag=? AND p.key=?", (tag, key)).fetchone()
         return None if row is None or not self._proof_sealed(tag, row) else CachedProof(*row[1:5])
@@ -398,6 +422,7 @@ class ProofCache:
         if self.db is None:
             return
         if proofs or derivations:
+            self.usage.touch("tag", (tag,), wrote=True)
             db = self.db
             db.execute("BEGIN IMMEDIATE")
             try:
