@@ -14,7 +14,7 @@ import pytest
 from relocverify.engine.run import RunOptions, run
 from relocverify.image.fetch import fetch
 from relocverify.image.loader import load_image
-from relocverify.store.store import Store
+from relocverify.store.store import Results
 
 
 TRAMP = 0xFFFFFFFFC0001000
@@ -35,7 +35,7 @@ def local_rows(vmlinux, tmp_path_factory):
 
 
 def _rows(db) -> list[tuple]:
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         image = store.find_image()
         return [(r.address, r.length, r.raw, r.verdict, r.method, r.plan_kind, r.rule, r.klass, r.reason, r.sites)

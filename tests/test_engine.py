@@ -21,7 +21,7 @@ from relocverify.engine.run import RunOptions, run
 from relocverify.image.fetch import fetch, stripped_copy
 from relocverify.image.functions import count_instructions, find_functions
 from relocverify.image.loader import load_image
-from relocverify.store.store import Store
+from relocverify.store.store import Results, Store
 
 TRAMP = 0xFFFFFFFFC0001000
 EXPECTED = Path(__file__).resolve().parent.parent / "corpora" / "expected"
@@ -38,7 +38,7 @@ def _run(image, db, jobs=2, timeout_s=10.0, limit=None, cache=None, progress=Non
 
 
 def _rows(db) -> list[tuple]:
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         image = store.find_image()
         return [(r.address, r.length, r.verdict, r.reason_key, r.plan_kind, r.rule, r.raw) for r in store.iter_rows(image)]
@@ -211,7 +211,7 @@ def small(tmp_path):
 
 def _run_small(image, tmp_path, jobs=2, timeout_s=10.0, cache=None, db="s.sqlite", reuse_rows=True):
     summary = _run(image, tmp_path / db, jobs=jobs, timeout_s=timeout_s, cache=cache, reuse_rows=reuse_rows)
-    store = Store(str(tmp_path / db), readonly=True)
+    store = Results(str(tmp_path / db))
     rows = {r.address: r for r in store.iter_rows(store.find_image(image.identity))}
     store.close()
     return summary, rows
@@ -314,7 +314,7 @@ def test_each_row_keeps_its_own_decoder_answers(tmp_path, monkeypatch):
     for jobs in (1, 2):
         summary = _run(image, tmp_path / f"{jobs}.sqlite", jobs=jobs)
         assert summary["totals_add_up"] and summary["run"]["proof_cache"]["proved"] == 2  # the store's key, ret's
-        store = Store(str(tmp_path / f"{jobs}.sqlite"), readonly=True)
+        store = Results(str(tmp_path / f"{jobs}.sqlite"))
         image_id = store.find_image(image.identity)
         rows = [r for r in store.iter_rows(image_id) if r.answers is not None]
         digests.append(store.results_digest(image_id))
@@ -444,7 +444,7 @@ def test_a_warm_cache_answers_jump_probes_from_the_pieces_it_kept(cloud, tmp_pat
 
     def jump_run(db):
         summary = run(image, str(tmp_path / db), RunOptions(TRAMP, 2, 10.0, 120, True, str(cache), jump_probes=True))
-        store = Store(str(tmp_path / db), readonly=True)
+        store = Results(str(tmp_path / db))
         try:
             rows = [(start, off, bucket) for start, _, off, bucket in store.jump_rows(store.find_image())]
         finally:

@@ -259,10 +259,10 @@ second:
 
 
 def _jump_rows(db: Path) -> dict[str, dict[str, int]]:
-    from relocverify.store.store import Store
+    from relocverify.store.store import Results
 
     rows: dict[str, dict[str, int]] = {}
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         images = [r[0] for r in store.db.execute("SELECT id FROM images")]
         for image in images:

@@ -32,7 +32,7 @@ from relocverify.report.sources import DWARF, SourceNames, name_prefix, source_d
 from relocverify.proof.verdict import Verdict, reason_key
 from relocverify.store.packed_rows import PACKED_ROW, pack_ids, pack_u32, unpack_ids, unpack_u32
 from relocverify.store.row_seals import seal_functions
-from relocverify.store.store import Store
+from relocverify.store.store import Results
 from relocverify.x86.decode import decode
 
 from test_engine import SMALL_ASM, SMALL_LDS
@@ -78,7 +78,7 @@ def _store_of(tmp: Path, asm: str) -> tuple[Path, object]:
 def _add_refutation(db: Path) -> int:
     """Refute a verbatim copy of f_plain's RIP-relative load with the real checker, and store it on that row
     (as a run would: a refuted outcome, the counterexample, the function's counts)."""
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     image = store.find_image()
     row = next(r for r in store.iter_rows(image) if r.function == "f_plain" and r.raw.startswith(b"\x48\x8b\x05"))
     fid = next(f.id for f in store.iter_functions(image) if f.name == "f_plain")
@@ -118,7 +118,7 @@ def _add_refutation(db: Path) -> int:
 
 
 def _totals(db: Path) -> dict[str, int]:
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     totals = {v.value: 0 for v in Verdict}
     for _, counts in store.function_counts(store.find_image()):
         for v, n in counts.items():
@@ -216,7 +216,7 @@ def test_summary_shows_the_store_totals(small_report, browser):
     assert "symbol-name prefix" in p.page.inner_text("#source-kind")  # the test ELF has no DWARF
     cells = p.page.eval_on_selector_all("svg[aria-label='coverage map of .text'] rect", "rs => rs.length")
     assert cells == 4  # .text is 0x31 bytes: cells of 16 bytes (the smallest), not 2048 of one
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     by_class = Counter((r.klass, r.verdict) for r in store.iter_rows(store.find_image()))
     store.close()
     titles = p.page.eval_on_selector_all("svg[aria-label='verdicts per instruction class'] title",
@@ -246,7 +246,7 @@ def test_function_table_filters_sorts_and_opens_a_counterexample(small_report, b
     assert "48 8b 05 10 00 00 00" in detail and "refuted" in detail
     assert "relocverify replay --orig 488b0510000000" in p.page.inner_text("#cex")
     assert "trampoline at 0xffffffffc0001000" in detail  # the plan, recomputed: a rewrite of the load
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     row = store.instruction_at(store.find_image(), address)
     store.close()
     assert f"{row.proof_us} µs, fresh" in detail
@@ -260,7 +260,7 @@ def test_function_table_filters_sorts_and_opens_a_counterexample(small_report, b
 
 def test_instruction_view_shows_an_opaque_plan_and_the_baseline(small_report, browser):
     db, out, address, _ = small_report
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     image = store.find_image()
     cpuid = next(r for r in store.iter_rows(image) if r.raw == b"\x0f\xa2")
     fid = next(f.id for f in store.iter_functions(image) if f.name == "f_cpuid")
@@ -299,7 +299,7 @@ HOSTILE_ASM = "\n".join(f"""
 
 def test_hostile_symbol_names_render_as_text(tmp_path, browser):
     db, image = _store_of(tmp_path, HOSTILE_ASM)
-    names = {f.name for f in Store(str(db), readonly=True).iter_functions(1)}
+    names = {f.name for f in Results(str(db)).iter_functions(1)}
     assert names == set(HOSTILE), "the ELF carries the names as written"
     out = tmp_path / "html"
     _report([str(db), "--baseline", str(db), "-o", str(out)])
@@ -346,7 +346,7 @@ def test_report_of_a_real_kernel_run(debian_kernels, tmp_path, browser):
         assert p.page.inner_text(f"#n-{verdict}") == f"{n:,}"
     assert "DWARF" in p.page.inner_text("#source-kind")
     assert "arch/x86" in p.page.inner_text("#view-summary")
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     name = max(store.function_counts(store.find_image()), key=lambda fc: fc[1].get("rejected", 0))[0].name
     store.close()
     p.go("functions")
@@ -355,7 +355,7 @@ def test_report_of_a_real_kernel_run(debian_kernels, tmp_path, browser):
     p.page.click("#f-body a")
     p.page.wait_for_selector("table.listing")
     assert p.page.inner_text("#fn-name") == name and "rejected" in p.page.inner_text("table.listing")
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     image = store.find_image()
     site = next(r for r in store.iter_rows(image) if "fentry" in r.sites)
     fid = next(f.id for f in store.iter_functions(image) if (f.start, f.name) == (site.function_start, site.function))
@@ -387,7 +387,7 @@ def test_report_shows_jump_probe_answers(debian_kernels, tmp_path, browser):
     assert f"eligible\t{jump['eligible']:,}" in table
     for bucket, n in jump["refused"].items():
         assert f"{bucket}\t{n:,}" in table
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     image_id = store.find_image()
     names = {i: name for i, name, _ in store.jump_bucket_names()}
     fid, refused_at = next((fid, off) for (fid,) in store.db.execute("SELECT id FROM functions WHERE image=?",

@@ -28,7 +28,7 @@ from relocverify.image.fetch import fetch
 from relocverify.image.loader import load_image
 from relocverify.kernel.sites import Site
 from relocverify.store.packed_rows import pack_u32, unpack_u32
-from relocverify.store.store import Store
+from relocverify.store.store import Results, Store
 
 TRAMP = 0xFFFFFFFFC0001000
 LIMIT = 1500  # the kernel's first functions: fentry, alternatives, jump labels, static calls, retpolines
@@ -45,7 +45,7 @@ def _run(image, db, cache, reuse=True, jobs=2):
 
 def _stored(db, proof_times=True) -> tuple[dict, dict, dict]:
     """Every row (all fields, by address), every live variant and every function's counts of a store."""
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         image = store.find_image()
         starts = {f.id: f.start for f in store.iter_functions(image)}

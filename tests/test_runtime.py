@@ -285,11 +285,11 @@ def test_verdicts_by_address_from_a_store(image, diff, tmp_path):
     from relocverify.engine.run import RunOptions, run
     from relocverify.runtime.probes import ProbeRuntime
     from relocverify.runtime.verdicts import StoreVerdicts
-    from relocverify.store.store import Store
+    from relocverify.store.store import Results
 
     db = str(tmp_path / "store.sqlite")
     run(image, db, RunOptions(0xFFFFFFFFC0001000, 1, 10.0, limit=12, with_sites=True, cache_dir=None))
-    store = Store(db, readonly=True)
+    store = Results(db)
     image_id = store.find_image(image.identity)
     rows = list(store.iter_rows(image_id))
     kernel = KernelMachine(image, sites=diff.kernel.sites)

@@ -27,7 +27,7 @@ from relocverify.image.loader import load_image
 from relocverify.kernel.sites import find_sites
 from relocverify.report.probe_files import event_name, render_dtrace, render_perf
 from relocverify.report.probe_points import Export, Image, ProbePoint
-from relocverify.store.store import Store
+from relocverify.store.store import Results
 
 TRAMP = 0xFFFFFFFFC0001000
 EVIL = "evil\x1b[31mname"  # a symbol with an escape sequence in it
@@ -152,7 +152,7 @@ def _cli(*argv, columns: int | None = None, monkeypatch=None) -> tuple[int, str,
 
 
 def _address(db: str, name: str) -> int:
-    store = Store(db, readonly=True)
+    store = Results(db)
     try:
         return next(f.start for f in store.iter_functions(store.find_image()) if f.name == name)
     finally:
@@ -176,7 +176,7 @@ def test_show_from_the_store_has_a_line_per_instruction_with_the_whole_reason(sm
     assert " opaque " in cpuid and "0f a2" in cpuid
     call = next(line for line in body if "call" in line)
     assert "<f_leaf>" in call and " emulate " in call
-    store = Store(db, readonly=True)
+    store = Results(db)
     try:
         rows = {r.address: r for r in store.iter_rows(store.find_image()) if r.function == "f_main"}
     finally:
@@ -191,7 +191,7 @@ def test_show_folds_reasons_at_word_boundaries_to_the_terminal_width(small, monk
     _, db = small
     rc, text, _ = _cli("show", db, "f_main.cold", columns=columns, monkeypatch=monkeypatch)
     assert rc == 0
-    store = Store(db, readonly=True)
+    store = Results(db)
     try:
         reasons = [r.reason for r in store.iter_rows(store.find_image()) if r.function == "f_main.cold"]
     finally:
@@ -224,7 +224,7 @@ def test_show_from_the_image_verifies_the_function_and_matches_the_store(small, 
 def test_verify_function_gives_the_rows_the_engine_stored(small):
     vmlinux, db = small
     image = load_image(vmlinux)
-    store = Store(db, readonly=True)
+    store = Results(db)
     try:
         stored = {r.address: r for r in store.iter_rows(store.find_image())}
     finally:
@@ -470,7 +470,7 @@ def test_show_on_the_debian_kernel_is_the_same_from_the_store_and_the_image(debi
     image = load_image(kernel.vmlinux)
     db = tmp_path / "k.sqlite"
     run(image, str(db), RunOptions(TRAMP, 2, 10.0, 120, True, None))
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         img = store.find_image()
         sited = {}

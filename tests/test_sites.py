@@ -544,12 +544,12 @@ def test_debian_tables_hold_final_link_values(debian_kernels, name):
 @pytest.mark.slow
 def test_batch_summary_reports_sites_and_verifies_every_replacement(tmp_path):
     from relocverify.engine.run import RunOptions, run
-    from relocverify.store.store import Store
+    from relocverify.store.store import Results
 
     image = load_image(fetch("debian-6.1-cloud").vmlinux)
     db = str(tmp_path / "s.sqlite")
     summary = run(image, db, RunOptions(0xFFFFFFFFC0001000, 2, 10.0, 1500, True, None))
-    store = Store(db, readonly=True)
+    store = Results(db)
     rows = list(store.iter_rows(store.find_image(image.identity)))
     store.close()
     index = find_sites(image)

@@ -11,7 +11,7 @@ from relocverify.cli import main
 from relocverify.engine.run import RunOptions, run
 from relocverify.errors import StoreError
 from relocverify.image.loader import load_image
-from relocverify.store.store import SITE_KINDS, Store, site_kinds, site_mask
+from relocverify.store.store import SITE_KINDS, Results, Store, site_kinds, site_mask
 
 TRAMP = 0xFFFFFFFFC0001000
 
@@ -73,7 +73,7 @@ def test_an_older_schema_store_is_refused_with_what_to_do(tmp_path, older):
 
 def test_queries_by_address_function_verdict_and_the_function_table(small_store):
     image, db = small_store
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     try:
         iid = store.find_image(image.identity)
         rows = list(store.iter_rows(iid))

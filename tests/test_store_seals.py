@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from relocverify import cli
 from relocverify.errors import StoreError
-from relocverify.store.store import Store
+from relocverify.store.store import Results
 
 ASM = r"""
     .section .text, "ax"
@@ -82,7 +82,7 @@ def _copy(db: str, to) -> str:
 
 
 def _checks(path: str) -> bool:
-    store = Store(path, readonly=True)
+    store = Results(path)
     try:
         store.check_seals()
         return True

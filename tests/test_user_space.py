@@ -13,7 +13,7 @@ from relocverify.engine.run import RunOptions, run
 from relocverify.image.functions import find_functions
 from relocverify.image.loader import load_image
 from relocverify.plan.policy import USER_RULES
-from relocverify.store.store import Store
+from relocverify.store.store import Results
 
 USER_ASM = r"""
     .section .text, "ax"
@@ -45,7 +45,7 @@ def user_image(tmp_path_factory):
 def test_the_user_policy_differs_where_user_mode_does(user_image, tmp_path):
     db = tmp_path / "s.sqlite"
     summary = run(user_image, str(db), RunOptions(0x501000, 1, 10.0, None, False, None, "user"))
-    store = Store(str(db), readonly=True)
+    store = Results(str(db))
     rows = {r.klass: r for r in store.iter_rows(store.find_image(user_image.identity))}
     store.close()
     assert summary["totals_add_up"] and summary["by_verdict"]["refuted"] == 0
@@ -114,6 +114,6 @@ def test_a_directory_of_binaries_is_one_run_with_totals_per_file(tmp_path):
     assert doc["totals_add_up"] and all(s["totals_add_up"] for s in doc["images"].values())
     assert sum(doc["totals"].values()) == sum(s["instructions"] for s in doc["images"].values()) > 1000
     assert doc["totals"]["refuted"] == 0
-    store = Store(str(tmp_path / "u.sqlite"), readonly=True)
+    store = Results(str(tmp_path / "u.sqlite"))
     assert store.db.execute("SELECT count(*) FROM images").fetchone()[0] == 2
     store.close()

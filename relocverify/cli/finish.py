@@ -24,10 +24,10 @@ def next_steps(out, store: str) -> None:
 
 def _example_function(store: str) -> str:
     from ..errors import RelocverifyError
-    from ..store.store import Store
+    from ..store.store import Results
 
     try:
-        s = Store(store, readonly=True)
+        s = Results(store)
     except RelocverifyError:
         return "FUNCTION"
     try:

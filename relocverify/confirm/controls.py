@@ -33,14 +33,14 @@ def audited_sites(store_path: str, tracer: str, functions: tuple[str, ...], iden
     bucket and group ``tracer`` (an audit name: kprobes@6.1) gets there; ``thunks``: the image's
     ``__indirect_thunk_start..end`` (optprobes reads it)."""
     from ..engine.keys import KeyMaker
-    from ..store.store import Store, site_kinds
+    from ..store.store import Results, site_kinds
     from ..tracers import get_model
     from ..tracers.audit import Auditor, ImageFacts
     from ..tracers.model import Context
 
     model = get_model(tracer)
     wanted = set(functions)
-    store = Store(store_path, readonly=True)
+    store = Results(store_path)
     try:
         image_id = store.find_image(identity)
         if image_id is None:

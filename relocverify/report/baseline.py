@@ -14,20 +14,20 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from ..store.store import Store
+from ..store.store import Results
 from . import data
 
 LISTED = 2000  # rows listed per kind of change; the counts are always complete
 
 
-def _weak(store: Store, image: int) -> dict[tuple[str, int], tuple]:
+def _weak(store: Results, image: int) -> dict[tuple[str, int], tuple]:
     out: dict[tuple[str, int], tuple] = {}
     for r in data.weak_rows(store, image):
         out.setdefault((r.function, r.address - r.function_start), (r.verdict, r.reason_key, r.address))
     return out
 
 
-def _starts(store: Store, image: int) -> dict[str, int]:
+def _starts(store: Results, image: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for f in store.iter_functions(image):
         out.setdefault(f.name, f.start)
@@ -38,7 +38,7 @@ class _Verdicts:
     """(function name, offset) -> verdict (``get``) or bytes (``raw``) in one store, reading a function's rows once when first asked
     (the first function of that name: same-named static functions are matched by their order)."""
 
-    def __init__(self, store: Store, image: int):
+    def __init__(self, store: Results, image: int):
         self.store = store
         self.ids: dict[str, int] = {}
         for f in store.iter_functions(image):
@@ -79,7 +79,7 @@ def _decoded(answers: str | None):
     return value
 
 
-def compare(store: Store, image: int, baseline_path: str) -> dict:
+def compare(store: Results, image: int, baseline_path: str) -> dict:
     """The changes from the baseline store's newest image to ``image``."""
     base, bimage = data.open_store(baseline_path)
     try:

@@ -72,10 +72,10 @@ class Export:
 
 def collect(path: str, glob: str | None, verdicts: tuple[str, ...]) -> Export:
     """The probe points of the store at ``path``: see the module doc."""
-    from ..store.store import Store
+    from ..store.store import Results
 
     try:
-        store = Store(path, readonly=True)
+        store = Results(path)
     except StoreError as exc:
         raise InputError(str(exc)) from None
     try:

@@ -63,10 +63,10 @@ def is_store(path: str) -> bool:
 def from_store(path: str, spec: LocationSpec) -> Shown:
     """The function ``spec`` names, as the store at ``path`` holds it (every image in the store is searched)."""
     from ..engine.one_function import FunctionRow
-    from ..store.store import Store
+    from ..store.store import Results
 
     try:
-        store = Store(path, readonly=True)
+        store = Results(path)
     except StoreError as exc:
         raise InputError(str(exc)) from None
     try:

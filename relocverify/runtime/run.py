@@ -73,10 +73,10 @@ def run_function(image_path: str, system_map: str | None, function: str, args: s
 
 def _store_verdicts(db: str, image_path: str, image, sites, timeout: float):
     """(the store's verdicts for ``image``, the open store); an InputError when it holds no results for it."""
-    from ..store.store import Store
+    from ..store.store import Results
     from .verdicts import StoreVerdicts
 
-    store = Store(db, readonly=True)
+    store = Results(db)
     image_id = store.find_image(image.identity)
     if image_id is None:
         store.close()

@@ -47,8 +47,8 @@ untouched: ``Store`` reads ``meta`` before it writes anything.
 
 Two faces: ``Results`` is the read model (``ImageReads``, ``RowReads``, ``JumpReads``, ``SealChecks``: what
 report, show, export, gate and the audit read); ``Store`` adds the narrow writer the engine uses (images,
-runs, functions, shard merges, replacements, jump probes, passes' rows).  ``Store(path, readonly=True)``
-opens a store for reading.
+runs, functions, shard merges, replacements, jump probes, passes' rows).  ``Results(path)`` opens a store
+for reading alone (no lock, no write, no writer's method); ``Store(path)`` opens or makes one to write.
 """
 
 from __future__ import annotations
@@ -661,8 +661,70 @@ class SealChecks:
 
 
 class Results(ImageReads, RowReads, JumpReads, SealChecks):
-    """The read model: what report, show, export, gate and the audit read.  ``Store(path, readonly=True)`` opens
-    one; a ``Store`` (the writer) is one too, as the scheduler reads what it wrote."""
+    """The read model: what report, show, export, gate and the audit read.  ``Results(path)`` opens a store to
+    read it: no lock is taken and nothing is written (a store being written is read as its last commit left
+    it); a file that is not a relocverify store of this schema is refused with ``StoreError``.  A ``Store``
+    (the writer) is one too, as the scheduler reads what it wrote."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._memo: dict = {}
+        self._outcomes: dict[int, tuple] | None = None
+        if not (os.path.exists(path) and os.path.getsize(path) > 0):
+            raise StoreError(f"{path}: no such store")
+        try:
+            input_file(path, "store")  # a regular file: no FIFO, device or directory
+        except InputError as exc:
+            raise StoreError(str(exc)) from None
+        check_foreign(path)
+        try:
+            self.db = read_only(path)
+            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            self._check_schema()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
+
+    def _check_schema(self) -> None:
+        meta = dict(self.db.execute("SELECT key, value FROM meta"))
+        if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = sorted(REQUIRED_TABLES - tables)
+        if missing:
+            raise StoreError(f"{self.path}: a damaged relocverify store: the table(s) {', '.join(missing)} are "
+                             f"missing; verify into a new --db")
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def check_foreign(path: str) -> None:
+    """Refuse, without writing, a file that is not a relocverify store of this schema."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    if head != b"SQLite format 3\x00":
+        raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
+    try:
+        con = read_only(path)
+        try:
+            rows = dict(con.execute("SELECT key, value FROM meta"))
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                         f"choose another --db") from None
+    if rows.get("application") != APPLICATION:
+        if rows.get("schema") == "1":
+            raise StoreError(f"{path}: a relocverify schema-1 store; this version writes schema "
+                             f"{SCHEMA_VERSION}: rerun with a new --db (the old file is left as it is)")
+        raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
+                         f"choose another --db")
+    if rows.get("schema") != str(SCHEMA_VERSION):
+        raise StoreError(f"{path}: a relocverify schema-{rows.get('schema')} store; this version reads "
+                         f"schema {SCHEMA_VERSION}: rerun with a new --db")
 
 
 class Store(Results):
@@ -693,7 +755,7 @@ class Store(Results):
         exists = os.path.exists(path) and os.path.getsize(path) > 0
         if exists:
             try:
-                self._check_foreign(path)
+                check_foreign(path)
             except StoreError:
                 self._release()
                 if not had_lock_file and not readonly:
@@ -733,51 +795,12 @@ class Store(Results):
             raise
 
     # -- identity --------------------------------------------------------------
-    @staticmethod
-    def _check_foreign(path: str) -> None:
-        """Refuse, without writing, a file that is not a relocverify store."""
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
-        if head != b"SQLite format 3\x00":
-            raise StoreError(f"{path}: not a relocverify store (not an SQLite file); choose another --db")
-        try:
-            con = read_only(path)
-            try:
-                rows = dict(con.execute("SELECT key, value FROM meta"))
-            finally:
-                con.close()
-        except sqlite3.DatabaseError:
-            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
-                             f"choose another --db") from None
-        if rows.get("application") != APPLICATION:
-            if rows.get("schema") == "1":
-                raise StoreError(f"{path}: a relocverify schema-1 store; this version writes schema "
-                                 f"{SCHEMA_VERSION}: rerun with a new --db (the old file is left as it is)")
-            raise StoreError(f"{path}: an SQLite file of another program, not a relocverify store; "
-                             f"choose another --db")
-        if rows.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"{path}: a relocverify schema-{rows.get('schema')} store; this version reads "
-                             f"schema {SCHEMA_VERSION}: rerun with a new --db")
-
     def _create(self) -> None:
         self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         self.db.executescript("BEGIN;" + schema_sql() + "COMMIT;")
         self.db.executemany("INSERT INTO meta VALUES (?, ?)",
                             [("application", APPLICATION), ("schema", str(SCHEMA_VERSION))])
         row_seals.new_key(self.db)
-
-    def _check_schema(self) -> None:
-        meta = dict(self.db.execute("SELECT key, value FROM meta"))
-        if meta.get("application") != APPLICATION or meta.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"{self.path}: not a relocverify schema-{SCHEMA_VERSION} store")
-        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        missing = sorted(REQUIRED_TABLES - tables)
-        if missing:
-            raise StoreError(f"{self.path}: a damaged relocverify store: the table(s) {', '.join(missing)} are "
-                             f"missing; verify into a new --db")
 
     def close(self) -> None:
         try:

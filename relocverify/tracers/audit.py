@@ -45,7 +45,7 @@ from ..engine.keys import KeyMaker, per_instance
 from ..proof.cache_key import cache_tag, reusable
 from ..proof.verdict import Verdict
 from ..store.cache import CachedProof, ProofCache
-from ..store.store import Store, site_kinds
+from ..store.store import Results, site_kinds
 from ..x86.decode import decode
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
@@ -480,7 +480,7 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     summary checks that they do.  A per-function model (optprobes) is answered in the first
     pass, function by function (``Auditor.function_outcomes``), every row once."""
     t0 = time.monotonic()
-    store = Store(store_path, readonly=True)
+    store = Results(store_path)
     try:
         image_id = image_id if image_id is not None else store.find_image()
         store.check_seals(image_id)  # each tracer is judged against relocverify's verdicts: never altered ones
