@@ -1,25 +1,24 @@
-"""Worker processes of the multiprocessing pools (the selftest, form validation, the gate's samples and
-answers): each starts with SIGTERM's default action.
+"""Forked worker processes: ``fork_map`` (the selftest, form validation, the gate's samples and answers) and
+what the engine's pool (``schedule.local_pool``) shares with it: a worker starts with SIGTERM's default
+action, ends with its parent, and says when the system refused it a process or thread.
 
-A pool forked from a process where the command line made SIGTERM raise ``KeyboardInterrupt`` (``cli.main``)
-gave its workers that handler too; ``Pool.terminate`` (every ``with Pool(...)`` block ends with it) sends
-SIGTERM, and a worker that caught the exception, or took it while another worker held the task queue's lock,
-went on waiting for a task that never came: the parent's ``join`` waited for ever (seen once in CI, in the
-selftest).  With the default action the kernel ends the worker wherever it is.
+``fork_map`` replaced ``multiprocessing.Pool``, which failed in three ways this project met.  A worker that
+died in a task (a native library's abort) lost its answer, and the pool waited for it for ever.  A worker
+killed while it held the task queue's lock (one forked from the pool's handler thread and ended by
+``prctl(PR_SET_PDEATHSIG)`` when that thread ended in ``terminate``) kept ``terminate`` waiting for ever
+(the 20,000-pair selftest hung after its last candidate).  And a worker that inherited the command line's
+SIGTERM handler (it raises ``KeyboardInterrupt``, ``cli.main``) could swallow ``terminate``'s SIGTERM and
+wait for a task that never came.  ``fork_map`` sends each worker its own tasks over its own pipe, watches
+every worker's pipe and process, raises at once for a worker that ends without answering, replaces workers
+from its own thread, and kills the busy ones when it is interrupted.
 
-A worker also ends with its parent (``die_with_parent``): a parent killed with SIGKILL runs no cleanup, and
-its workers went on running for good (issue 44).  Not with ``prctl(PR_SET_PDEATHSIG)``: its signal comes
-when the parent *thread* that forked the worker ends, and a pool forks the workers that replace those past
-``maxtasksperchild`` from its worker-handler thread, which ends in ``terminate``; those workers were
-killed there, one of them holding the task queue's lock, and ``terminate`` waited for that lock for ever
-(the 20,000-pair selftest hung after its last candidate).  A thread in the worker watches its parent
-process instead.
-
-A system that refuses that thread (a limit on processes or threads: ``ulimit -u``, a cgroup's ``pids.max``)
-does not stop the worker: it goes without the watch, and still ends with its parent once its task is done,
-when the pipe it reads tasks from reaches its end (a pool's workers hold no writing end of it).  What else a
-worker is refused ends it with ``REFUSED_EXIT`` and no traceback, and its parent names the limit (``refused``),
-as the command line does for its own fork."""
+A worker ends with its parent (``die_with_parent``): a parent killed with SIGKILL runs no cleanup, and its
+workers went on running for good (issue 44).  A thread in the worker watches its parent process; a system
+that refuses that thread (a limit on processes or threads: ``ulimit -u``, a cgroup's ``pids.max``) does not
+stop the worker: it goes without the watch, and still ends when its task is done and its pipe reaches its
+end.  What else a worker is refused ends it with ``REFUSED_EXIT``, or, for a native library's abort, with
+words on its standard error (``StderrTap``); its parent raises the ``OSError`` the command line names as the
+system's limit (``refused``), as it does for its own fork."""
 
 from __future__ import annotations
 
