@@ -29,11 +29,11 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.verify import verify_module
+    from ..engine.verify import VerifiedImage, verify_module
     from .arguments import progress_lines, run_options
 
-    def done(path: str, summary: dict) -> None:
-        out.write(module_line(path, summary, args.jump_probes))
+    def done(module: VerifiedImage) -> None:
+        out.write(module_line(module.name, module.summary, args.jump_probes))
 
     summary = verify_module(args.modules, args.kernel, run_options(args, args.trampoline_base), args.db,
                             args.system_map, args.base, progress_lines(args), on_image=done)

@@ -1,14 +1,17 @@
-"""Whole images verified into a store, as the batch commands ask: a kernel image (``verify_vmlinux``),
-kernel modules laid out in module space (``verify_module``), a kernel's vmlinux and every module
-(``verify_package``), user-space executables and libraries (``verify_elf``).
+"""Whole images verified into a store, as the batch commands and the tracer audit ask: a kernel image
+(``verify_vmlinux``), kernel modules laid out in module space (``verify_module``), a kernel's vmlinux and
+every module (``verify_package``), user-space executables and libraries (``verify_elf``), one image that
+is either (``image_request`` then ``verify_image``: the audit's IMAGE).
 
 Each finds and loads its images, runs ``engine.run.run`` on each (several images on one ``Session``
 where the command always did: one pool whose workers keep what they learn from image to image), adds
 the summaries up (``summary.totals_over``) and returns a ``summary.RunSummary``.  Nothing here writes
 to the command's output: progress lines go to ``say`` (None: none, and no progress bars), and a caller
-that shows each image as it is done passes ``on_image``.  The command line parses its arguments, calls
-one of these and renders what it returns (``cli.vmlinux``, ``cli.module``, ``cli.package``,
-``cli.elf``).
+that wants each image as it is done passes ``on_image``, which is given a ``VerifiedImage`` (its name
+and summary, which ``cli.module`` shows; the loaded image and its id in the store, which the tracer
+audit reads: ``tracers.run`` audits each image as it is handed over).  The command line parses its
+arguments, calls one of these and renders what it returns (``cli.vmlinux``, ``cli.module``,
+``cli.package``, ``cli.elf``).
 
 Only light modules are imported here at first: the command line imports this module (for
 ``user_trampoline``) before it parses its arguments; the engine is imported when an image is verified.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import InputError
@@ -43,9 +47,26 @@ PROGRESS_EVERY = 50
 #: Where progress lines go (the command line: stderr), or None for none.
 Say = Optional[Callable[[str], None]]
 
-#: Called with each image's name (a module's path, a package's module name, an ELF file's path) and
-#: its summary as soon as it is verified.
-OnImage = Optional[Callable[[str, dict], None]]
+
+@dataclass(frozen=True)
+class VerifiedImage:
+    """One image as a ``verify_*`` call hands it over (``on_image``) as soon as it is verified: its name and
+    summary, which the command line shows, and the loaded image, the store and the image's id there, which
+    a caller that reads the store afterwards needs (the tracer audit, ``tracers.run``)."""
+
+    name: str  # a module's path, a package's module name ("vmlinux" for its kernel), a file's path
+    summary: dict  # its summary (``run.run``; ``summary.empty_summary`` for an image with no function)
+    image: Image  # as loaded (a module: laid out in module space and relocated)
+    store: str  # the store's path
+    image_id: int | None  # the image's id in the store (None: it has no function, nothing was stored)
+    options: RunOptions  # what it was verified with (a user-space file: the user policy and its own slot)
+    number: int = 1  # its place among the images the call verifies, from 1
+    images: int = 1  # how many images the call verifies (a package: its vmlinux and its modules)
+    kernel: Image | None = None  # a module: the vmlinux whose symbols it was relocated against
+
+
+#: Given each image (``VerifiedImage``) as soon as it is verified, or None.
+OnImage = Optional[Callable[[VerifiedImage], None]]
 
 
 def default_store(path: str, image: Image) -> str:
@@ -146,24 +167,67 @@ def _complete(summary: dict) -> bool:
     return summary["totals_add_up"] and summary["run"]["status"] == "complete"
 
 
-def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None, system_map: str | None = None,
-                   say: Say = None, check_store: Callable[[str], object] | None = None) -> RunSummary:
-    """Every instruction of the kernel image at ``path`` (None: ``DEFAULT_KERNEL``) into the store ``db``
-    (None: ``default_store``, given to ``check_store`` first, which refuses a path it cannot write).
-    ``complete``: the run completed and its instruction totals add up."""
-    from ..image.loader import load_image, remembered_identity, require_kernel
+def is_kernel(image: Image) -> bool:
+    """Whether ``image`` is a kernel's: some of its code is in the kernel half of the address space."""
+    return any(s.address >= KERNEL_HALF for s in image.iter_executable_sections())
+
+
+def _hand_over(on_image: OnImage, name: str, summary: dict, image: Image, db: str, options: RunOptions,
+               stored: bool = True, **place) -> None:
+    """``on_image``, when there is one, given the image just verified as a ``VerifiedImage``; ``stored``: it
+    was run (not given an empty summary), so the store has its id; ``place``: its number, how many images,
+    its kernel."""
+    if on_image is not None:
+        image_id = _stored_id(db, image) if stored else None
+        on_image(VerifiedImage(name, summary, image, db, image_id, options, **place))
+
+
+def _stored_id(db: str, image: Image) -> int | None:
+    """The id of ``image`` in the store ``db`` (None: not there)."""
+    from ..store.store import Results
+
+    results = Results(db)
+    try:
+        return results.find_image(image.identity)
+    finally:
+        results.close()
+
+
+def _verify_one(image: Image, db: str, options: RunOptions, say: Say, on_image: OnImage) -> dict:
+    """``image`` verified into ``db`` (``run.run``, with progress bars when ``say`` is given), then handed
+    to ``on_image`` by its path; its summary."""
     from ..schedule.progress import Progress
-    from .run import again, run
+    from .run import run
+
+    summary = run(image, db, options, Progress(enabled=say is not None))
+    _hand_over(on_image, image.path, summary, image, db, options)
+    return summary
+
+
+def _one_summary(summary: dict, db: str, options: RunOptions, jumps: bool = False) -> RunSummary:
+    """The ``RunSummary`` of one image's run; ``jumps``: complete only if the jump probes' totals add up too."""
     from .summary import RunSummary
 
-    if path is None:
-        from ..image.fetch import fetch
+    complete = _complete(summary) and (not jumps or summary["jump_probe"]["totals_add_up"])
+    return RunSummary(summary, db, summary["by_verdict"], summary["totals_add_up"], complete,
+                      wall_s=summary["wall_s"], tramp=options.tramp)
 
-        path = str(fetch(DEFAULT_KERNEL, None, progress=say).vmlinux)
+
+def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None, system_map: str | None = None,
+                   say: Say = None, check_store: Callable[[str], object] | None = None,
+                   on_image: OnImage = None) -> RunSummary:
+    """Every instruction of the kernel image at ``path`` (None: ``DEFAULT_KERNEL``) into the store ``db``
+    (None: ``default_store``, given to ``check_store`` first, which refuses a path it cannot write).
+    ``complete``: the run completed and its instruction totals add up.  With ``on_image`` the image is
+    always loaded (``on_image`` is given it), even for the same command again."""
+    from ..image.loader import load_image, remembered_identity, require_kernel
+    from .run import again
+
+    path = _default_kernel(path, say)
     # The same command again, answered from the store without loading the image when its identity is
     # remembered (a debug vmlinux: 600 MB read and 200 k symbols parsed for nothing).  With a System.map
     # the image is loaded: its symbols are the map's.
-    identity = remembered_identity(path) if system_map is None else None
+    identity = remembered_identity(path) if system_map is None and on_image is None else None
     summary = None
     if identity is not None:
         store_path = db or _store_path(path, identity)
@@ -179,13 +243,57 @@ def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None,
             db = default_store(path, image)
             if check_store is not None:
                 check_store(db)
-        summary = run(image, db, options, Progress(enabled=say is not None))
-    return RunSummary(summary, db, summary["by_verdict"], summary["totals_add_up"], _complete(summary),
-                      wall_s=summary["wall_s"], tramp=options.tramp)
+        summary = _verify_one(image, db, options, say, on_image)
+    return _one_summary(summary, db, options)
+
+
+def _default_kernel(path: str | None, say: Say) -> str:
+    """``path``, or when None the vmlinux of ``DEFAULT_KERNEL`` (downloaded on first use)."""
+    if path is not None:
+        return path
+    from ..image.fetch import fetch
+
+    return str(fetch(DEFAULT_KERNEL, None, progress=say).vmlinux)
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One image loaded, with what ``verify_image`` verifies it with and where (``image_request``)."""
+
+    image: Image
+    options: RunOptions  # a kernel's as given; a user-space file's: the user-space policy, no sites, its own slot
+    store: str  # the store's path
+
+
+def image_request(path: str | None, options: RunOptions, db: str | None = None, system_map: str | None = None,
+                  trampoline_base: int | None = None, say: Say = None) -> ImageRequest:
+    """The image at ``path`` (None: ``DEFAULT_KERNEL``) loaded, a kernel's or a user-space ELF file's by where
+    its code is (``is_kernel``; a kernel with usable symbols, ``require_kernel``): what the tracer audit's IMAGE
+    is.  A kernel is to be verified with ``options``, as ``verify_vmlinux`` verifies it; a user-space file as
+    ``verify_elf`` verifies one, by the user-space policy, without sites, with its slot
+    ``user_trampoline(image, trampoline_base)``; into ``db`` (None: ``default_store``, beside the image)."""
+    from dataclasses import replace
+
+    from ..image.loader import load_image, require_kernel
+
+    path = _default_kernel(path, say)
+    image = load_image(path, system_map)
+    if is_kernel(image):
+        require_kernel(image)
+    else:
+        options = replace(options, policy="user", with_sites=False, tramp=user_trampoline(image, trampoline_base))
+    return ImageRequest(image, options, db or default_store(path, image))
+
+
+def verify_image(request: ImageRequest, say: Say = None, on_image: OnImage = None) -> RunSummary:
+    """Every instruction of ``request``'s image into its store, with its options (a complete earlier run is
+    reused), then handed to ``on_image``.  ``complete``: the run completed and its totals add up."""
+    summary = _verify_one(request.image, request.store, request.options, say, on_image)
+    return _one_summary(summary, request.store, request.options)
 
 
 def verify_elf(paths: list[str], options: RunOptions, db: str | None = None, trampoline_base: int | None = None,
-               say: Say = None) -> RunSummary:
+               say: Say = None, on_image: OnImage = None) -> RunSummary:
     """Every instruction of user-space ELF files, by the user-space policy table (``plan.policy.USER_RULES``),
     each with its slot ``user_trampoline(image, trampoline_base)`` (``options.tramp`` is not used).
 
@@ -193,35 +301,29 @@ def verify_elf(paths: list[str], options: RunOptions, db: str | None = None, tra
     current directory).  Several, or a directory: every ELF file they name (``elf_files``) into ``db``
     (None: ``relocverify-user.sqlite`` in the current directory), on one session's workers; a file that
     does not load, or is a kernel, is skipped with its reason, not the run.  ``complete``: every total
-    adds up, the jump probes' too when asked for."""
+    adds up, the jump probes' too when asked for.  Each file verified is handed to ``on_image``."""
     from dataclasses import replace
 
     options = replace(options, policy="user", with_sites=False)
     if len(paths) == 1 and not os.path.isdir(paths[0]):
-        return _one_elf(paths[0], options, db, trampoline_base, say)
-    return _many_elf(paths, options, db, trampoline_base, say)
+        return _one_elf(paths[0], options, db, trampoline_base, say, on_image)
+    return _many_elf(paths, options, db, trampoline_base, say, on_image)
 
 
-def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, say: Say) -> RunSummary:
+def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, say: Say,
+             on_image: OnImage) -> RunSummary:
     from dataclasses import replace
 
     from ..image.loader import load_image
-    from ..schedule.progress import Progress
-    from .run import run
-    from .summary import RunSummary
 
     image = load_image(path)
-    tramp = _user_slot(image, base)
+    options = replace(options, tramp=_user_slot(image, base))
     db = db or os.path.abspath(f"relocverify-{image.identity[:12]}.sqlite")
-    summary = run(image, db, replace(options, tramp=tramp), Progress(enabled=say is not None))
-    complete = _complete(summary)
-    if options.jump_probes:
-        complete = complete and summary["jump_probe"]["totals_add_up"]
-    return RunSummary(summary, db, summary["by_verdict"], summary["totals_add_up"], complete, wall_s=summary["wall_s"],
-                      tramp=tramp)
+    return _one_summary(_verify_one(image, db, options, say, on_image), db, options, options.jump_probes)
 
 
-def _many_elf(paths: list[str], options: RunOptions, db: str | None, base: int | None, say: Say) -> RunSummary:
+def _many_elf(paths: list[str], options: RunOptions, db: str | None, base: int | None, say: Say,
+              on_image: OnImage) -> RunSummary:
     from dataclasses import replace
 
     from ..errors import RelocverifyError
@@ -246,11 +348,11 @@ def _many_elf(paths: list[str], options: RunOptions, db: str | None, base: int |
             except RelocverifyError as exc:  # one bad file is skipped with its reason, not the run
                 skipped[path] = str(exc).split(": ", 1)[-1]
                 continue
-            if not find_functions(image):
-                images[path] = empty_summary(image, options.jump_probes)
-                continue
-            images[path] = run(image, db, replace(options, tramp=tramp), quiet, session)
-            if say is not None and (k + 1) % PROGRESS_EVERY == 0:
+            one = replace(options, tramp=tramp)
+            stored = bool(find_functions(image))
+            images[path] = run(image, db, one, quiet, session) if stored else empty_summary(image, options.jump_probes)
+            _hand_over(on_image, path, images[path], image, db, one, stored, number=k + 1, images=len(files))
+            if stored and say is not None and (k + 1) % PROGRESS_EVERY == 0:
                 say(f"files: {k + 1:,}/{len(files):,}, {time.monotonic() - t0:.0f} s")
     totals, adds_up, jumps = _add_up(images, options.jump_probes)
     report, complete = _document({"images": images, "skipped": skipped}, totals, adds_up, jumps)
@@ -291,8 +393,9 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
                   base: int | None = None, say: Say = None, on_image: OnImage = None) -> RunSummary:
     """Every instruction of kernel ``modules``, laid out in module space from ``base`` (None:
     ``image.module.MODULE_BASE``; page-aligned) and relocated against the vmlinux ``kernel``'s symbols
-    (``image.module``), into the store ``db``; a module with no function counts zero instructions.
-    ``complete``: every total adds up, the jump probes' too when asked for."""
+    (``image.module``), into the store ``db``; a module with no function counts zero instructions.  Each
+    module is handed to ``on_image`` as soon as it is verified.  ``complete``: every total adds up, the jump
+    probes' too when asked for."""
     from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
     from ..image.module import MODULE_BASE, MODULES_END, MODULES_VADDR, load_modules
@@ -312,12 +415,13 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
                          f"module_alloc() places modules; e.g. {MODULE_BASE:#x}")
     t0 = time.monotonic()
     results: dict[str, dict] = {}
-    for path, image in load_modules(modules, vmlinux, base):
-        summary = run(image, db, options, Progress(enabled=say is not None)) if find_functions(image) \
+    for k, (path, image) in enumerate(load_modules(modules, vmlinux, base)):
+        stored = bool(find_functions(image))
+        summary = run(image, db, options, Progress(enabled=say is not None)) if stored \
             else empty_summary(image, options.jump_probes)
         results[path] = summary
-        if on_image is not None:
-            on_image(path, summary)
+        _hand_over(on_image, path, summary, image, db, options, stored, number=k + 1, images=len(modules),
+                   kernel=vmlinux)
     totals, adds_up, jumps = _add_up(results, options.jump_probes)
     report, complete = _document({"modules": results}, totals, adds_up, jumps)
     return RunSummary(report, db, totals, adds_up, complete, batch=True, images=len(results),
@@ -326,28 +430,25 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
 
 def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = None,
                    limit_modules: int | None = None, say: Say = None,
-                   on_parts: Callable[[str], None] | None = None) -> RunSummary:
+                   on_parts: Callable[[str], None] | None = None, on_image: OnImage = None) -> RunSummary:
     """A whole kernel: the vmlinux and every module (the first ``limit_modules``) that ``source`` names
     (``kernel_parts``; ``dbg``: a ``.deb``'s -dbg package), into the store ``db``, on one session's
     workers.  ``on_parts`` is given the line saying which parts were found (``KernelParts.used``) before
-    any is verified.  The document holds the source, every image's summary (the vmlinux's first), the
-    totals and the wall time of each half; ``complete``: every total adds up, the jump probes' too when
-    asked for."""
+    any is verified; ``on_image`` each image as soon as it is verified, the vmlinux first.  The document
+    holds the source, every image's summary (the vmlinux's first), the totals and the wall time of each
+    half; ``complete``: every total adds up, the jump probes' too when asked for."""
     import contextlib
 
-    from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
-    from ..image.module import load_modules
     from ..store.store import Store
     from ..schedule.progress import Progress
     from .run import Session, run
-    from .summary import RunSummary, empty_summary
+    from .summary import RunSummary
 
     parts = kernel_parts(source, dbg, say)
     if on_parts is not None:
         on_parts(parts.used)
     modules = parts.modules[:limit_modules]
-    quiet = Progress(enabled=False)
     t0 = time.monotonic()
     vmlinux = load_image(parts.vmlinux, parts.system_map)
     require_kernel(vmlinux)
@@ -358,15 +459,8 @@ def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = 
         images = {"vmlinux": run(vmlinux, db, options, Progress(enabled=say is not None), session)}
         timing["vmlinux_s"] = time.monotonic() - t0
         session.fresh_workers()  # the modules need little of what the vmlinux's proofs left in memory
-        for k, ((name, path), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):
-            if not find_functions(image):  # a module of data alone (tables, firmware glue): nothing to verify
-                images[name] = empty_summary(image, options.jump_probes)
-                continue
-            images[name] = summary = run(image, db, options, quiet, session)
-            if say is not None and (k + 1) % PROGRESS_EVERY == 0:
-                say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
-            if say is not None and not summary["totals_add_up"]:
-                say(f"{path}: totals do not add up")
+        _hand_over(on_image, "vmlinux", images["vmlinux"], vmlinux, db, options, images=len(modules) + 1)
+        _package_modules(modules, vmlinux, db, options, session, images, say, on_image, t0)
     timing["modules_s"] = time.monotonic() - t0 - timing["vmlinux_s"]
     totals, adds_up, jumps = _add_up(images, options.jump_probes)
     source_doc = {"argument": source, "dbg": dbg, "release": parts.release, "vmlinux": parts.vmlinux,
@@ -381,5 +475,32 @@ def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = 
                       module_instructions=sum(s["instructions"] for s in mods))
 
 
-__all__ = ["DEFAULT_KERNEL", "TRAMPOLINE_GAP", "default_store", "elf_files", "kernel_parts", "user_trampoline",
-           "verify_elf", "verify_module", "verify_package", "verify_vmlinux"]
+def _package_modules(modules: tuple[tuple[str, str], ...], vmlinux: Image, db: str, options: RunOptions, session,
+                     images: dict[str, dict], say: Say, on_image: OnImage, t0: float) -> None:
+    """A package's ``modules`` (name, path) verified into ``images`` by name, after its vmlinux, on
+    ``session``'s workers, each handed to ``on_image``; a progress line every ``PROGRESS_EVERY`` modules
+    and one for a module whose totals do not add up."""
+    from ..image.functions import find_functions
+    from ..image.module import load_modules
+    from ..schedule.progress import Progress
+    from .run import run
+    from .summary import empty_summary
+
+    quiet = Progress(enabled=False)
+    for k, ((name, path), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):
+        stored = bool(find_functions(image))  # false: a module of data alone (tables, firmware glue)
+        images[name] = summary = run(image, db, options, quiet, session) if stored \
+            else empty_summary(image, options.jump_probes)
+        _hand_over(on_image, name, summary, image, db, options, stored, number=k + 2, images=len(modules) + 1,
+                   kernel=vmlinux)
+        if not stored:
+            continue
+        if say is not None and (k + 1) % PROGRESS_EVERY == 0:
+            say(f"modules: {k + 1:,}/{len(modules):,}, {time.monotonic() - t0:.0f} s")
+        if say is not None and not summary["totals_add_up"]:
+            say(f"{path}: totals do not add up")
+
+
+__all__ = ["DEFAULT_KERNEL", "TRAMPOLINE_GAP", "ImageRequest", "VerifiedImage", "default_store", "elf_files",
+           "image_request", "is_kernel", "kernel_parts", "user_trampoline", "verify_elf", "verify_image",
+           "verify_module", "verify_package", "verify_vmlinux"]
