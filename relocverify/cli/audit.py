@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import closing
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ..engine.verify import DEFAULT_KERNEL, default_store, user_trampoline
 from .arguments import add_batch_options
 from .render import escape
+
+if TYPE_CHECKING:
+    from ..tracers.run import AuditSummary
 
 
 def add_parser(sub, types) -> None:
@@ -65,11 +66,7 @@ def add_parser(sub, types) -> None:
 
 def command(args, out: TextIO) -> int:
     from ..errors import InputError
-    from ..plan.plan import DEFAULT_TRAMP
-    from ..tracers import get_model
-    from ..tracers.audit import Auditor, save_summary
-    from ..tracers.run import audit_image, audit_modules, audit_package
-    from .arguments import run_options
+    from ..tracers.audit import save_summary
 
     if not args.tracer and not args.tracer_cmd:
         raise InputError("name at least one --tracer (e.g. --tracer kprobes@6.1) or --tracer-cmd")
@@ -87,6 +84,45 @@ def command(args, out: TextIO) -> int:
         raise InputError("--module needs the vmlinux the modules were built for as IMAGE")
     if (args.module or args.package) and not args.db:
         raise InputError("--db is required with --module and --package")
+    models = _models(args)
+    say = None if args.no_progress else _progress()
+    try:
+        summary = _audit(args, models, say)
+    finally:
+        if say is not None:
+            say.close()
+    save_summary(summary.store, summary.document)
+    from ..store import confirmations
+
+    # what confirm --audit found on the running kernel (not in the saved summary)
+    summary = summary.confirmed(confirmations.load(summary.store))
+    if args.json:
+        json.dump(summary.document, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render(summary))
+        out.write(f"store: {escape(summary.store)}\n")
+    if args.summary_json:
+        from ..outputs import write_atomic
+
+        write_atomic(args.summary_json, json.dumps(summary.document, indent=2))
+    if not summary.totals_add_up:
+        out.write("incomplete: the totals do not add up\n")
+    return exit_code(summary)
+
+
+def exit_code(summary: AuditSummary) -> int:
+    """3 when some tracer's totals do not add up, else 1 when some tracer is wrong about an instruction, else 0."""
+    if not summary.totals_add_up:
+        return 3
+    return 1 if summary.any_tracer_wrong else 0
+
+
+def _models(args) -> list:
+    """The tracers named: the modelled ones (``--tracer``), then the commands (``--tracer-cmd``), each once."""
+    from ..errors import InputError
+    from ..tracers import get_model
+
     models = [get_model(t) for t in args.tracer]
     if args.tracer_cmd:
         from ..tracers.external import ExternalTracer
@@ -94,77 +130,40 @@ def command(args, out: TextIO) -> int:
         models += [ExternalTracer(c) for c in args.tracer_cmd]
     if len({m.name for m in models}) != len(models):
         raise InputError("a tracer is named twice")
-    say = None if args.no_progress else _progress()
+    return models
+
+
+def _audit(args, models: list, say) -> AuditSummary:
+    """The audit the arguments ask for (``tracers.run``): a whole package, modules, or one image."""
+    from ..plan.plan import DEFAULT_TRAMP
+    from ..tracers.run import audit_image, audit_modules, audit_package
+    from .arguments import progress_lines, run_options
+
     kernel_tramp = args.trampoline_base if args.trampoline_base is not None else DEFAULT_TRAMP
-    db = args.db
-    try:
-        if args.package:
-            options = run_options(args, kernel_tramp, args.limit)
-            with closing(Auditor(models, kernel_tramp, args.timeout, options.cache_dir)) as auditor:
-                summary = audit_package(args.package, db, options, auditor, args.dbg, args.limit_modules, say)
-        else:
-            image, kernel = _load(args)
-            if args.module:
-                options = run_options(args, kernel_tramp, args.limit)
-                with closing(Auditor(models, kernel_tramp, args.timeout, options.cache_dir)) as auditor:
-                    summary = audit_modules(args.module, image, db, options, auditor, args.base, say)
-            else:
-                tramp = kernel_tramp if kernel else user_trampoline(image, args.trampoline_base)
-                db = db or default_store(image.path, image)
-                options = run_options(args, tramp, args.limit, with_sites=kernel,
-                                      policy="kernel" if kernel else "user")
-                with closing(Auditor(models, tramp, args.timeout, options.cache_dir)) as auditor:
-                    summary = audit_image(image, db, options, auditor, say)
-    finally:
-        if say is not None:
-            say.close()
-    save_summary(db, summary)
-    from ..store import confirmations
-
-    confirmations.attach(summary, confirmations.load(db))  # what confirm --audit found on the running kernel
-    if args.json:
-        json.dump(summary, out, indent=2)
-        out.write("\n")
-    else:
-        out.write(render(summary))
-        out.write(f"store: {escape(db)}\n")
-    if args.summary_json:
-        from ..outputs import write_atomic
-
-        write_atomic(args.summary_json, json.dumps(summary, indent=2))
-    if not all(t["totals_add_up"] for t in summary["tracers"].values()):
-        out.write("incomplete: the totals do not add up\n")
-        return 3
-    return 1 if any(t["buckets"]["tracer-wrong"] for t in summary["tracers"].values()) else 0
+    options = run_options(args, kernel_tramp, args.limit)  # a user-space IMAGE: the engine's user policy and slot
+    if args.package:
+        return audit_package(args.package, options, models, args.db, args.dbg, args.limit_modules, say,
+                             progress_lines(args))
+    if args.module:
+        return audit_modules(args.module, args.image, options, models, args.db, args.system_map, args.base, say)
+    return audit_image(args.image, options, models, args.db, args.system_map, args.trampoline_base, say,
+                       progress_lines(args))
 
 
-def _load(args):
-    """The IMAGE argument loaded (default: the Debian 6.1 cloud kernel), and whether it is a kernel."""
-    from ..image.loader import load_image, require_kernel
-    from ..x86.registers import KERNEL_HALF
-
-    path = args.image
-    if path is None:
-        from ..image.fetch import fetch
-
-        path = str(fetch(DEFAULT_KERNEL, None).vmlinux)
-    image = load_image(path, args.system_map)
-    kernel = any(s.address >= KERNEL_HALF for s in image.iter_executable_sections())
-    if kernel:
-        require_kernel(image)
-    return image, kernel
-
-
-def render(summary: dict) -> str:
+def render(audit: AuditSummary) -> str:
+    """The audit as text: the instructions, the slot and the audit's seconds; per tracer its buckets; the
+    counterexamples the CPU judged, the controls confirmed, and every tracer-wrong group with an example
+    and how to replay it."""
     from ..tracers.audit import BUCKETS
 
-    lines = [f"{summary['instructions']:,} instructions in {summary['functions']:,} functions, slot at "
-             f"{summary['tramp']}; {summary['wall_s']:.1f} s"]
-    width = max(len(n) for n in summary["tracers"]) + 2
+    summary = audit.document
+    lines = [f"{audit.instructions:,} instructions in {summary['functions']:,} functions, slot at "
+             f"{summary['tramp']}; {audit.wall_s:.1f} s"]
+    width = max(len(t.name) for t in audit.tracers) + 2
     lines.append(" " * width + "".join(f"{b:>25}" for b in BUCKETS))
-    for name, t in summary["tracers"].items():
-        lines.append(f"{escape(name):<{width}}" + "".join(f"{t['buckets'][b]:>25,}" for b in BUCKETS)
-                     + ("" if t["totals_add_up"] else "   (totals do not add up)"))
+    for t in audit.tracers:
+        lines.append(f"{escape(t.name):<{width}}" + "".join(f"{t.buckets[b]:>25,}" for b in BUCKETS)
+                     + ("" if t.totals_add_up else "   (totals do not add up)"))
     for name, t in summary["tracers"].items():
         cpu = t.get("cpu_replay") or {}
         if any(cpu.values()):

@@ -1,26 +1,99 @@
 """The tracer audit over whole inputs: a kernel image or user-space ELF (``audit_image``), kernel
 modules laid out in module space (``audit_modules``), a kernel's vmlinux and every module
-(``audit_package``).
+(``audit_package``); each returns an ``AuditSummary``.
 
-Each image is first verified into the store as the batch commands do (``engine.run.run``: a
-complete earlier run is reused), which gives relocverify's own verdict for every instruction;
-then ``audit.audit_store`` buckets the image's instructions per tracer, with one ``Auditor`` for
-all the images of a command (its proofs and remembered outcomes are shared between them).
-Several images' summaries are added up by ``merge``: per tracer, the instructions and the buckets
-sum, the groups merge by name, and ``totals_add_up`` is checked again over the sum.  Nothing here
-writes to the command's output: the command line calls one of these and renders the summary.
+Each verifies through ``engine.verify`` (``image_request`` and ``verify_image``, ``verify_module``,
+``verify_package``), as the batch commands do (a complete earlier run is reused), which gives
+relocverify's own verdict for every instruction and hands each image over as soon as it is verified
+(``engine.verify.VerifiedImage``: the image, the store, its id there); each image is audited then
+(``audit.audit_store`` buckets its instructions per tracer), by one ``Auditor`` for all the images of a
+command, made before the first is verified (its proofs and remembered outcomes are shared between
+them).  Several images' summaries are added up by ``merge``: per tracer, the instructions and the
+buckets sum, the groups merge by name, and ``totals_add_up`` is checked again over the sum.  Nothing
+here writes to the command's output: the command line calls one of these and renders the summary.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
-from typing import Callable, Optional
+from contextlib import closing
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from .audit import BUCKETS, EXAMPLES, Auditor, ImageFacts, audit_store
 
-#: Where progress goes: (phase, done, total), or None.
+if TYPE_CHECKING:
+    from ..engine.run import RunOptions
+    from ..engine.verify import VerifiedImage
+
+#: Where the audit's progress goes: (phase, done, total), or None.
 Say = Optional[Callable[[str, int, int], None]]
+
+#: Where the verification's progress lines go (``engine.verify.Say``; given, its progress bars are drawn
+#: too), or None.
+Lines = Optional[Callable[[str], None]]
+
+
+@dataclass(frozen=True)
+class TracerTally:
+    """One tracer's counts over the audited instructions: per bucket (``audit.BUCKETS``; read-only), whether
+    the buckets and the groups add up to the instructions, and how many instructions are tracer-wrong."""
+
+    name: str
+    instructions: int
+    buckets: Mapping[str, int]
+    totals_add_up: bool
+    tracer_wrong: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buckets", MappingProxyType(dict(self.buckets)))
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    """What one audit produced (``audit_image``, ``audit_modules``, ``audit_package``).
+
+    ``document`` is the summary as JSON holds it (``audit --json`` prints it, ``--summary-json`` writes it,
+    ``audit.save_summary`` keeps it beside the store; nothing changes it once made): one image's
+    (``audit.audit_store``'s, with the image and relocverify's own verdicts), or several images' added up
+    (``merge``).  The other fields are what the command line decides by, typed: ``store``: the store's
+    path; ``tracers``: each tracer's tally, in the order the tracers were named; ``instructions``: the
+    instructions audited; ``wall_s``: the audit's seconds (the verification's not included)."""
+
+    document: dict
+    store: str
+    tracers: tuple[TracerTally, ...]
+    instructions: int
+    wall_s: float
+
+    @classmethod
+    def of(cls, document: dict, store: str) -> AuditSummary:
+        """The summary whose document is ``document`` (an image's audit, or ``merge``'s), typed fields read from it."""
+        tallies = tuple(TracerTally(name, t["instructions"], t["buckets"], t["totals_add_up"],
+                                    t["buckets"]["tracer-wrong"]) for name, t in document["tracers"].items())
+        return cls(document, store, tallies, document["instructions"], document["wall_s"])
+
+    @property
+    def totals_add_up(self) -> bool:
+        """Every tracer's buckets and groups add up to its instructions."""
+        return all(t.totals_add_up for t in self.tracers)
+
+    @property
+    def any_tracer_wrong(self) -> bool:
+        """Some tracer is wrong about some instruction."""
+        return any(t.tracer_wrong for t in self.tracers)
+
+    def confirmed(self, confirmations: dict | None) -> AuditSummary:
+        """This summary with what ``confirm --audit`` found on a running kernel given to its groups
+        (``store.confirmations.attach``: a copy of the document; the typed fields stay as they are)."""
+        if not confirmations:
+            return self
+        from ..store.confirmations import attach
+
+        return replace(self, document=attach(copy.deepcopy(self.document), confirmations))
 
 
 def image_facts(image, sites: bool, thunks: tuple[int, int] | None = None) -> ImageFacts:
@@ -34,8 +107,7 @@ def image_facts(image, sites: bool, thunks: tuple[int, int] | None = None) -> Im
 
     ranges = PatchRanges(image, find_functions(image), find_sites(image) if sites else None)
     if thunks is None:
-        lo, hi = image.symbol_address("__indirect_thunk_start"), image.symbol_address("__indirect_thunk_end")
-        thunks = None if lo is None or hi is None else (lo, hi)
+        thunks = _thunks(image)
 
     def digest(start: int, size: int) -> bytes:
         return hashlib.blake2b(repr(ranges.entries_inside(start - 1, size + 1)).encode(), digest_size=12).digest()
@@ -47,76 +119,87 @@ def _needs_facts(auditor: Auditor) -> bool:
     return any(getattr(m, "per_function", False) for m in auditor.models)
 
 
-def audit_image(image, db: str, options, auditor: Auditor, say: Say = None, session=None,
-                thunks: tuple[int, int] | None = None) -> dict:
-    """One image: verified into ``db`` (``options``: the engine's ``RunOptions``), then audited.  The
-    summary is ``audit_store``'s, with the image and relocverify's own verdicts added."""
-    from ..schedule.progress import Progress
-    from ..engine.run import run
-    from ..store.store import Store
-
-    own = run(image, db, options, Progress(enabled=say is not None), session)
-    store = Store(db, readonly=True)
-    try:
-        image_id = store.find_image(image.identity)
-    finally:
-        store.close()
-    facts = image_facts(image, options.with_sites, thunks) if _needs_facts(auditor) else None
-    summary = audit_store(db, auditor, image_id, options.limit, say, facts)
-    summary["image"] = {"path": image.path, "identity": image.identity, "policy": options.policy}
-    summary["own"] = {"by_verdict": own["by_verdict"], "instructions": own["instructions"]}
-    return summary
-
-
-def audit_modules(paths: list[str], vmlinux, db: str, options, auditor: Auditor, base: int | None = None,
-                  say: Say = None) -> dict:
-    """Kernel modules, laid out in module space from ``base`` and relocated against ``vmlinux``'s
-    symbols (``image.module``), each audited; the summaries merged (a module without a function
-    counts zero instructions)."""
-    from ..image.module import MODULE_BASE, load_modules
-
-    thunks = _thunks(vmlinux)
-    parts = {}
-    for k, (path, image) in enumerate(load_modules(paths, vmlinux, MODULE_BASE if base is None else base)):
-        parts[path] = _one_module(image, db, options, auditor, None, thunks)
-        if say is not None:
-            say("modules", k + 1, len(paths))
-    return merge(parts, auditor)
-
-
-def audit_package(source: str, db: str, options, auditor: Auditor, dbg: str | None = None,
-                  limit_modules: int | None = None, say: Say = None) -> dict:
-    """A whole kernel: its vmlinux and every module (the first ``limit_modules``) that ``source`` names
-    (``engine.verify.kernel_parts``), on one session's workers; the summaries merged."""
-    from ..engine.run import Session
-    from ..engine.verify import kernel_parts
-    from ..image.loader import load_image, require_kernel
-    from ..image.module import load_modules
-
-    parts = kernel_parts(source, dbg)
-    vmlinux = load_image(parts.vmlinux, parts.system_map)
-    require_kernel(vmlinux)
-    modules = parts.modules[:limit_modules]
-    thunks = _thunks(vmlinux)
-    out = {}
-    with Session(options) as session:
-        out["vmlinux"] = audit_image(vmlinux, db, options, auditor, say, session)
-        for k, ((name, _), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):
-            out[name] = _one_module(image, db, options, auditor, session, thunks)
-            if say is not None:
-                say("modules", k + 1, len(modules))
-    summary = merge(out, auditor)
-    summary["source"] = parts.used
-    return summary
-
-
-def _one_module(image, db, options, auditor, session, thunks) -> dict:
-    from ..image.functions import find_functions
-
-    if not find_functions(image):  # a module of data alone: nothing to verify, nothing to audit
+def audit_verified(done: VerifiedImage, auditor: Auditor, say: Say = None) -> dict:
+    """The audit summary of one image ``engine.verify`` has verified: ``audit_store``'s, with the image and
+    relocverify's own verdicts added; a module's thunk range is its vmlinux's.  An image with no function
+    (nothing stored): zero instructions, every tracer's tally empty."""
+    image, options = done.image, done.options
+    if done.image_id is None:
         return {"instructions": 0, "functions": 0, "tracers": {m.name: _empty_tally() for m in auditor.models},
                 "image": {"path": image.path, "identity": image.identity, "policy": options.policy}}
-    return audit_image(image, db, options, auditor, None, session, thunks)
+    thunks = None if done.kernel is None else _thunks(done.kernel)
+    facts = image_facts(image, options.with_sites, thunks) if _needs_facts(auditor) else None
+    summary = audit_store(done.store, auditor, done.image_id, options.limit, say, facts)
+    summary["image"] = {"path": image.path, "identity": image.identity, "policy": options.policy}
+    summary["own"] = {"by_verdict": done.summary["by_verdict"], "instructions": done.summary["instructions"]}
+    return summary
+
+
+class _Audit:
+    """What ``engine.verify`` hands each image to (``on_image``): the image audited as it arrives, its
+    summary kept by its name (``parts``, in the order verified).  A kernel's audit says its progress; a
+    module's is short, and the modules are counted instead."""
+
+    def __init__(self, auditor: Auditor, say: Say):
+        self.auditor, self.say = auditor, say
+        self.parts: dict[str, dict] = {}
+        self.kernels = 0  # images handed over that are not modules (a package's vmlinux)
+
+    def __call__(self, done: VerifiedImage) -> None:
+        module = done.kernel is not None
+        self.parts[done.name] = audit_verified(done, self.auditor, None if module else self.say)
+        if not module:
+            self.kernels += 1
+        elif self.say is not None:
+            self.say("modules", done.number - self.kernels, done.images - self.kernels)
+
+
+def _auditor(models: list, options: RunOptions) -> Auditor:
+    """The command's ``Auditor``: ``models`` at ``options``' slot, with its timeout and proof cache."""
+    return Auditor(models, options.tramp, options.timeout_s, options.cache_dir)
+
+
+def audit_image(path: str | None, options: RunOptions, models: list, db: str | None = None,
+                system_map: str | None = None, trampoline_base: int | None = None, say: Say = None,
+                lines: Lines = None) -> AuditSummary:
+    """One image, a kernel's or a user-space ELF file's (``engine.verify.image_request``; None: the default
+    kernel), verified into ``db`` (None: beside it) with ``options`` (the engine's ``RunOptions``; a
+    user-space file: the user policy and its own slot, ``trampoline_base`` if given), then audited for
+    ``models``.  The document is ``audit_store``'s, with the image and relocverify's own verdicts added."""
+    from ..engine.verify import image_request, verify_image
+
+    request = image_request(path, options, db, system_map, trampoline_base, lines)
+    with closing(_auditor(models, request.options)) as auditor:
+        audit = _Audit(auditor, say)
+        verify_image(request, lines, on_image=audit)
+    (document,) = audit.parts.values()
+    return AuditSummary.of(document, request.store)
+
+
+def audit_modules(paths: list[str], kernel: str, options: RunOptions, models: list, db: str,
+                  system_map: str | None = None, base: int | None = None, say: Say = None) -> AuditSummary:
+    """Kernel modules, laid out in module space from ``base`` and relocated against the symbols of the
+    vmlinux ``kernel`` (``engine.verify.verify_module``), each audited as it is verified; the summaries
+    merged (a module without a function counts zero instructions)."""
+    from ..engine.verify import verify_module
+
+    with closing(_auditor(models, options)) as auditor:
+        audit = _Audit(auditor, say)
+        verify_module(paths, kernel, options, db, system_map, base, None, on_image=audit)
+        return merge(audit.parts, auditor, db)
+
+
+def audit_package(source: str, options: RunOptions, models: list, db: str, dbg: str | None = None,
+                  limit_modules: int | None = None, say: Say = None, lines: Lines = None) -> AuditSummary:
+    """A whole kernel: its vmlinux and every module (the first ``limit_modules``) that ``source`` names,
+    verified on one session's workers (``engine.verify.verify_package``), each audited as it is verified;
+    the summaries merged, with the line saying which parts were used."""
+    from ..engine.verify import verify_package
+
+    with closing(_auditor(models, options)) as auditor:
+        audit = _Audit(auditor, say)
+        verified = verify_package(source, options, db, dbg, limit_modules, lines, on_image=audit)
+        return merge(audit.parts, auditor, db, verified.document["source"]["used"])
 
 
 def _thunks(vmlinux) -> tuple[int, int] | None:
@@ -129,10 +212,11 @@ def _empty_tally() -> dict:
             "groups": {b: [] for b in BUCKETS}}
 
 
-def merge(parts: dict[str, dict], auditor: Auditor) -> dict:
+def merge(parts: dict[str, dict], auditor: Auditor, store: str, source: str | None = None) -> AuditSummary:
     """Several images' audit summaries as one: per tracer the instructions and buckets summed, the
     groups merged by (bucket, group) with their counts summed and the first few instances kept, and
-    per image its instructions and buckets (``images``)."""
+    per image its instructions and buckets (``images``); ``source``: a package's line saying which
+    parts were used."""
     t0 = time.monotonic()
     tracers: dict[str, dict] = {}
     for part in parts.values():
@@ -157,8 +241,11 @@ def merge(parts: dict[str, dict], auditor: Auditor) -> dict:
             g["count"] for gs in t["groups"].values() for g in gs) == t["instructions"]
     images = {label: {"instructions": p["instructions"],
                       "tracers": {n: t["buckets"] for n, t in p["tracers"].items()}} for label, p in parts.items()}
-    return {"instructions": sum(p["instructions"] for p in parts.values()),
-            "functions": sum(p.get("functions", 0) for p in parts.values()), "tramp": hex(auditor.tramp),
-            "cases": sum(p.get("cases", 0) for p in parts.values()), "tracers": tracers, "images": images,
-            "counts": dict(auditor.counts), "wall_s": round(sum(p.get("wall_s", 0) for p in parts.values())
-                                                          + time.monotonic() - t0, 3)}
+    document = {"instructions": sum(p["instructions"] for p in parts.values()),
+                "functions": sum(p.get("functions", 0) for p in parts.values()), "tramp": hex(auditor.tramp),
+                "cases": sum(p.get("cases", 0) for p in parts.values()), "tracers": tracers, "images": images,
+                "counts": dict(auditor.counts), "wall_s": round(sum(p.get("wall_s", 0) for p in parts.values())
+                                                              + time.monotonic() - t0, 3)}
+    if source is not None:
+        document["source"] = source
+    return AuditSummary.of(document, store)
