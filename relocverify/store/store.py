@@ -731,9 +731,8 @@ class Store(Results):
     """A relocverify store.  ``Store(path)`` creates a new one or opens an
     existing one; any other file is refused with ``StoreError``, untouched."""
 
-    def __init__(self, path: str, readonly: bool = False):
+    def __init__(self, path: str):
         self.path = path
-        self.readonly = readonly
         self._memo: dict = {}
         self._lock = None
         self._outcomes: dict[int, tuple] | None = None
@@ -745,48 +744,42 @@ class Store(Results):
                 input_file(path, "store")  # a regular file: no FIFO, device or directory
             except InputError as exc:
                 raise StoreError(str(exc)) from None
-        if readonly and not (os.path.exists(path) and os.path.getsize(path) > 0):
-            raise StoreError(f"{path}: no such store")
         had_lock_file = os.path.exists(path + ".lock")
-        if not readonly:
-            # the lock first: another writer may be creating this very store, and until it is done the
-            # file looks like nobody's SQLite file; the second writer is told the store is busy
-            self._lock = _WriterLock.acquire(path)
+        # the lock first: another writer may be creating this very store, and until it is done the file looks
+        # like nobody's SQLite file; the second writer is told the store is busy
+        self._lock = _WriterLock.acquire(path)
         exists = os.path.exists(path) and os.path.getsize(path) > 0
         if exists:
             try:
                 check_foreign(path)
             except StoreError:
                 self._release()
-                if not had_lock_file and not readonly:
+                if not had_lock_file:
                     try:  # leave another program's file as we found it: no lock file beside it
                         os.remove(path + ".lock")
                     except OSError:
                         pass
                 raise
         try:
-            self.db = read_only(path) if readonly else shard.connect(path)
-            if not readonly:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db = shard.connect(path)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
             # A run inserts millions of rows into B-trees of ~100 MB, in key order (``shard.merge``):
             # appends, which need few pages in memory, but more than SQLite's default of 2 MB.  32 MB
             # costs a whole-kernel run no time against 256 MB, and its peak memory 40 MB less.
             self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if not exists:
                 self._create()
-                if self._lock is not None:
-                    self._lock.checked = True
+                self._lock.checked = True
             self._check_schema()
             #: changed since relocverify last closed it (killed, copied, edited): its seals are worth a look
-            self.touched = not readonly and exists and not self._lock.checked
-            if not readonly and exists and not self._lock.checked:
+            self.touched = exists and not self._lock.checked
+            if exists and not self._lock.checked:
                 # not closed cleanly by us since it last changed (killed, copied, edited): a writer never
                 # adds rows to a damaged store; a store we closed ourselves is not read again
                 self.check_integrity()
                 self._lock.checked = True
-            if not readonly:
-                self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
+            self.db.executescript(JUMP_TABLES)  # added within schema 2: older stores gain them
         except sqlite3.DatabaseError as exc:
             self._release()
             raise StoreError(f"{path}: cannot use as a relocverify store ({exc})") from None
