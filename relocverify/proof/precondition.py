@@ -19,12 +19,10 @@ refuses such input before any proof, as an ``InputError`` (exit 2):
 
 from __future__ import annotations
 
-import claripy
-
 from ..errors import InputError
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64, is_canonical
-from .smt import timed_solver
+from .solvers import timed_solver
 
 MAX_TRACER_MEMORY = 1 << 24  # 16 MiB
 

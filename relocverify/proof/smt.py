@@ -6,10 +6,7 @@ concrete replay on unicorn (``relocverify.concrete.replay``)."""
 from __future__ import annotations
 
 import json
-import os
-import threading
 from dataclasses import dataclass
-from functools import lru_cache
 
 import claripy
 
@@ -20,28 +17,8 @@ from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from . import lift as L
 from . import semantics as S
+from .solvers import timed_solver
 from .verdict import Counterexample
-
-
-def timed_solver(timeout_ms: int) -> claripy.Solver:
-    """A claripy solver with a time limit, in a process ready for it (``_timer_ready``)."""
-    _timer_ready(os.getpid())
-    return claripy.Solver(timeout=timeout_ms)
-
-
-@lru_cache(maxsize=None)
-def _timer_ready(pid: int) -> None:
-    """Once per process (a forked child is another: z3 forgets its threads at the fork): z3 starts a thread for
-    the first check with a time limit and keeps it for the later ones; a system that refuses it that thread (a
-    limit on processes or threads: ``ulimit -u``, a cgroup's ``pids.max``) makes z3 abort the whole process,
-    with no line to say why.  A Python thread started first is refused with the exception the command line
-    names (``processes.refused``); once z3 has its thread, no check needs another."""
-    probe = threading.Thread(target=int, name="relocverify-thread-room")
-    probe.start()
-    probe.join()
-    solver = claripy.Solver(timeout=60_000)
-    solver.add(claripy.BVS("ready", 8) == 1)
-    solver.satisfiable()
 
 
 def _merge(outs, f):
