@@ -21,7 +21,8 @@ below it (``tests/test_layers.py`` holds the order; README's stage table names e
                 module and package, returning a frozen ``RunSummary``
     report/     the static HTML report, ``show``, ``export`` (read the store)
     runtime/    probes placed for proved plans in a boot-patched kernel under unicorn
-    tracers/    kprobes, optprobes, uprobes, kinst, fasttrap modelled and audited
+    tracers/    kprobes, optprobes, uprobes, kinst, fasttrap modelled and audited, each image as
+                ``engine.verify`` hands it over, into a frozen ``AuditSummary``
     confirm/    the audit's findings tried on the kernel booted under QEMU
     cli/        the thin command line
 
