@@ -85,8 +85,9 @@ def die_with_parent(period: float = 0.25) -> bool:
     return True
 
 
-def pool_worker() -> None:
-    """A pool's ``initializer``: SIGTERM ends this worker, and so does its parent's end."""
+def worker_start() -> None:
+    """A forked worker's first step: SIGTERM ends it (not the command line's handler, inherited), and so does
+    its parent's end."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
 
@@ -112,10 +113,15 @@ class StderrTap:
         self.file.seek(0)
         return self.file.read().decode(errors="replace")
 
-    def release(self) -> None:
-        """In the parent, once the worker has ended: what it wrote goes to the parent's standard error."""
+    def close(self) -> str:
+        """In the parent, once the worker has ended: what it wrote, the file gone."""
         text = self.text()
         self.file.close()
+        return text
+
+    def release(self) -> None:
+        """In the parent, once the worker has ended: what it wrote goes to the parent's standard error."""
+        text = self.close()
         if text:
             try:
                 sys.stderr.write(text)
@@ -130,14 +136,10 @@ def refused_text(text: str) -> bool:
     return "Resource temporarily unavailable" in text or "can't start new thread" in text
 
 
-def ended_why(exitcode: int | None, tap: StderrTap | None) -> BaseException:
-    """The error a parent raises for a worker that ended without answering: the system's refusal
-    (``refused_worker``) when its status or its last words say so, else ``WorkerDied`` naming the signal or
-    status and the worker's last line.  ``tap`` is closed."""
-    text = ""
-    if tap is not None:
-        text = tap.text()
-        tap.file.close()
+def ended_why(exitcode: int | None, text: str) -> BaseException:
+    """The error for a worker that ended without answering, from its exit status and what it wrote (``text``):
+    the system's refusal (``refused_worker``) when they say so, else ``WorkerDied`` naming the signal or status
+    and the worker's last line."""
     if exitcode == REFUSED_EXIT or (exitcode is not None and exitcode < 0 and refused_text(text)):
         return refused_worker()
     how = f"status {exitcode}"
@@ -208,8 +210,8 @@ class _ForkMap:
                 for conn, w in list(self.workers.items()):
                     if conn in ready or w[0].sentinel in ready:
                         done_items += self._take(conn, w)
-                    if self.progress:
-                        self.progress(done_items, len(self.items))
+                if self.progress:
+                    self.progress(done_items, len(self.items))
             return [value for part in self.results for value in part]
         finally:
             self._stop()
@@ -236,7 +238,7 @@ class _ForkMap:
     def _died(self, w) -> None:
         w[0].join(timeout=5)
         tap, w[3] = w[3], None
-        raise ended_why(w[0].exitcode, tap)
+        raise ended_why(w[0].exitcode, tap.close() if tap is not None else "")
 
     def _spawn(self) -> None:
         parent, child = self.ctx.Pipe()
@@ -276,7 +278,7 @@ def _fork_serve(fn, items, conn, others, tap: StderrTap) -> None:
         tap.attach()
         for other in others:
             other.close()
-        pool_worker()
+        worker_start()
         while True:
             try:
                 chunk = conn.recv()

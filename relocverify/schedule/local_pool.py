@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass, replace
@@ -151,7 +152,7 @@ class LocalPool:
             except (EOFError, OSError):
                 proc.join(timeout=5)
                 tap, self.taps[i] = self.taps[i], None
-                raise ended_why(proc.exitcode, tap) from None
+                raise ended_why(proc.exitcode, tap.close()) from None
             if status == "refused":
                 raise refused_worker()
             if status != "ok":
@@ -360,10 +361,13 @@ class _Dispatch:
         self.held[i] = None
         pool.procs[i].join(timeout=1)
         tap, pool.taps[i] = pool.taps[i], None
-        why = ended_why(pool.procs[i].exitcode, tap)
+        said = tap.close()
+        why = ended_why(pool.procs[i].exitcode, said)
         if isinstance(why, OSError):  # the system's limit, not a crash: forking again would meet it too
             pool.close()
             raise why
+        if said:  # a crash the run goes on past: what the worker said (a fault handler's dump) is shown
+            sys.stderr.write(said)
         pool._spawn(i)
         if on_crash is None:
             pool.close()

@@ -36,6 +36,10 @@ GENERATIONS = {
     "site": (("site_indexes", "key"),),
 }
 
+#: A row's bytes, as ``trim`` estimates them, where a table has no ``data`` column (its key and a few
+#: short columns).
+SIZE_OF_ROW = {"proofs": "length(key) + 64", "derivations": "length(key) + 64", "proof_seals": "length(key) + 64"}
+
 SCHEMA = """CREATE TABLE IF NOT EXISTS usage (kind TEXT NOT NULL, name BLOB NOT NULL, used INTEGER NOT NULL,
     PRIMARY KEY (kind, name)) WITHOUT ROWID;"""
 
@@ -83,9 +87,10 @@ class Usage:
     def trim(self) -> list[tuple[str, bytes]]:
         """Drop the least recently used generations (never one this process used) while the rows in use
         exceed the limit, down to ``TRIM_TO`` of it; the generations dropped, oldest first."""
-        over = self.in_use_bytes() - int(self.limit * TRIM_TO)
-        if self.in_use_bytes() <= self.limit or over <= 0:
+        in_use = self.in_use_bytes()
+        if in_use <= self.limit:
             return []
+        over = in_use - int(self.limit * TRIM_TO)
         sizes = self._sizes()
         used = {(k, bytes(n)): t for k, n, t in self.db.execute("SELECT kind, name, used FROM usage")}
         order = sorted((g for g in sizes if g not in self.used), key=lambda g: (used.get(g, 0), g))
@@ -104,9 +109,8 @@ class Usage:
         out: dict[tuple[str, bytes], int] = {}
         for kind, places in GENERATIONS.items():
             for table, column in places:
-                data = "data" if table not in ("proofs", "derivations", "proof_seals") else "length(key) + 64"
-                measure = f"sum(length({data}))" if data == "data" else f"sum({data})"
-                for name, n in self.db.execute(f"SELECT {column}, {measure} FROM {table} GROUP BY {column}"):
+                measure = SIZE_OF_ROW.get(table, "length(data)")
+                for name, n in self.db.execute(f"SELECT {column}, sum({measure}) FROM {table} GROUP BY {column}"):
                     out[(kind, bytes(name))] = out.get((kind, bytes(name)), 0) + (n or 0)
         return out
 
