@@ -304,12 +304,12 @@ def test_each_row_keeps_its_own_decoder_answers(tmp_path, monkeypatch):
     instance, two workers have one each)."""
     import elfbuild
 
-    from relocverify.engine import run as run_module
+    from relocverify.engine.phases import sizes
     from relocverify.engine.pipeline import answers_json
     from relocverify.x86.decode import decode
 
     image = load_image(elfbuild.build_elf(tmp_path, ".section .text, \"ax\"\n" + ANSWERS_ASM, SMALL_LDS))
-    monkeypatch.setattr(run_module, "CHUNK_FUNCTIONS", 1)
+    monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)
     digests = []
     for jobs in (1, 2):
         summary = _run(image, tmp_path / f"{jobs}.sqlite", jobs=jobs)

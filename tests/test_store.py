@@ -264,11 +264,11 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
     next run merges them, with the same results."""
     import threading
 
-    from relocverify.engine import run as run_module
+    from relocverify.engine.phases import sizes
     from relocverify.store import shard as shard_module
 
     image, db = small_store
-    monkeypatch.setattr(run_module, "CHUNK_FUNCTIONS", 1)  # four functions: two rows tasks per worker
+    monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)  # four functions: two rows tasks per worker
     real_merge = shard_module.merge
     threads: list[bool] = []
 
@@ -279,7 +279,7 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
     monkeypatch.setattr(shard_module, "merge", merge_and_look)
     digests = []
     for rounds in (1, 2):
-        monkeypatch.setattr(run_module, "ROWS_ROUNDS", rounds)
+        monkeypatch.setattr(sizes, "ROWS_ROUNDS", rounds)
         threads.clear()
         path = tmp_path / f"rounds-{rounds}.sqlite"
         assert run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))["totals_add_up"]

@@ -1,32 +1,23 @@
 """Verify every instruction of a kernel image: one verdict each, totals that add up.
 
-image -> functions -> instructions -> plan -> proof -> store -> summary, in
-three phases on a pool of workers (``schedule``) that keep what they learn
-for the whole run (``worker``):
+image -> functions -> instructions -> plan -> proof -> store -> summary.  ``run`` sets up (the store, the
+image's functions and sites, the run's ``Scope``), then runs the steps of ``PHASES`` that the options ask
+for, each made of phases (``engine/phases``) that the scheduler drives on one pool of workers
+(``schedule.phase.drive``), the workers keeping what they learn for the whole run (``worker``):
 
-1. survey: every instruction gets an instance key (``keys``); the keys the
-   persistent proof cache does not know are collected, one representative each;
-2. proofs: each unknown key's representative is decoded, planned and
-   proved once, on whichever worker is free; each worker is then sent the
-   findings of its functions' keys that the other workers made, and the
-   proof cache is written by a thread of the parent's (``Behind``) while
-   the rows are made;
-3. rows: every function is walked again on the worker that surveyed it; each
-   instruction takes its key's finding (instances whose key cannot stand for
-   them are proved one by one), kernel sites and their variants are applied,
-   and whole functions are written to the store.  Then every alternative's
-   replacement is verified at its live address.
+    verdicts      survey, proofs, rows: one verdict per instruction (``phases.board`` says what they share)
+    replacements  every alternative's replacement, verified at its live address
+    passes        analyses added from outside (``engine.passes``)
+    jump_probes   per instruction, whether a jump probe can sit there
 
-Functions already stored under the same configuration (trampoline, tool
-versions, sites) are skipped, so a rerun resumes where a run stopped.  A
-solver timeout, a hang or a crashing worker makes the instructions
-concerned ``unknown`` with the reason, and the run goes on.
+and makes the summary from the store.  Functions already stored under the same configuration (trampoline,
+tool versions, sites) are skipped, so a rerun resumes where a run stopped.  A solver timeout, a hang or a
+crashing worker makes the instructions concerned ``unknown`` with the reason, and the run goes on.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,31 +29,27 @@ from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image
 from ..plan.policy import POLICIES
 from ..proof.cache_key import cache_tag
-from ..proof.verdict import Finding, Verdict
-from ..store.cache import CachedFinding, ProofCache, merge_jump_entries
-from ..store.forking import sqlite_work
-from ..store.jump_rows import pack_jump_row
+from ..store.cache import CachedFinding, ProofCache
 from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
-from ..schedule.local_pool import LocalPool, Task
+from ..schedule.local_pool import LocalPool
+from ..schedule.phase import drive
 from ..schedule.progress import Progress
 from ..schedule.smt_helper import SmtHelper
-from .keys import KeyMaker
+from .phases.board import Board, PhaseCounts
+from .phases.harvest import harvest
+from .phases.jump_answers import JumpAnswers, jump_summary
+from .phases.pass_rows import PassRows
+from .phases.proofs import Proofs
+from .phases.replacements import Replacements
+from .phases.rows import Rows
+from .phases.survey import StoredCount, Survey
 from .pipeline import WATCHDOG_MARGIN_S
 from .site_memo import found_sites, kept_sites, site_data
 from .worker_kind import ENGINE_WORKERS
-from .summary import render_summary, replacement_summary, summarize
-from .worker import Job, Learned, Worker
-
-CHUNK_FUNCTIONS = 64
-PROVE_CHUNK = 256
-REPLACEMENT_CHUNK = 256
-#: The rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``) this many
-#: times, the last at the phase's end, so that most of the merging runs beside the workers rather than after
-#: them.  Any number >= 1 gives the same store; more rounds mean smaller merges, each with its own
-#: transaction (docs/performance.md has the measurements).
-ROWS_ROUNDS = 4
+from .summary import render_summary, summarize
+from .worker import Job
 
 
 @dataclass(frozen=True)
@@ -173,10 +160,6 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
     return LocalPool(ENGINE_WORKERS, job, options.jobs, smt.address if smt is not None else None)
 
 
-def _chunks(items: list, n: int) -> list[list]:
-    return [items[i:i + n] for i in range(0, len(items), n)]
-
-
 def overlaps(image: Image, functions: list[tuple[int, Function]]) -> dict[int, frozenset[int]]:
     """function id -> the addresses of its instructions that an earlier overlapping
     function (by start) also decodes and owns, so that each gets one verdict."""
@@ -210,21 +193,6 @@ class Scope:
     todo: tuple[int, ...]
     previous: dict | None
     run_id: int
-
-
-@dataclass(frozen=True)
-class PhaseCounts:
-    """What the survey, proofs and rows phases did: the instructions of the functions they walked, the
-    distinct instance keys (``keys``), of which the persistent cache knew ``cached`` and ``proved`` were
-    proved now, and the rows written; ``reused`` functions' rows were copied from the cache
-    (``row_memo``), their instance keys not counted (they were not made)."""
-
-    instructions: int = 0
-    keys: int = 0
-    cached: int = 0
-    proved: int = 0
-    rows: int = 0
-    reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -353,12 +321,103 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
     return Scope(image_id, info, by_id, config_id, done, stale, todo, previous, run_id)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What each phase of a run is given: the session (its pool: ``pool``), whether the run owns it, the job,
+    the store, the run's scope and options, the proof cache (the session's copy of its findings:
+    ``cached``), the cache tag and the configuration the rows are stored under, the progress line, and the
+    phases' seconds (each adds its own)."""
+
+    session: Session
+    own: bool
+    job: Job
+    store: Store
+    scope: Scope
+    options: RunOptions
+    cache: ProofCache
+    cached: dict
+    tag: bytes
+    config: str
+    progress: Progress
+    seconds: dict
+
+    @property
+    def pool(self):
+        return self.session.pool
+
+
+def _verdicts(w: Work) -> tuple[PhaseCounts, int]:
+    """Survey, proofs and rows over the functions to do (``phases.board``: what they hand each other); the
+    counts, and the instructions expected, those of functions stored before included."""
+    counts = PhaseCounts()
+    if w.scope.todo:
+        board = Board(w.pool, w.job, w.store, w.cache, w.tag, w.config)
+        w.seconds["survey_s"] = drive(w.pool, Survey(board, list(w.scope.todo)), w.progress)
+        misses = board.misses()
+        w.seconds["proofs_s"] = drive(w.pool, Proofs(board, misses), w.progress)
+        w.seconds["rows_s"] = drive(w.pool, Rows(board), w.progress)
+        counts = board.counts(len(misses))
+    stored = StoredCount(sorted(w.scope.done))
+    if stored.fids:
+        drive(w.pool, stored, w.progress)
+    return counts, counts.instructions + stored.n
+
+
+def _replacements(w: Work) -> dict:
+    phase = Replacements(w.job, w.store, w.scope.image_id)
+    drive(w.pool, phase, w.progress)
+    return phase.summary
+
+
+def _passes(w: Work) -> dict:
+    out = {}
+    for k, p in enumerate(w.options.passes):
+        phase = PassRows(w.store, w.scope.image_id, k, p)
+        drive(w.pool, phase, w.progress)
+        out[p.name] = phase.summary
+    return out
+
+
+def _jump_probes(w: Work) -> int:
+    if w.own:  # the block proofs need nothing the workers learned: new ones start without its memory
+        harvest(w.pool, w.cache, w.tag, w.cached)
+        w.session.fresh_workers()
+        w.session.pool_for(w.job)
+    phase = JumpAnswers(w.pool, w.store, w.scope.image_id)
+    drive(w.pool, phase, w.progress)
+    return phase.proofs
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """One step of a run: its name (its seconds go to ``<name>_s`` when ``timed``), whether a run does it
+    (given the options and the image's sites, None when not looked for), what it does, and why it is there."""
+
+    name: str
+    wanted: Callable[[RunOptions, object], bool]
+    run: Callable[[Work], object]
+    timed: bool
+    why: str
+
+
+#: A run's steps, in order.  A step's value goes to ``Verification`` under its name.
+PHASES: tuple[PhaseRow, ...] = (
+    PhaseRow("verdicts", lambda o, sites: True, _verdicts, False,
+             "one verdict per instruction: survey, proofs, rows, each timed on its own"),
+    PhaseRow("replacements", lambda o, sites: sites is not None, _replacements, True,
+             "what a kernel runs is also each alternative's replacement, patched in at boot"),
+    PhaseRow("passes", lambda o, sites: bool(o.passes), _passes, True,
+             "analyses added from outside (``engine.passes``), after the verdicts they may read"),
+    PhaseRow("jump_probes", lambda o, sites: o.jump_probes, _jump_probes, True,
+             "asked for: whether a jump probe can sit on each instruction, which reads the stored verdicts"),
+)
+
+
 def _verify(image: Image, store: Store, scope: Scope, functions: list[Function], sites, options: RunOptions,
             session: Session, own: bool, tag: bytes, config: str, rules, progress: Progress,
             phases: dict[str, float]) -> Verification:
-    """The phases on ``session``'s pool over the functions to do: survey, proofs and rows; the counts of those
-    done before; the alternatives' replacements; the jump probes.  ``own``: the run's own session, whose
-    workers are told to end here (``Session.stop``) and which ``run`` closes."""
+    """``PHASES`` on ``session``'s pool, those the options and the sites ask for.  ``own``: the run's own
+    session, whose workers are told to end here (``Session.stop``) and which ``run`` closes."""
     t0 = time.monotonic()
     cache, cached = session.findings(tag)
     skip = overlaps(image, list(scope.functions.items()))
@@ -370,33 +429,23 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
     job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
               store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
               options.reuse_rows, options.passes)
-    pool = session.pool_for(job)
+    session.pool_for(job)
     phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
-    counts = Phases(pool, job, store, cache, tag, config, progress, phases).run(list(scope.todo))
-    expected = counts.instructions + _count_done(pool, job, sorted(scope.done))
-    alternatives = jump_proofs = None
-    if sites is not None:
-        t1 = time.monotonic()
-        alternatives = _replacements(pool, job, store, scope.image_id, progress)
-        phases["replacements_s"] = time.monotonic() - t1
-    passes = None
-    if options.passes:
-        t1 = time.monotonic()
-        passes = {p.name: _run_pass(pool, store, scope.image_id, k, p, progress) for k, p in enumerate(options.passes)}
-        phases["passes_s"] = time.monotonic() - t1
-    if options.jump_probes:
-        t1 = time.monotonic()
-        if own:  # the block proofs need nothing the workers learned: new ones start without its memory
-            _harvest(pool, cache, tag, cached)
-            session.fresh_workers()
-            pool = session.pool_for(job)
-        jump_proofs = _jump_probes(pool, store, scope.image_id, progress)
-        phases["jump_probes_s"] = time.monotonic() - t1
-    _harvest(pool, cache, tag, cached)
+    work = Work(session, own, job, store, scope, options, cache, cached, tag, config, progress, phases)
+    found = {}
+    for row in PHASES:
+        if row.wanted(options, sites):
+            t1 = time.monotonic()
+            found[row.name] = row.run(work)
+            if row.timed:
+                phases[f"{row.name}_s"] = time.monotonic() - t1
+    harvest(work.pool, cache, tag, cached)
     if own:
         session.stop()
+    counts, expected = found["verdicts"]
     unchecked = tuple(ranges.unchecked) if ranges is not None else ()
-    return Verification(expected, counts, alternatives, jump_proofs, unchecked, passes)
+    return Verification(expected, counts, found.get("replacements"), found.get("jump_probes"), unchecked,
+                        found.get("passes"))
 
 
 def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, work: Verification,
@@ -473,16 +522,9 @@ def _again(identity: str, store_path: str, config: str, options: RunOptions, t0:
         store.close()
 
 
-def _bytes_of(image: Image, f: Function) -> bytes:
-    section = image.get_section(f.section)
-    if section is None or not section.contains(f.start, f.size) or not section.data:
-        return b""
-    return section.data[f.start - section.address:f.start - section.address + f.size]
-
-
 def _with_bytes(image: Image, functions: list[Function]):
-    """(start, size, name, section, bytes) of each function, as ``_bytes_of`` reads them, each section
-    looked up once."""
+    """(start, size, name, section, bytes) of each function, from the section its ``section`` names
+    (``b""`` when that section does not hold it whole), each section looked up once."""
     sections: dict[str, tuple[int, int, bytes]] = {}
     for f in functions:
         got = sections.get(f.section)
@@ -496,404 +538,5 @@ def _with_bytes(image: Image, functions: list[Function]):
                data[f.start - base:f.end - base] if base <= f.start and f.end <= end else b"")
 
 
-class Phases:
-    """Survey, proofs and rows over the functions to do, on one pool, and what they hand each other.
-
-    survey   each worker walks its functions, makes every instruction's instance key and keeps the keys
-             it cannot answer (``owned``: key -> its first instance), the cache's hits, and the functions
-             it can write at once; it writes those (``rows``, ``reused``);
-    proofs   every unknown key's representative (the first instance over all workers) is proved once, on
-             whichever worker is free (``learned``);
-    rows     each worker is sent the findings of its keys that other workers made (``outbox``) and writes
-             its other functions' rows; a round's shards go into the store while the workers go on.
-
-    A worker that dies is handled by the phase's ``crashed_*``: what it finished stays, the function or key in
-    hand is stored as crashed, and the rest goes again; the rows a dead worker's replacement cannot write
-    are written in this process by a fallback worker.  Shards are merged at each phase's end (``merge``)."""
-
-    def __init__(self, pool: LocalPool, job: Job, store: Store, cache: ProofCache, tag: bytes, config: str,
-                 progress: Progress, phases: dict):
-        """``config``: the configuration's text the run's rows are stored under (``_config``); ``phases``: each
-        phase's seconds are added to it."""
-        self.pool, self.job, self.store, self.cache, self.tag, self.config = pool, job, store, cache, tag, config
-        self.progress, self.phases = progress, phases
-        self.fallback: list[Worker] = []
-        self.total = 0  # instructions of the functions walked
-        self.rows = self.reused = 0
-        self.merged: dict[int, int] = {}  # provisional outcome id -> store id, of merges since the last ``merge``
-        self.owned: list[dict] = [{} for _ in range(pool.n)]
-        self.hits: set[bytes] = set()
-        self.waiting: list[list[int]] = [[] for _ in range(pool.n)]
-        self.learned: dict[bytes, Learned] = {}
-        self.outbox: list[dict[bytes, Learned]] = [{} for _ in range(pool.n)]
-        self.traced = True
-
-    def run(self, todo: list[int]) -> PhaseCounts:
-        if not todo:
-            return PhaseCounts()
-        self.survey(todo)
-        misses = self.misses()
-        self.prove(misses)
-        self.write_rows()
-        return PhaseCounts(self.total, len(misses) + len(self.hits), len(self.hits), len(misses), self.rows,
-                           self.reused)
-
-    def merge(self) -> None:
-        """At the end of a phase: every worker's shard into the store, and the store's ids of the
-        provisional outcome ids to every worker."""
-        paths = self.pool.close_shards() + [w.close_shard() for w in self.fallback]
-        final = self.merged | self.store.merge_shards([p for p in paths if p] + leftover_shards(self.job.store_path))
-        self.merged.clear()
-        if final:
-            self.pool.broadcast("learn_ids", lambda w: (final,))
-            self.pool.remember("learn_ids", (final,))
-            for w in self.fallback:
-                w.learn_ids(final)
-
-    def crashed_function(self, task, at, pid):
-        """A worker died on function ``task.args[0][at]``: it is stored as crashed, the dead worker's
-        shard (whole functions it finished) is merged, and every function of the task not stored
-        yet goes to a fresh worker."""
-        fids = task.args[0]
-        if not self.fallback:
-            self.fallback.append(Worker(self.job))
-        w = self.fallback[0]
-        n = w.crashed(fids[at], "worker crashed while verifying this function")
-        if task.method == "survey":
-            self.total += n
-        self.merged.update(self.store.merge_shards(leftover_shards(self.job.store_path, pid) + [w.close_shard()]))
-        stored = self.store.verified_functions_among(fids, self.config)
-        rest = [f for f in fids if f not in stored]
-        return [Task(task.method, (rest,) + task.args[1:], task.tag)] if rest else []
-
-    # -- survey --------------------------------------------------------------------
-    def survey(self, todo: list[int]) -> None:
-        pool, t1 = self.pool, time.monotonic()
-        chunks = _chunks(todo, CHUNK_FUNCTIONS)
-        gather = pool.pinned  # each worker keeps its keys until its surveys end (``Worker.survey``)
-        queues = [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
-        n_insns = sum(self.job.functions[f].size for f in todo)  # bytes: the survey's progress unit is instructions,
-        estimate = max(1, n_insns // 4)                           # so the total is an estimate until it is done
-        base = pool.items_done()
-        self.progress.phase("survey", estimate, "instructions")
-        pool.run(queues, self._surveyed, self.crashed_function,
-                 tick=lambda: self.progress.update(min(estimate, pool.items_done() - base)))
-        self.progress.total = self.total
-        self.progress.end()
-        if gather:
-            pool.run([[Task("gathered", (), w)] for w in range(pool.n)],
-                     lambda task, value: self.owned[task.tag].update(value))
-        self.merge()
-        self.phases["survey_s"] = time.monotonic() - t1
-
-    def _surveyed(self, task, value) -> None:
-        misses, n, known, later, written, reused = value
-        self.owned[task.tag].update(misses)
-        self.hits.update(known)
-        self.waiting[task.tag].extend(later)
-        self.total += n
-        self.rows += written
-        self.reused += reused
-
-    def misses(self) -> dict[bytes, tuple[bytes, int]]:
-        """Every key no worker could answer, with its representative: the first instance over all workers."""
-        misses: dict[bytes, tuple[bytes, int]] = {}
-        for owned in self.owned:
-            for key, rep in owned.items():
-                if key not in misses or rep[1] < misses[key][1]:
-                    misses[key] = rep
-        return misses
-
-    # -- proofs --------------------------------------------------------------------
-    def prove(self, misses: dict[bytes, tuple[bytes, int]]) -> None:
-        """Each key's representative proved once.  In key order: a key begins with its kind and then the
-        instruction's bytes, so neighbours share an opcode, and with it the decoders', libVEX's and the
-        admission's paths (the order changes no finding).  What each worker will be sent (``_wanted``) is made
-        as the findings come in; ``traced`` False (a worker died while proving: the fresh one lacks what the dead
-        one proved; or a task came back without its worker's index): each worker is sent every finding of its
-        keys instead."""
-        pool, t1 = self.pool, time.monotonic()
-        items = [(k, raw, a) for k, (raw, a) in sorted(misses.items())]
-        base = pool.items_done()
-        self.progress.phase("proofs", len(items), "distinct instance keys")
-        pool.run([[Task("prove", (c,)) for c in _chunks(items, PROVE_CHUNK)]], self._proved, self._crashed_key,
-                 tick=lambda: self.progress.update(pool.items_done() - base), shared=True)
-        self.progress.end()
-        self.phases["proofs_s"] = time.monotonic() - t1
-
-    def _proved(self, task, value) -> None:
-        self.learned.update(value)
-        self.traced = self.traced and task.tag is not None
-        if self.traced:
-            for w in range(self.pool.n):
-                if w != task.tag:
-                    _wanted(value, self.owned[w], self.outbox[w])
-
-    def _crashed_key(self, task, at, pid):
-        key, raw, address = task.args[0][at]
-        why = "worker crashed while proving this instruction"
-        f = Finding(Verdict.UNKNOWN, why, "crash", "", "", "")
-        self.learned[key] = Learned(CachedFinding(True, f.verdict.value, why, "crash"), address, f)
-        self.traced = False
-        rest = task.args[0][at + 1:]
-        return [Task("prove", (rest,))] if rest else []
-
-    def sent(self, w: int) -> dict[bytes, Learned]:
-        """What worker ``w`` is sent before its rows: the findings of its keys that it did not make."""
-        return self.outbox[w] if self.traced else _wanted(self.learned, self.owned[w])
-
-    # -- rows ----------------------------------------------------------------------
-    def write_rows(self) -> None:
-        """Every waiting function's rows.  The proof cache is written behind (``Behind``) from the first result
-        on, once every worker has its findings (every queue's first task), not before: the writing thread would
-        slow the making of the messages."""
-        pool, t1 = self.pool, time.monotonic()
-        queues = self._rows_queues()
-        self._closed: dict[int, list[str]] = {}
-        self._arrived = [0] * self._rounds
-        self._keeping: list[Behind | None] = []
-        base = pool.items_done()
-        self.progress.phase("rows", self.total - self.rows, "instructions")
-        try:
-            pool.run(queues, self._rows_done, self._crashed_row,
-                     tick=lambda: self.progress.update(pool.items_done() - base))
-        finally:
-            self._keep_behind()
-            if self._keeping[0] is not None:
-                self._keeping[0].join()
-        self.progress.end()
-        self.merge()
-        for w in self.fallback:
-            w.close()
-        self.phases["rows_s"] = time.monotonic() - t1
-
-    def _rows_queues(self) -> list[list[Task]]:
-        """Each worker's queue: its findings first (a pinned pool: as the first task, so one starts on its rows
-        while the parent makes the other's message), then its rows tasks cut into rounds (``_in_rounds``)."""
-        pool = self.pool
-        if pool.pinned:
-            queues = [[Task("accept", (), w, late=lambda w=w: (self.sent(w),))] for w in range(pool.n)]
-        else:
-            pool.broadcast("accept", lambda w: (self.sent(w),))
-            queues = [[] for _ in range(pool.n)]
-        pool.remember("accept", (self.learned,))  # a worker forked in a dead one's place is given every finding
-        tasks = [[Task("rows", (c,), w) for c in _chunks(self.waiting[w], CHUNK_FUNCTIONS)] for w in range(pool.n)]
-        # at most a round per task of the shortest queue: a package's modules, a task or two each, merge once
-        self._rounds = max(1, min(ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
-        for w in range(pool.n):
-            queues[w] += _in_rounds(tasks[w], self._rounds, w)
-        return queues
-
-    def _keep_behind(self) -> None:
-        if not self._keeping:
-            self._keeping.append(_harvest(self.pool, self.cache, self.tag, self.job.cached, behind=True, ask=False))
-
-    def _rows_done(self, task, value) -> None:
-        self._keep_behind()  # every queue's first task, its findings, was sent before any result came back
-        if task.method == "rows":
-            self.rows += value
-        elif task.method == "close_shard":  # a round's shards go into the store while the workers go on
-            r = task.tag[1]
-            if value:
-                self._closed.setdefault(r, []).append(value)
-            self._arrived[r] += 1
-            if self._arrived[r] == self.pool.n and r in self._closed:
-                self.store.merge_shards_behind(self._closed.pop(r))
-
-    def _crashed_row(self, task, at, pid):
-        if task.method == "accept":
-            return []  # its replacement was given every finding (``remember``)
-        if task.method == "close_shard":
-            return []  # the dead worker's shards are merged with the phase's last (``leftover_shards``)
-        return self.crashed_function(task, at, pid)
-
-
-def _in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:
-    """Worker ``w``'s rows tasks with a ``close_shard`` task (tagged (w, round)) after each of the first
-    ``rounds - 1`` of ``rounds`` equal parts.  Every worker's queue is cut at the same fractions, so a round's
-    shards hold neighbouring functions (the workers' chunks alternate), and the round's merge appends to the
-    store's B-trees as one merge at the end did."""
-    out: list[Task] = []
-    n = len(tasks)
-    cut = 0
-    for r in range(1, rounds):
-        end = n * r // rounds
-        out += tasks[cut:end]
-        out.append(Task("close_shard", (), (w, r - 1)))
-        cut = end
-    return out + tasks[cut:]
-
-
-def _count_done(pool: LocalPool, job: Job, done: list[int]) -> int:
-    """Instruction counts of functions stored by an earlier run (for the expected total)."""
-    if not done:
-        return 0
-    n = [0]
-    chunks = _chunks(done, CHUNK_FUNCTIONS * 4)
-    pool.run([[Task("count", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)],
-             lambda task, value: n.__setitem__(0, n[0] + value))
-    return n[0]
-
-
-def _replacements(pool: LocalPool, job: Job, store: Store, image_id: int, progress: Progress) -> dict:
-    """Every alternative's replacement, verified instruction by instruction at its live address."""
-    indexes = list(range(sum(1 for _ in job.sites.iter_sites("alternative"))))
-    rows: list[tuple] = []
-    chunks = _chunks(indexes, REPLACEMENT_CHUNK)
-    progress.phase("replacements", len(indexes), "alternatives")
-    pool.run([[Task("replacements", (c,)) for c in chunks[w::pool.n]] for w in range(pool.n)],
-             lambda task, value: (rows.extend(value), progress.update(len({r[0] for r in rows}))))
-    progress.end()
-    store.write_replacements(image_id, rows)
-    return replacement_summary(store.replacement_rows(image_id), len(indexes))
-
-
-JUMP_CHUNK = 32
-PASS_CHUNK = 64
-
-
-def _run_pass(pool, store: Store, image_id: int, index: int, p, progress: Progress) -> dict:
-    """Pass ``p`` (the job's ``index``-th) over the image's functions it has no rows for, its rows written as
-    they come; a function a worker dies on gets no rows (a rerun tries it again).  Its section of the summary,
-    from every stored row."""
-    fids = store.functions_without_pass(image_id, p.name)
-    chunks = _chunks(fids, PASS_CHUNK)
-
-    def crashed(task, at, pid):
-        rest = task.args[1][at + 1:]
-        return [Task(task.method, (index, rest), task.tag)] if rest else []
-
-    base = pool.items_done()
-    progress.phase(p.name, len(fids), "functions")
-    pool.run([[Task("pass_rows", (index, c), w) for c in chunks[w::pool.n]] for w in range(pool.n)],
-             lambda task, value: store.write_pass_rows(p.name, value), crashed,
-             tick=lambda: progress.update(pool.items_done() - base))
-    progress.end()
-    return p.summarize(p.row(*r) for r in store.iter_pass_rows(image_id, p.name))
-
-
-def _jump_probes(pool, store: Store, image_id: int, progress: Progress) -> int:
-    """Every stored function without jump-probe answers gets them; returns the block proofs made."""
-    fids = store.functions_without_jump_probes(image_id)
-    chunks = _chunks(fids, JUMP_CHUNK)
-    made = [0]
-    inboxes: list[dict] = [{} for _ in range(pool.n)]  # what each worker has not heard from the others
-
-    def got(task, value):
-        rows, examples, proofs, learned = value
-        store.write_jump_probes(rows, examples)
-        made[0] += proofs
-        if learned:
-            for w, inbox in enumerate(inboxes):
-                if w != task.tag:
-                    merge_jump_entries(inbox, learned)
-
-    def news(w: int) -> tuple[dict]:
-        inbox, inboxes[w] = inboxes[w], {}
-        return (inbox,)
-
-    def crashed(task, at, pid):
-        """A worker died on function ``task.args[0][at]``: its instructions are refused as
-        ``error:crashed`` (the int3 verdicts stand), and the task's other functions go again."""
-        job = pool.job
-        fid = task.args[0][at]
-        fn = job.functions[fid]
-        skip = job.skip.get(fid, ())
-        row = pack_jump_row(fid, [(off, "error:crashed") for off, _, _ in KeyMaker(job.tramp).keys(
-            _bytes_of(job.image, fn), fn.start) if fn.start + off not in skip])
-        store.write_jump_probes([row], {"error:crashed": "the worker crashed while answering for this function"})
-        rest = task.args[0][:at] + task.args[0][at + 1:]  # the task's answers die with the worker
-        return [Task(task.method, (rest,), task.tag)] if rest else []
-
-    base = pool.items_done()
-    progress.phase("jump probes", sum(pool.job.functions[f].size for f in fids) // 4 or 1, "instructions")
-    pool.run([[Task("jump_probes", (c,), w, partial(news, w)) for c in chunks[w::pool.n]] for w in range(pool.n)],
-             got, crashed,
-             tick=lambda: progress.update(pool.items_done() - base))
-    progress.end()
-    return made[0]
-
-
-def jump_summary(store: Store, image_id: int, instructions: int, proofs: int | None,
-                 unchecked: tuple[str, ...] = ()) -> dict:
-    """The summary's ``jump_probe``: eligible, and refusals by bucket, adding up to the instructions;
-    ``block_proofs``: the proofs the phase made (whole blocks, and the pieces of blocks composed from
-    them: ``engine.jumps``); ``unchecked``: the range rules not asked of this image, with why
-    (``PatchRanges.unchecked``)."""
-    counts = store.jump_probe_counts(image_id)
-    eligible = counts.pop("eligible", 0)
-    out = {"eligible": eligible, "refused": counts, "instructions": instructions,
-           "totals_add_up": eligible + sum(counts.values()) == instructions,
-           "share": round(eligible / instructions, 4) if instructions else 0.0,
-           "examples": {k: v for k, v in store.jump_probe_examples().items() if k in counts}}
-    if proofs is not None:
-        out["block_proofs"] = proofs
-    if unchecked:
-        out["unchecked"] = list(unchecked)
-    return out
-
-
-def _wanted(found: dict[bytes, Learned], owned: dict[bytes, tuple[bytes, int]],
-            out: dict[bytes, Learned] | None = None) -> dict[bytes, Learned]:
-    """The findings of ``found`` that a worker is sent, added to ``out``: those of the keys its functions hold
-    (``owned``: its first instance of each key), the representative's own finding (its counterexample, its
-    fresh mark) only when the representative is that instance, as no other instance is that one.  Sending a
-    worker every finding would give the same rows, later (the messages are made between the phases)."""
-    out = {} if out is None else out
-    for k, hit in found.items():
-        mine = owned.get(k)
-        if mine is not None:
-            out[k] = hit if hit.address == mine[1] else Learned(hit.cached)
-    return out
-
-
-def _harvest(pool: LocalPool, cache: ProofCache, tag: bytes, cached: dict, behind: bool = False,
-             ask: bool = True) -> Behind | None:
-    """Collect what the workers proved since the last harvest into the persistent cache (and into
-    ``cached``, the session's copy, which a worker started later is given).  ``behind``: the cache is
-    written by a thread of its own (``Behind``: join it), while the workers go on.  ``ask`` False: only what
-    came back with the tasks' values (``LocalPool.harvested``: the proofs phase's), without a harvest task."""
-    findings, proofs, derivations, jumps = pool.harvest() if ask else pool.harvested()
-    cached.update(findings)
-
-    def keep(into: ProofCache) -> None:
-        into.add(tag, findings, proofs, derivations)
-        for jtag, entries in jumps.items():
-            into.add_jump_entries(jtag, entries)
-
-    if not behind or not cache.enabled:
-        keep(cache)
-        return None
-    return Behind(cache.directory, keep)
-
-
-class Behind(threading.Thread):
-    """Writes the proof cache on a connection of its own while the main thread waits on the workers
-    (between the proofs and the rows, written in the main thread, its inserts kept both workers waiting);
-    ``join`` raises what the writing raised."""
-
-    def __init__(self, directory: str, keep: Callable[[ProofCache], None]):
-        super().__init__(name="relocverify-harvest", daemon=True)
-        self._directory, self._keep, self._error = directory, keep, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            with sqlite_work():  # no worker is forked meanwhile (``store.forking``)
-                cache = ProofCache(self._directory)
-                try:
-                    self._keep(cache)
-                finally:
-                    cache.close()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread by join
-            self._error = exc
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
-__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "make_pool", "run", "again",
-           "render_summary", "overlaps", "jump_summary"]
+__all__ = ["RunOptions", "Session", "Scope", "PhaseCounts", "Verification", "Work", "PhaseRow", "PHASES",
+           "make_pool", "run", "again", "render_summary", "overlaps", "jump_summary"]

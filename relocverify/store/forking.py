@@ -1,7 +1,7 @@
 """SQLite on threads of our own, and ``fork``.
 
 A run forks its workers and its SMT helper from a process in which threads of ours may be inside SQLite:
-the proof cache written behind the workers (``engine.run.Behind``), the store's checkpoint and merges behind
+the proof cache written behind the workers (``engine.phases.harvest.Behind``), the store's checkpoint and merges behind
 (``store._Checkpoint``, ``store._Merger``).  SQLite keeps process-wide mutexes (its memory accounting takes one
 around every allocation); a child forked while another thread holds one inherits it held, and the child's
 first SQLite call waits for ever.  A whole-kernel run's jump-probe workers, forked while the last merge's
