@@ -50,7 +50,7 @@ KEEP = "keep"  # Job.rules in a job sent to a live worker: keep the policy table
 NOT_KEPT = frozenset({"crash", "timeout", "error"})  # methods whose findings are not cached
 _UNSET = object()  # an argument not given
 #: A proof task's items decoded ahead of its proofs (``Worker.prove``), at most: well inside ``decode``'s cache
-#: of 8,192, which each proof also adds its trampoline's instructions to.  (A task holds ``run.PROVE_CHUNK``.)
+#: of 8,192, which each proof also adds its trampoline's instructions to.  (A task holds ``phases.sizes.PROVE_CHUNK``.)
 DECODE_AHEAD = 1024
 KEEP_BYTES = 4 << 20  # kept rows (``row_memo``) a worker holds before writing them to the proof cache
 
