@@ -13,8 +13,10 @@ import subprocess
 
 import pytest
 
+import relocverify.engine.verify as engine_verify
 import relocverify.tracers.run as tracers_run
 from relocverify.cli import main
+from relocverify.engine.requests import ImageRequest, ModuleRequest, PackageRequest
 from relocverify.cli.audit import exit_code, render
 from relocverify.tracers.audit import BUCKETS, summary_path
 from relocverify.tracers.run import AuditSummary, TracerTally
@@ -68,15 +70,18 @@ def inputs(tmp_path):
     return vmlinux, modules, package
 
 
-def _audit(tmp_path, monkeypatch, entry: str, argv: list[str]) -> tuple[int, str, AuditSummary]:
-    """``relocverify audit ARGV`` run, with the ``AuditSummary`` that ``tracers.run.ENTRY`` returned to it."""
+def _audit(tmp_path, monkeypatch, kind: type, argv: list[str]) -> tuple[int, str, AuditSummary]:
+    """``relocverify audit ARGV`` run, with the ``AuditSummary`` that ``tracers.run.audit`` returned to it for
+    the one request it was given, of the ``kind`` the arguments name."""
     got = []
-    real = getattr(tracers_run, entry)
-    monkeypatch.setattr(tracers_run, entry, lambda *a, **k: got.append(real(*a, **k)) or got[-1])
+    real = tracers_run.audit
+    monkeypatch.setattr(tracers_run, "audit", lambda request, *a, **k: got.append((request, real(request, *a, **k)))
+                        or got[-1][1])
     out = io.StringIO()
     code = main(["audit", *argv, "--no-progress", "--jobs", "1", "--cache-dir", str(tmp_path / "cache"),
                  "--summary-json", str(tmp_path / "summary.json")], out=out, err=io.StringIO())
-    (summary,) = got
+    ((request, summary),) = got
+    assert type(request) is kind
     return code, out.getvalue(), summary
 
 
@@ -101,7 +106,7 @@ def _files_hold_the_document(summary: AuditSummary, tmp_path) -> None:
 def test_an_image_s_json_is_its_summary_s_document(inputs, tmp_path, monkeypatch):
     vmlinux, _, _ = inputs
     db = str(tmp_path / "s.sqlite")
-    code, out, summary = _audit(tmp_path, monkeypatch, "audit_image", [
+    code, out, summary = _audit(tmp_path, monkeypatch, ImageRequest, [
         str(vmlinux), "--db", db, "--tracer", "kprobes@6.1", "--tracer", "uprobes@6.1", "--json"])
     assert out == json.dumps(summary.document, indent=2) + "\n"
     assert summary.store == db and summary.instructions == 13 and list(summary.document)[-2:] == ["image", "own"]
@@ -113,7 +118,7 @@ def test_an_image_s_json_is_its_summary_s_document(inputs, tmp_path, monkeypatch
 def test_an_image_s_text_is_rendered_from_its_summary(inputs, tmp_path, monkeypatch):
     vmlinux, _, _ = inputs
     db = str(tmp_path / "s.sqlite")
-    code, out, summary = _audit(tmp_path, monkeypatch, "audit_image", [
+    code, out, summary = _audit(tmp_path, monkeypatch, ImageRequest, [
         str(vmlinux), "--db", db, "--tracer", "kprobes@6.1", "--tracer", "uprobes@6.1"])
     assert out == render(summary) + f"store: {db}\n"
     assert out.splitlines()[0].startswith("13 instructions in 2 functions, slot at 0xffffffffc0001000; ")
@@ -125,7 +130,7 @@ def test_modules_json_is_the_merged_summary_s_document(inputs, tmp_path, monkeyp
     vmlinux, modules, _ = inputs
     argv = [str(vmlinux), *[a for m in modules for a in ("--module", str(m))], "--db", str(tmp_path / "m.sqlite"),
             "--tracer", "kprobes@6.1", "--tracer", "optprobes@6.1", "--json"]
-    code, out, summary = _audit(tmp_path, monkeypatch, "audit_modules", argv)
+    code, out, summary = _audit(tmp_path, monkeypatch, ModuleRequest, argv)
     assert out == json.dumps(summary.document, indent=2) + "\n"
     assert list(summary.document["images"]) == [str(m) for m in modules]
     assert summary.document["images"][str(modules[0])]["instructions"] == 0  # data alone: nothing to audit
@@ -137,7 +142,7 @@ def test_modules_json_is_the_merged_summary_s_document(inputs, tmp_path, monkeyp
 
 def test_a_package_s_json_is_the_merged_summary_s_document(inputs, tmp_path, monkeypatch):
     _, _, package = inputs
-    code, out, summary = _audit(tmp_path, monkeypatch, "audit_package", [
+    code, out, summary = _audit(tmp_path, monkeypatch, PackageRequest, [
         "--package", str(package), "--db", str(tmp_path / "p.sqlite"), "--tracer", "kprobes@6.1", "--json"])
     assert out == json.dumps(summary.document, indent=2) + "\n"
     assert list(summary.document["images"]) == ["vmlinux", "a_data.ko", "b_mod.ko"]
@@ -175,7 +180,8 @@ def test_the_exit_code_follows_the_typed_fields(tallies, code, tmp_path, monkeyp
     for t in doc["tracers"].values():
         t["totals_add_up"], t["buckets"]["tracer-wrong"] = True, 0
     told = dataclasses.replace(summary, document=doc)
-    monkeypatch.setattr(tracers_run, "audit_image", lambda *a, **k: told)
+    monkeypatch.setattr(tracers_run, "audit", lambda *a, **k: told)
+    monkeypatch.setattr(engine_verify, "image_request", lambda *a, **k: None)  # the image is never loaded
     (tmp_path / "any").write_bytes(b"\x7fELF")
     out = io.StringIO()
     assert main(["audit", str(tmp_path / "any"), "--tracer", "kinst", "--no-progress"], out=out,
@@ -205,13 +211,13 @@ def test_engine_verify_hands_each_image_over_with_its_store_id(inputs, tmp_path)
     """What the audit is given (``engine.verify.VerifiedImage``): a package's vmlinux first, then each
     module with its place, its vmlinux and its id in the store (none for a module of data alone)."""
     from relocverify.engine.run import RunOptions
-    from relocverify.engine.verify import verify_package
+    from relocverify.engine.verify import verify
     from relocverify.store.store import Results
 
     _, _, package = inputs
     db = str(tmp_path / "v.sqlite")
     handed = []
-    verify_package(str(package), RunOptions(0xFFFFFFFFC0001000, 1, 10.0), db, on_image=handed.append)
+    verify(PackageRequest(str(package), RunOptions(0xFFFFFFFFC0001000, 1, 10.0), db), on_image=handed.append)
     assert [(v.name, v.number, v.images) for v in handed] == [("vmlinux", 1, 3), ("a_data.ko", 2, 3),
                                                               ("b_mod.ko", 3, 3)]
     vmlinux, data, module = handed

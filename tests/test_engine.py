@@ -257,7 +257,8 @@ def test_the_same_command_again_does_not_load_the_image(small, tmp_path, monkeyp
     loading the image; a changed file, or one whose hash is not remembered, is loaded and verified."""
     import shutil
 
-    from relocverify.engine import verify
+    from relocverify.engine.requests import KernelRequest
+    from relocverify.engine.verify import verify
     from relocverify.image import loader
 
     monkeypatch.setenv("RELOCVERIFY_CACHE", str(tmp_path / "home"))  # the identity memo starts empty
@@ -266,22 +267,22 @@ def test_the_same_command_again_does_not_load_the_image(small, tmp_path, monkeyp
     shutil.copy(small.path, path)
     options = RunOptions(TRAMP, 1, 10.0)
     db = str(tmp_path / "v.sqlite")
-    first = verify.verify_vmlinux(str(path), options, db=db)
+    first = verify(KernelRequest(str(path), options, db))
     real = loader.load_image
 
     def refuse(*args, **kwargs):
         raise AssertionError("the image was loaded again")
 
     monkeypatch.setattr(loader, "load_image", refuse)
-    second = verify.verify_vmlinux(str(path), options, db=db)
+    second = verify(KernelRequest(str(path), options, db))
     assert second.document["run"]["again"] == first.document["run"]["id"]
     assert second.by_verdict == first.by_verdict and second.complete
     path.write_bytes(path.read_bytes())  # the same bytes, written again: no longer known by its status
     assert loader.remembered_identity(path) is None
     with pytest.raises(AssertionError, match="loaded again"):
-        verify.verify_vmlinux(str(path), options, db=db)
+        verify(KernelRequest(str(path), options, db))
     monkeypatch.setattr(loader, "load_image", real)
-    third = verify.verify_vmlinux(str(path), options, db=db)  # hashed again: the same image, nothing to do
+    third = verify(KernelRequest(str(path), options, db))  # hashed again: the same image, nothing to do
     assert third.document["run"]["again"] == second.document["run"]["id"] and third.by_verdict == first.by_verdict
     assert loader.remembered_identity(path) == small.identity
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from relocverify.engine.requests import KernelRequest, PackageRequest
 from relocverify.engine.run import RunOptions
-from relocverify.engine.verify import verify_package, verify_vmlinux
+from relocverify.engine.verify import verify
 from relocverify.image.fetch import fetch
 from relocverify.image.functions import find_functions, iter_instruction_spans
 from relocverify.image.loader import load_image
@@ -41,8 +42,8 @@ def test_a_pass_runs_through_vmlinux_beside_the_verdicts(tmp_path):
     import elfbuild
 
     path = str(elfbuild.build_elf(tmp_path, SMALL_ASM, SMALL_LDS))
-    plain = verify_vmlinux(path, _options(), str(tmp_path / "plain.sqlite")).document
-    got = verify_vmlinux(path, _options(passes=(OpcodeCount(),)), str(tmp_path / "p.sqlite")).document
+    plain = verify(KernelRequest(path, _options(), str(tmp_path / "plain.sqlite"))).document
+    got = verify(KernelRequest(path, _options(passes=(OpcodeCount(),)), str(tmp_path / "p.sqlite"))).document
     section = got["passes"]["opcodes"]
     assert section["instructions"] == got["instructions"] == 19
     assert section["by_opcode"] == dict(sorted(_counted(load_image(path)).items()))
@@ -51,13 +52,13 @@ def test_a_pass_runs_through_vmlinux_beside_the_verdicts(tmp_path):
     assert {k: v for k, v in got.items() if k not in ("passes", "run", "wall_s", "instructions_per_s")} == \
         {k: v for k, v in plain.items() if k not in ("run", "wall_s", "instructions_per_s")}
     # the same command again is answered from the store, the pass's section included
-    again = verify_vmlinux(path, _options(passes=(OpcodeCount(),)), str(tmp_path / "p.sqlite")).document
+    again = verify(KernelRequest(path, _options(passes=(OpcodeCount(),)), str(tmp_path / "p.sqlite"))).document
     assert again["passes"] == got["passes"] and again["run"]["verified_now"] == 0
 
 
 def test_a_pass_runs_through_package(tmp_path):
-    summary = verify_package("debian-6.1-cloud", _options(limit=40, passes=(OpcodeCount(),)), str(tmp_path / "k.sqlite"),
-                             limit_modules=3)
+    summary = verify(PackageRequest("debian-6.1-cloud", _options(limit=40, passes=(OpcodeCount(),)),
+                                    str(tmp_path / "k.sqlite"), limit_modules=3))
     images = summary.document["images"]
     assert len(images) == 4
     for name, doc in images.items():
@@ -77,8 +78,9 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from opcode_pass import OpcodeCount
 from relocverify.engine.run import RunOptions
-from relocverify.engine.verify import verify_vmlinux
-doc = verify_vmlinux({path!r}, RunOptions({tramp}, 2, 10.0, limit={limit}, passes=(OpcodeCount(),)), {db!r}).document
+from relocverify.engine.requests import KernelRequest
+from relocverify.engine.verify import verify
+doc = verify(KernelRequest({path!r}, RunOptions({tramp}, 2, 10.0, limit={limit}, passes=(OpcodeCount(),)), {db!r})).document
 print(json.dumps({{"by_verdict": doc["by_verdict"], "passes": doc["passes"], "instructions": doc["instructions"]}}))
 """
 

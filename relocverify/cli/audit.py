@@ -1,6 +1,7 @@
 """``relocverify audit``: what kprobes, optprobes, uprobes, kinst and fasttrap do with every
 instruction of an image, a set of modules or a whole kernel package, each relocation proved or
-refuted (``tracers.run``, ``tracers.audit``).
+refuted: the engine's request for them (``engine.requests``) given to ``tracers.run.audit``
+(``tracers.audit`` judges).
 
     relocverify audit --tracer kprobes@6.1 --tracer kinst VMLINUX --db STORE [--summary-json F]
     relocverify audit --tracer optprobes@6.1 VMLINUX --module a.ko --module b.ko --db STORE
@@ -18,7 +19,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from .arguments import add_batch_options
+from .arguments import add_batch_options, progress_lines
 from .render import escape
 
 if TYPE_CHECKING:
@@ -134,20 +135,28 @@ def _models(args) -> list:
 
 
 def _audit(args, models: list, say) -> AuditSummary:
-    """The audit the arguments ask for (``tracers.run``): a whole package, modules, or one image."""
+    """The audit the arguments ask for (``tracers.run.audit``) of the engine's request for them: a whole
+    package, modules, or one image."""
+    from ..tracers.run import audit
+
+    return audit(_request(args), models, say, progress_lines(args))
+
+
+def _request(args):
+    """The engine's request (``engine.requests``) the arguments name: a ``PackageRequest``, a ``ModuleRequest``,
+    or one image loaded (``engine.verify.image_request``: a user-space IMAGE gets the user policy and its slot)."""
+    from ..engine.requests import ModuleRequest, PackageRequest
+    from ..engine.verify import image_request
     from ..plan.plan import DEFAULT_TRAMP
-    from ..tracers.run import audit_image, audit_modules, audit_package
-    from .arguments import progress_lines, run_options
+    from .arguments import run_options
 
     kernel_tramp = args.trampoline_base if args.trampoline_base is not None else DEFAULT_TRAMP
-    options = run_options(args, kernel_tramp, args.limit)  # a user-space IMAGE: the engine's user policy and slot
+    options = run_options(args, kernel_tramp, args.limit)
     if args.package:
-        return audit_package(args.package, options, models, args.db, args.dbg, args.limit_modules, say,
-                             progress_lines(args))
+        return PackageRequest(args.package, options, args.db, args.dbg, args.limit_modules)
     if args.module:
-        return audit_modules(args.module, args.image, options, models, args.db, args.system_map, args.base, say)
-    return audit_image(args.image, options, models, args.db, args.system_map, args.trampoline_base, say,
-                       progress_lines(args))
+        return ModuleRequest(args.module, args.image, options, args.db, args.system_map, args.base)
+    return image_request(args.image, options, args.db, args.system_map, args.trampoline_base, progress_lines(args))
 
 
 def render(audit: AuditSummary) -> str:

@@ -1,6 +1,7 @@
 """``relocverify elf``: verify every instruction of a user-space executable or shared library, by the
-user-space policy table (``plan.policy.USER_RULES``: fasttrap and uprobes), with
-``engine.verify.verify_elf``; and show the summary (one file's, or a batch's totals)."""
+user-space policy table (``plan.policy.USER_RULES``: fasttrap and uprobes), as an
+``engine.requests.ElfRequest`` given to ``engine.verify.verify``; and show the summary (one file's, or a
+batch's totals)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.verify import verify_elf
+    from ..engine.requests import ElfRequest
+    from ..engine.verify import verify
     from .arguments import progress_lines, run_options
 
-    # the user-space policy, and each file's own slot (engine.verify.user_trampoline), are verify_elf's
-    summary = verify_elf(args.paths, run_options(args, 0), args.db, args.trampoline_base, progress_lines(args))
+    # the user-space policy, and each file's own slot (engine.verify.user_trampoline), are the engine's to set
+    summary = verify(ElfRequest(args.paths, run_options(args, 0), args.db, args.trampoline_base), progress_lines(args))
     if summary.batch:
         _render_batch(summary, args.jump_probes, out)
     else:

@@ -1,6 +1,7 @@
 """``relocverify module``: verify every instruction of kernel modules, laid out in module space
-and relocated against the vmlinux's symbols (``image.module``), into one store
-(``engine.verify.verify_module``); a line per module as it is done, then the totals."""
+and relocated against the vmlinux's symbols (``image.module``), into one store (an
+``engine.requests.ModuleRequest``, given to ``engine.verify.verify``); a line per module as it is done, then
+the totals."""
 
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.verify import VerifiedImage, verify_module
+    from ..engine.requests import ModuleRequest
+    from ..engine.verify import VerifiedImage, verify
     from .arguments import progress_lines, run_options
 
     def done(module: VerifiedImage) -> None:
         out.write(module_line(module.name, module.summary, args.jump_probes))
 
-    summary = verify_module(args.modules, args.kernel, run_options(args, args.trampoline_base), args.db,
-                            args.system_map, args.base, progress_lines(args), on_image=done)
+    request = ModuleRequest(args.modules, args.kernel, run_options(args, args.trampoline_base), args.db,
+                            args.system_map, args.base)
+    summary = verify(request, progress_lines(args), on_image=done)
     out.write(f"all {summary.images} modules: {summary.instructions:,} instructions; "
               f"{verdict_counts(summary.by_verdict)}; totals add up: {summary.totals_add_up}\n")
     if args.jump_probes:

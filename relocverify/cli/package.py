@@ -1,6 +1,6 @@
 """``relocverify package``: a whole kernel in one command: its vmlinux and every module, into one
-store, with a summary per image and totals that add up per image and overall
-(``engine.verify.verify_package``).
+store, with a summary per image and totals that add up per image and overall (an
+``engine.requests.PackageRequest``, given to ``engine.verify.verify``).
 
 The kernel is a named one (``image.fetch.KERNELS``), a Debian kernel image ``.deb`` (with its
 ``-dbg`` package for symbols: ``--dbg``), or a directory (``/lib/modules/<release>``, an unpacked
@@ -36,13 +36,14 @@ def add_parser(sub, types) -> None:
 
 
 def command(args, out: TextIO) -> int:
-    from ..engine.verify import verify_package
+    from ..engine.requests import PackageRequest
+    from ..engine.verify import verify
     from ..plan.plan import DEFAULT_TRAMP
     from .arguments import progress_lines, run_options
 
-    summary = verify_package(args.name, run_options(args, DEFAULT_TRAMP, args.limit), args.db, args.dbg,
-                             args.limit_modules, progress_lines(args),
-                             on_parts=lambda used: out.write(f"using {escape(used)}\n"))
+    request = PackageRequest(args.name, run_options(args, DEFAULT_TRAMP, args.limit), args.db, args.dbg,
+                             args.limit_modules, on_parts=lambda used: out.write(f"using {escape(used)}\n"))
+    summary = verify(request, progress_lines(args))
     out.write(f"{escape(summary.label)}: vmlinux and {summary.modules:,} modules, {summary.instructions:,} "
               f"instructions in {summary.wall_s:.0f} s; {verdict_counts(summary.by_verdict)}; "
               f"totals add up: {summary.totals_add_up}\n")

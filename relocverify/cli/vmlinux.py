@@ -1,5 +1,5 @@
-"""``relocverify vmlinux``: verify every instruction of a kernel image into a store
-(``engine.verify.verify_vmlinux``), and show its summary."""
+"""``relocverify vmlinux``: verify every instruction of a kernel image into a store (an
+``engine.requests.KernelRequest``, given to ``engine.verify.verify``), and show its summary."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ __all__ = ["DEFAULT_KERNEL", "command"]
 
 
 def command(args, out: TextIO) -> int:
+    from ..engine.requests import KernelRequest
     from ..engine.summary import render_summary
-    from ..engine.verify import verify_vmlinux
+    from ..engine.verify import verify
     from .arguments import output_file, progress_lines, run_options
 
-    summary = verify_vmlinux(args.path, run_options(args, args.trampoline_base, args.limit), args.db,
-                             args.system_map, progress_lines(args), check_store=output_file)
+    request = KernelRequest(args.path, run_options(args, args.trampoline_base, args.limit), args.db, args.system_map,
+                            check_store=output_file)
+    summary = verify(request, progress_lines(args))
     out.write(render_summary(summary.document, escape))
     next_steps(out, summary.store)
     return finish(out, args, summary)

@@ -1,6 +1,6 @@
 """The summary of a run: counts over every stored instruction of an image, and its text form; the summary
-of an image with nothing to verify; totals over several images; and ``RunSummary``, what a ``verify_*``
-call (``engine.verify``) returns."""
+of an image with nothing to verify; totals over several images; and ``RunSummary``, what the engine's one
+entry point (``engine.verify.verify``) returns for any request."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def totals_over(summaries: Iterable[dict]) -> tuple[dict[str, int], bool]:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What one ``verify_*`` call did (``engine.verify``).
+    """What one request did (``engine.verify.verify``).
 
     ``document`` is the summary as JSON holds it (``--summary-json`` writes it as it is; nothing changes it
     once made): one image's (``engine.run.run``) when ``batch`` is false, else a batch's, with every image's

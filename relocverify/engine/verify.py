@@ -1,20 +1,20 @@
-"""Whole images verified into a store, as the batch commands and the tracer audit ask: a kernel image
-(``verify_vmlinux``), kernel modules laid out in module space (``verify_module``), a kernel's vmlinux and
-every module (``verify_package``), user-space executables and libraries (``verify_elf``), one image that
-is either (``image_request`` then ``verify_image``: the audit's IMAGE).
+"""Whole images verified into a store, as the batch commands and the tracer audit ask, through one entry
+point: ``verify(request)``, for any request of ``engine.requests`` (a kernel image, user-space files, kernel
+modules laid out in module space, a kernel's vmlinux and every module, one image already loaded: the audit's
+IMAGE, which ``image_request`` loads).  The table ``WAYS`` says, per kind of request, how it is verified.
 
-Each finds and loads its images, runs ``engine.run.run`` on each (several images on one ``Session``
+Each way finds and loads its images, runs ``engine.run.run`` on each (several images on one ``Session``
 where the command always did: one pool whose workers keep what they learn from image to image), adds
 the summaries up (``summary.totals_over``) and returns a ``summary.RunSummary``.  Nothing here writes
 to the command's output: progress lines go to ``say`` (None: none, and no progress bars), and a caller
 that wants each image as it is done passes ``on_image``, which is given a ``VerifiedImage`` (its name
 and summary, which ``cli.module`` shows; the loaded image and its id in the store, which the tracer
-audit reads: ``tracers.run`` audits each image as it is handed over).  The command line parses its
-arguments, calls one of these and renders what it returns (``cli.vmlinux``, ``cli.module``,
+audit reads: ``tracers.run.audit`` audits each image as it is handed over).  The command line parses its
+arguments, builds a request, calls ``verify`` and renders what it returns (``cli.vmlinux``, ``cli.module``,
 ``cli.package``, ``cli.elf``).
 
 Only light modules are imported here at first: the command line imports this module (for
-``user_trampoline``) before it parses its arguments; the engine is imported when an image is verified.
+``DEFAULT_KERNEL``) before it parses its arguments; the engine is imported when an image is verified.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import InputError
 from ..x86.registers import KERNEL_HALF
+from .requests import ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest, Request
 
 if TYPE_CHECKING:
     from ..image.debian import KernelParts
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
     from .run import RunOptions
     from .summary import RunSummary
 
-#: What ``verify_vmlinux`` verifies when given no path: a named kernel (``image.fetch.KERNELS``),
-#: downloaded on first use.
+#: What a ``KernelRequest`` (or ``image_request``) verifies when given no path: a named kernel
+#: (``image.fetch.KERNELS``), downloaded on first use.
 DEFAULT_KERNEL = "debian-6.1-cloud"
 
 #: Where a user-space tracer's trampolines live relative to the code: a page 1 MiB past the
@@ -50,7 +51,7 @@ Say = Optional[Callable[[str], None]]
 
 @dataclass(frozen=True)
 class VerifiedImage:
-    """One image as a ``verify_*`` call hands it over (``on_image``) as soon as it is verified: its name and
+    """One image as ``verify`` hands it over (``on_image``) as soon as it is verified: its name and
     summary, which the command line shows, and the loaded image, the store and the image's id there, which
     a caller that reads the store afterwards needs (the tracer audit, ``tracers.run``)."""
 
@@ -60,8 +61,8 @@ class VerifiedImage:
     store: str  # the store's path
     image_id: int | None  # the image's id in the store (None: it has no function, nothing was stored)
     options: RunOptions  # what it was verified with (a user-space file: the user policy and its own slot)
-    number: int = 1  # its place among the images the call verifies, from 1
-    images: int = 1  # how many images the call verifies (a package: its vmlinux and its modules)
+    number: int = 1  # its place among the images the request verifies, from 1
+    images: int = 1  # how many images the request verifies (a package: its vmlinux and its modules)
     kernel: Image | None = None  # a module: the vmlinux whose symbols it was relocated against
 
 
@@ -213,17 +214,16 @@ def _one_summary(summary: dict, db: str, options: RunOptions, jumps: bool = Fals
                       wall_s=summary["wall_s"], tramp=options.tramp)
 
 
-def verify_vmlinux(path: str | None, options: RunOptions, db: str | None = None, system_map: str | None = None,
-                   say: Say = None, check_store: Callable[[str], object] | None = None,
-                   on_image: OnImage = None) -> RunSummary:
-    """Every instruction of the kernel image at ``path`` (None: ``DEFAULT_KERNEL``) into the store ``db``
-    (None: ``default_store``, given to ``check_store`` first, which refuses a path it cannot write).
-    ``complete``: the run completed and its instruction totals add up.  With ``on_image`` the image is
-    always loaded (``on_image`` is given it), even for the same command again."""
+def _verify_kernel(request: KernelRequest, say: Say, on_image: OnImage) -> RunSummary:
+    """Every instruction of the kernel image at ``request.path`` (None: ``DEFAULT_KERNEL``) into the store
+    ``request.db`` (None: ``default_store``, given to ``request.check_store`` first, which refuses a path it
+    cannot write).  ``complete``: the run completed and its instruction totals add up.  With ``on_image``
+    the image is always loaded (``on_image`` is given it), even for the same command again."""
     from ..image.loader import load_image, remembered_identity, require_kernel
     from .run import again
 
-    path = _default_kernel(path, say)
+    options, db, system_map, check_store = request.options, request.db, request.system_map, request.check_store
+    path = _default_kernel(request.path, say)
     # The same command again, answered from the store without loading the image when its identity is
     # remembered (a debug vmlinux: 600 MB read and 200 k symbols parsed for nothing).  With a System.map
     # the image is loaded: its symbols are the map's.
@@ -256,21 +256,12 @@ def _default_kernel(path: str | None, say: Say) -> str:
     return str(fetch(DEFAULT_KERNEL, None, progress=say).vmlinux)
 
 
-@dataclass(frozen=True)
-class ImageRequest:
-    """One image loaded, with what ``verify_image`` verifies it with and where (``image_request``)."""
-
-    image: Image
-    options: RunOptions  # a kernel's as given; a user-space file's: the user-space policy, no sites, its own slot
-    store: str  # the store's path
-
-
 def image_request(path: str | None, options: RunOptions, db: str | None = None, system_map: str | None = None,
                   trampoline_base: int | None = None, say: Say = None) -> ImageRequest:
     """The image at ``path`` (None: ``DEFAULT_KERNEL``) loaded, a kernel's or a user-space ELF file's by where
     its code is (``is_kernel``; a kernel with usable symbols, ``require_kernel``): what the tracer audit's IMAGE
-    is.  A kernel is to be verified with ``options``, as ``verify_vmlinux`` verifies it; a user-space file as
-    ``verify_elf`` verifies one, by the user-space policy, without sites, with its slot
+    is.  A kernel is to be verified with ``options``, as a ``KernelRequest`` is; a user-space file as an
+    ``ElfRequest``'s file is, by the user-space policy, without sites, with its slot
     ``user_trampoline(image, trampoline_base)``; into ``db`` (None: ``default_store``, beside the image)."""
     from dataclasses import replace
 
@@ -285,29 +276,29 @@ def image_request(path: str | None, options: RunOptions, db: str | None = None, 
     return ImageRequest(image, options, db or default_store(path, image))
 
 
-def verify_image(request: ImageRequest, say: Say = None, on_image: OnImage = None) -> RunSummary:
+def _verify_image(request: ImageRequest, say: Say, on_image: OnImage) -> RunSummary:
     """Every instruction of ``request``'s image into its store, with its options (a complete earlier run is
     reused), then handed to ``on_image``.  ``complete``: the run completed and its totals add up."""
-    summary = _verify_one(request.image, request.store, request.options, say, on_image)
-    return _one_summary(summary, request.store, request.options)
+    summary = _verify_one(request.image, request.db, request.options, say, on_image)
+    return _one_summary(summary, request.db, request.options)
 
 
-def verify_elf(paths: list[str], options: RunOptions, db: str | None = None, trampoline_base: int | None = None,
-               say: Say = None, on_image: OnImage = None) -> RunSummary:
+def _verify_elf(request: ElfRequest, say: Say, on_image: OnImage) -> RunSummary:
     """Every instruction of user-space ELF files, by the user-space policy table (``plan.policy.USER_RULES``),
-    each with its slot ``user_trampoline(image, trampoline_base)`` (``options.tramp`` is not used).
+    each with its slot ``user_trampoline(image, request.trampoline_base)`` (``options.tramp`` is not used).
 
-    One file (not a directory): its summary, into ``db`` (None: ``relocverify-<sha>.sqlite`` in the
-    current directory).  Several, or a directory: every ELF file they name (``elf_files``) into ``db``
+    One file (not a directory): its summary, into ``request.db`` (None: ``relocverify-<sha>.sqlite`` in the
+    current directory).  Several, or a directory: every ELF file they name (``elf_files``) into ``request.db``
     (None: ``relocverify-user.sqlite`` in the current directory), on one session's workers; a file that
     does not load, or is a kernel, is skipped with its reason, not the run.  ``complete``: every total
     adds up, the jump probes' too when asked for.  Each file verified is handed to ``on_image``."""
     from dataclasses import replace
 
-    options = replace(options, policy="user", with_sites=False)
+    paths, db, base = list(request.paths), request.db, request.trampoline_base
+    options = replace(request.options, policy="user", with_sites=False)
     if len(paths) == 1 and not os.path.isdir(paths[0]):
-        return _one_elf(paths[0], options, db, trampoline_base, say, on_image)
-    return _many_elf(paths, options, db, trampoline_base, say, on_image)
+        return _one_elf(paths[0], options, db, base, say, on_image)
+    return _many_elf(paths, options, db, base, say, on_image)
 
 
 def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, say: Say,
@@ -389,13 +380,12 @@ def _document(head: dict, totals: dict[str, int], adds_up: bool, jumps: dict | N
     return report, adds_up
 
 
-def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str, system_map: str | None = None,
-                  base: int | None = None, say: Say = None, on_image: OnImage = None) -> RunSummary:
-    """Every instruction of kernel ``modules``, laid out in module space from ``base`` (None:
-    ``image.module.MODULE_BASE``; page-aligned) and relocated against the vmlinux ``kernel``'s symbols
-    (``image.module``), into the store ``db``; a module with no function counts zero instructions.  Each
-    module is handed to ``on_image`` as soon as it is verified.  ``complete``: every total adds up, the jump
-    probes' too when asked for."""
+def _verify_modules(request: ModuleRequest, say: Say, on_image: OnImage) -> RunSummary:
+    """Every instruction of kernel modules, laid out in module space from ``request.base`` (None:
+    ``image.module.MODULE_BASE``; page-aligned) and relocated against the symbols of the vmlinux
+    ``request.kernel`` (``image.module``), into the store ``request.db``; a module with no function counts
+    zero instructions.  Each module is handed to ``on_image`` as soon as it is verified.  ``complete``: every
+    total adds up, the jump probes' too when asked for."""
     from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
     from ..image.module import MODULE_BASE, MODULES_END, MODULES_VADDR, load_modules
@@ -403,9 +393,10 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
     from .run import run
     from .summary import RunSummary, empty_summary
 
-    vmlinux = load_image(kernel, system_map)
+    modules, options, db = list(request.modules), request.options, request.db
+    vmlinux = load_image(request.kernel, request.system_map)
     require_kernel(vmlinux)
-    base = MODULE_BASE if base is None else base
+    base = MODULE_BASE if request.base is None else request.base
     if base & 0xFFF:
         raise InputError(f"--base {base:#x} is not page-aligned: module_alloc() gives pages; e.g. {MODULE_BASE:#x}")
     if not MODULES_VADDR <= base < MODULES_END:
@@ -428,15 +419,13 @@ def verify_module(modules: list[str], kernel: str, options: RunOptions, db: str,
                       wall_s=time.monotonic() - t0)
 
 
-def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = None,
-                   limit_modules: int | None = None, say: Say = None,
-                   on_parts: Callable[[str], None] | None = None, on_image: OnImage = None) -> RunSummary:
-    """A whole kernel: the vmlinux and every module (the first ``limit_modules``) that ``source`` names
-    (``kernel_parts``; ``dbg``: a ``.deb``'s -dbg package), into the store ``db``, on one session's
-    workers.  ``on_parts`` is given the line saying which parts were found (``KernelParts.used``) before
-    any is verified; ``on_image`` each image as soon as it is verified, the vmlinux first.  The document
-    holds the source, every image's summary (the vmlinux's first), the totals and the wall time of each
-    half; ``complete``: every total adds up, the jump probes' too when asked for."""
+def _verify_package(request: PackageRequest, say: Say, on_image: OnImage) -> RunSummary:
+    """A whole kernel: the vmlinux and every module (the first ``limit_modules``) that ``request.source``
+    names (``kernel_parts``; ``dbg``: a ``.deb``'s -dbg package), into the store ``request.db``, on one
+    session's workers.  ``request.on_parts`` is given the line saying which parts were found
+    (``KernelParts.used``) before any is verified; ``on_image`` each image as soon as it is verified, the
+    vmlinux first.  The document holds the source, every image's summary (the vmlinux's first), the totals
+    and the wall time of each half; ``complete``: every total adds up, the jump probes' too when asked for."""
     import contextlib
 
     from ..image.loader import load_image, require_kernel
@@ -445,10 +434,11 @@ def verify_package(source: str, options: RunOptions, db: str, dbg: str | None = 
     from .run import Session, run
     from .summary import RunSummary
 
+    source, options, db, dbg = request.source, request.options, request.db, request.dbg
     parts = kernel_parts(source, dbg, say)
-    if on_parts is not None:
-        on_parts(parts.used)
-    modules = parts.modules[:limit_modules]
+    if request.on_parts is not None:
+        request.on_parts(parts.used)
+    modules = parts.modules[:request.limit_modules]
     t0 = time.monotonic()
     vmlinux = load_image(parts.vmlinux, parts.system_map)
     require_kernel(vmlinux)
@@ -501,6 +491,44 @@ def _package_modules(modules: tuple[tuple[str, str], ...], vmlinux: Image, db: s
             say(f"{path}: totals do not add up")
 
 
-__all__ = ["DEFAULT_KERNEL", "TRAMPOLINE_GAP", "ImageRequest", "VerifiedImage", "default_store", "elf_files",
-           "image_request", "is_kernel", "kernel_parts", "user_trampoline", "verify_elf", "verify_image",
-           "verify_module", "verify_package", "verify_vmlinux"]
+@dataclass(frozen=True)
+class Way:
+    """How ``verify`` verifies one kind of request: the function that does it, and what it does."""
+
+    verify: Callable[[Request, Say, OnImage], RunSummary]
+    does: str
+
+
+#: Per kind of request (``engine.requests``), how it is verified.
+WAYS: dict[type, Way] = {
+    KernelRequest: Way(_verify_kernel, "one kernel image into one store; the same command again is answered from "
+                                       "the store by the image's remembered identity, without loading it"),
+    ElfRequest: Way(_verify_elf, "user-space files by the user policy, each with its own slot; several (or a "
+                                 "directory) on one session's workers, a file that does not load skipped with why"),
+    ModuleRequest: Way(_verify_modules, "modules laid out in module space and relocated against their vmlinux, "
+                                        "each run in turn into one store; a module of data alone counts zero"),
+    PackageRequest: Way(_verify_package, "a kernel's vmlinux, then every module, on one session's workers and one "
+                                         "store writer; the parts found are told before any is verified"),
+    ImageRequest: Way(_verify_image, "an image image_request loaded and settled the options of (the audit's IMAGE, "
+                                     "a kernel's or a user-space file's): run at once, nothing left to find"),
+}
+
+
+def way_of(request: Request) -> Way:
+    """How ``request`` is verified (its row of ``WAYS``); an object that is not a request is a caller's mistake."""
+    way = WAYS.get(type(request))
+    if way is None:
+        raise InputError(f"engine.verify takes a request of engine.requests ({', '.join(t.__name__ for t in WAYS)}); "
+                         f"{type(request).__name__} is not one")
+    return way
+
+
+def verify(request: Request, say: Say = None, on_image: OnImage = None) -> RunSummary:
+    """Every instruction of what ``request`` names, verified into its store the way ``WAYS`` says for its kind;
+    progress lines to ``say`` (None: none, and no progress bars), each image to ``on_image`` (a
+    ``VerifiedImage``) as soon as it is verified.  A complete earlier run of an image is reused."""
+    return way_of(request).verify(request, say, on_image)
+
+
+__all__ = ["DEFAULT_KERNEL", "TRAMPOLINE_GAP", "WAYS", "VerifiedImage", "Way", "default_store", "elf_files",
+           "image_request", "is_kernel", "kernel_parts", "store_path", "user_trampoline", "verify", "way_of"]

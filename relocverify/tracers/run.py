@@ -1,16 +1,17 @@
-"""The tracer audit over whole inputs: a kernel image or user-space ELF (``audit_image``), kernel
-modules laid out in module space (``audit_modules``), a kernel's vmlinux and every module
-(``audit_package``); each returns an ``AuditSummary``.
+"""The tracer audit over whole inputs: ``audit(request, models)`` takes the engine's own requests
+(``engine.requests``: one image loaded by ``engine.verify.image_request``, a kernel image, kernel modules
+laid out in module space, a kernel's vmlinux and every module) and returns an ``AuditSummary``.  The table
+``AUDITS`` says, per kind of request, how its images' summaries become one, and why a kind is not audited.
 
-Each verifies through ``engine.verify`` (``image_request`` and ``verify_image``, ``verify_module``,
-``verify_package``), as the batch commands do (a complete earlier run is reused), which gives
-relocverify's own verdict for every instruction and hands each image over as soon as it is verified
-(``engine.verify.VerifiedImage``: the image, the store, its id there); each image is audited then
-(``audit.audit_store`` buckets its instructions per tracer), by one ``Auditor`` for all the images of a
-command, made before the first is verified (its proofs and remembered outcomes are shared between
-them).  Several images' summaries are added up by ``merge``: per tracer, the instructions and the
-buckets sum, the groups merge by name, and ``totals_add_up`` is checked again over the sum.  Nothing
-here writes to the command's output: the command line calls one of these and renders the summary.
+An audit is the engine's request plus an auditor: the request is verified by ``engine.verify.verify``, as
+the batch commands do (a complete earlier run is reused), which gives relocverify's own verdict for every
+instruction and hands each image over as soon as it is verified (``engine.verify.VerifiedImage``: the
+image, the store, its id there); each image is audited then (``audit.audit_store`` buckets its
+instructions per tracer), by one ``Auditor`` for all the images of a request, at the request's slot, made
+before the first is verified (its proofs and remembered outcomes are shared between them).  Several
+images' summaries are added up by ``merge``: per tracer, the instructions and the buckets sum, the groups
+merge by name, and ``totals_add_up`` is checked again over the sum.  Nothing here writes to the command's
+output: the command line builds a request, calls ``audit`` and renders the summary.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
+from ..engine.requests import ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest
+from ..engine.verify import VerifiedImage, verify
+from ..errors import InputError
 from .audit import BUCKETS, EXAMPLES, Auditor, ImageFacts, audit_store
 
 if TYPE_CHECKING:
+    from ..engine.requests import Request
     from ..engine.run import RunOptions
-    from ..engine.verify import VerifiedImage
+    from ..engine.summary import RunSummary
 
 #: Where the audit's progress goes: (phase, done, total), or None.
 Say = Optional[Callable[[str, int, int], None]]
@@ -54,7 +59,7 @@ class TracerTally:
 
 @dataclass(frozen=True)
 class AuditSummary:
-    """What one audit produced (``audit_image``, ``audit_modules``, ``audit_package``).
+    """What one audit produced (``audit``).
 
     ``document`` is the summary as JSON holds it (``audit --json`` prints it, ``--summary-json`` writes it,
     ``audit.save_summary`` keeps it beside the store; nothing changes it once made): one image's
@@ -159,47 +164,65 @@ def _auditor(models: list, options: RunOptions) -> Auditor:
     return Auditor(models, options.tramp, options.timeout_s, options.cache_dir)
 
 
-def audit_image(path: str | None, options: RunOptions, models: list, db: str | None = None,
-                system_map: str | None = None, trampoline_base: int | None = None, say: Say = None,
-                lines: Lines = None) -> AuditSummary:
-    """One image, a kernel's or a user-space ELF file's (``engine.verify.image_request``; None: the default
-    kernel), verified into ``db`` (None: beside it) with ``options`` (the engine's ``RunOptions``; a
-    user-space file: the user policy and its own slot, ``trampoline_base`` if given), then audited for
-    ``models``.  The document is ``audit_store``'s, with the image and relocverify's own verdicts added."""
-    from ..engine.verify import image_request, verify_image
+@dataclass(frozen=True)
+class AuditWay:
+    """How ``audit`` audits one kind of request: whether the verification's progress lines are shown, how the
+    images' summaries become one, and why; or, ``refused`` given, why that kind is not audited."""
 
-    request = image_request(path, options, db, system_map, trampoline_base, lines)
+    lines: bool = True  # the verification's progress lines and bars shown (else only the audit's own progress)
+    merged: bool = False  # several images' summaries merged (``merge``); else the one image's is the document
+    source: bool = False  # the merged document says which parts were used (a package's ``KernelParts.used``)
+    does: str = ""
+    refused: str | None = None  # why the audit does not take this kind, and what to give it instead
+
+
+#: Per kind of request (``engine.requests``), how it is audited.
+AUDITS: dict[type, AuditWay] = {
+    KernelRequest: AuditWay(does="a kernel image verified as relocverify vmlinux does (always loaded, to be handed "
+                                 "over): its audit summary, with its own verdicts"),
+    ElfRequest: AuditWay(refused="each user-space file has its own slot and an auditor has one: audit the files one "
+                                 "at a time, each as an ImageRequest (engine.verify.image_request)"),
+    ModuleRequest: AuditWay(lines=False, merged=True,
+                            does="modules against their vmlinux, merged; a module's run draws no bars: the audit's "
+                                 "own progress counts the modules"),
+    PackageRequest: AuditWay(merged=True, source=True,
+                             does="a kernel's vmlinux and every module on one session, merged, with the line saying "
+                                  "which parts were used"),
+    ImageRequest: AuditWay(does="the audit's IMAGE, a kernel's or a user-space file's, loaded with its slot settled "
+                                "(engine.verify.image_request): its audit summary, with its own verdicts"),
+}
+
+
+def audit_way(request: Request) -> AuditWay:
+    """How ``request`` is audited (its row of ``AUDITS``); a kind the audit refuses, or an object that is not a
+    request, is a caller's mistake, said with what to give instead."""
+    way = AUDITS.get(type(request))
+    if way is None:
+        taken = ", ".join(t.__name__ for t, w in AUDITS.items() if w.refused is None)
+        raise InputError(f"the audit takes a request of engine.requests ({taken}); {type(request).__name__} is not one")
+    if way.refused is not None:
+        raise InputError(f"the audit takes no {type(request).__name__}: {way.refused}")
+    return way
+
+
+def audit(request: Request, models: list, say: Say = None, lines: Lines = None) -> AuditSummary:
+    """Every image ``request`` names verified (``engine.verify.verify``, with ``lines`` where ``AUDITS`` shows
+    them), each audited for ``models`` as it is handed over, by one ``Auditor`` at the request's slot; one
+    image's summary is ``audit_store``'s with the image and relocverify's own verdicts added, several images'
+    are merged (``merge``; a module without a function counts zero instructions)."""
+    way = audit_way(request)
     with closing(_auditor(models, request.options)) as auditor:
-        audit = _Audit(auditor, say)
-        verify_image(request, lines, on_image=audit)
-    (document,) = audit.parts.values()
-    return AuditSummary.of(document, request.store)
+        each = _Audit(auditor, say)
+        verified = verify(request, lines if way.lines else None, on_image=each)
+        if way.merged:
+            return merge(each.parts, auditor, verified.store, _source(verified) if way.source else None)
+    (document,) = each.parts.values()
+    return AuditSummary.of(document, verified.store)
 
 
-def audit_modules(paths: list[str], kernel: str, options: RunOptions, models: list, db: str,
-                  system_map: str | None = None, base: int | None = None, say: Say = None) -> AuditSummary:
-    """Kernel modules, laid out in module space from ``base`` and relocated against the symbols of the
-    vmlinux ``kernel`` (``engine.verify.verify_module``), each audited as it is verified; the summaries
-    merged (a module without a function counts zero instructions)."""
-    from ..engine.verify import verify_module
-
-    with closing(_auditor(models, options)) as auditor:
-        audit = _Audit(auditor, say)
-        verify_module(paths, kernel, options, db, system_map, base, None, on_image=audit)
-        return merge(audit.parts, auditor, db)
-
-
-def audit_package(source: str, options: RunOptions, models: list, db: str, dbg: str | None = None,
-                  limit_modules: int | None = None, say: Say = None, lines: Lines = None) -> AuditSummary:
-    """A whole kernel: its vmlinux and every module (the first ``limit_modules``) that ``source`` names,
-    verified on one session's workers (``engine.verify.verify_package``), each audited as it is verified;
-    the summaries merged, with the line saying which parts were used."""
-    from ..engine.verify import verify_package
-
-    with closing(_auditor(models, options)) as auditor:
-        audit = _Audit(auditor, say)
-        verified = verify_package(source, options, db, dbg, limit_modules, lines, on_image=audit)
-        return merge(audit.parts, auditor, db, verified.document["source"]["used"])
+def _source(verified: RunSummary) -> str:
+    """A package's line saying which parts were used (``image.debian.KernelParts.used``)."""
+    return verified.document["source"]["used"]
 
 
 def _thunks(vmlinux) -> tuple[int, int] | None:
