@@ -14,15 +14,19 @@ below it (``tests/test_layers.py`` holds the order; README's stage table names e
     selftest/   candidate false proofs judged by the CPU; the validated form table
     gate/       a decoder judged against a baseline, the other decoders and the plans that follow
     schedule/   pools of workers (local processes, Dask), the SMT helper, the watchdog, progress:
-                runs tasks and knows no verdicts (``schedule.kinds.WorkerKind``)
+                runs phases of tasks and knows no verdicts (``schedule.kinds.WorkerKind``,
+                ``schedule.phase.Phase``)
     engine/     every instruction of an image                -> one finding each, in the store:
-                the phases (survey, proofs, rows), replacements, jump probes, and passes
-                (``engine.passes``); ``engine.verify`` is the entry point of vmlinux, elf,
-                module and package, returning a frozen ``RunSummary``
+                the phases (``engine/phases``: survey, proofs, rows, replacements, jump probes,
+                passes added from outside) in the order of ``engine.run.PHASES``;
+                ``engine.verify.verify`` is the one entry point, given a frozen request
+                (``engine.requests``: vmlinux, elf, module, package, an image), returning a
+                frozen ``RunSummary``
     report/     the static HTML report, ``show``, ``export`` (read the store)
     runtime/    probes placed for proved plans in a boot-patched kernel under unicorn
     tracers/    kprobes, optprobes, uprobes, kinst, fasttrap modelled and audited, each image as
-                ``engine.verify`` hands it over, into a frozen ``AuditSummary``
+                the engine hands it over (``tracers.run.audit``, given the same requests), into a
+                frozen ``AuditSummary``
     confirm/    the audit's findings tried on the kernel booted under QEMU
     cli/        the thin command line
 
