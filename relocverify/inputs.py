@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from .errors import InputError
 from .x86.registers import MASK64
@@ -144,8 +145,6 @@ MAX_READ = {"kernel image": 4 << 30, "kernel module": 1 << 30, "System.map": 1 <
 
 
 def _kind(mode: int) -> str:
-    import stat
-
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
         if test(mode):
@@ -158,8 +157,6 @@ def input_file(path: str, what: str = "file") -> str:
 
     A FIFO (reading it blocks), a device (``/dev/zero`` never ends), a directory or a socket is refused
     with one line naming it."""
-    import stat
-
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -179,8 +176,6 @@ def input_file(path: str, what: str = "file") -> str:
 def open_input(path: str, what: str = "file"):
     """``open(path, 'rb')`` for an input file, checked by ``input_file`` on the descriptor it opens (so a FIFO
     swapped in after the check cannot block: it is opened non-blocking and refused)."""
-    import stat
-
     input_file(path, what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)

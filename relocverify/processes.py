@@ -23,6 +23,7 @@ system's limit (``refused``), as it does for its own fork."""
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import pickle
 import signal
@@ -103,8 +104,6 @@ class StderrTap:
 
     def attach(self) -> None:
         """In the worker, right after the fork (a fault handler that writes elsewhere is pointed here too)."""
-        import faulthandler
-
         os.dup2(self.file.fileno(), 2)
         if faulthandler.is_enabled():
             faulthandler.enable(2)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import stat
+import sys
 
 from .. import inputs
 from ..errors import InputError
@@ -87,8 +90,6 @@ def input_file(text: str) -> str:
 def output_file(text: str) -> str:
     """A file the command may write: its directory exists and is writable, and it is not a directory, a
     device, a FIFO or a socket (``outputs.check_paths`` checks it against the inputs)."""
-    import stat
-
     if os.path.isdir(text):
         raise InputError(f"{text}: is a directory; name a file to write")
     if os.path.exists(text) and not stat.S_ISREG(os.stat(text).st_mode):
@@ -162,15 +163,12 @@ def progress_lines(args):
     """Where a batch command's progress lines go: stderr, or nowhere (None) with --no-progress."""
     if args.no_progress:
         return None
-    import sys
 
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 def scheduler_address(text: str) -> str:
     """A Dask scheduler's address: [tcp://|tls://]HOST:PORT."""
-    import re
-
     if not re.fullmatch(r"(?:(?:tcp|tls|ucx|inproc)://)?[\w.\-\[\]:]+:\d{1,5}", text):
         raise InputError(f"--scheduler takes a Dask scheduler's address, e.g. tcp://10.0.0.5:8786; not {text!r}")
     return text

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import TextIO
 
+import iced_x86
+
 from ..errors import InputError
 from ..inputs import parse_hex_bytes
 from ..plan.plan import DEFAULT_AT
@@ -44,8 +46,6 @@ def one_instruction(raw: bytes, at: int):
 
 def _bytes_at(index, address: int) -> bytes:
     """The instruction at ``address`` in the indexed image (its length by iced-x86)."""
-    import iced_x86
-
     if not index.image.is_executable(address):
         raise InputError(f"{address:#x} is not in an executable section of the image")
     section = index.image.section_at(address)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import TextIO
 
 from ..corpus.runner import DEFAULT_TIMEOUT_S, load, render_result, run_entry, summarize
@@ -36,8 +37,6 @@ FETCHED_PATHS = ("vmlinux", "vmlinuz", "system_map", "config")
 
 def _fetch(args, out: TextIO) -> int:
     """Delegate to ``fetch.fetch`` and print where the kernel's files are."""
-    import sys
-
     kernel = fetch_module.fetch(args.name, args.cache, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         json.dump({"name": kernel.name, "release": kernel.release,

@@ -17,6 +17,7 @@ for an unusable store or a glob that matches no function.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TextIO
 
 from ..errors import InputError
@@ -67,8 +68,6 @@ def add_parser(sub, types: dict) -> None:
 def running_store(args) -> str:
     """The store of the running kernel's image, where ``relocverify vmlinux VMLINUX`` writes it; one line if
     there is none yet."""
-    import os
-
     from ..engine.verify import store_path
     from ..store.image_index import indexed
     from .live import running_image

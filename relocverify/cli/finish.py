@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 
 def next_steps(out, store: str) -> None:
     """The store's path, then three commands to paste: one function annotated (``vfs_read`` where the store
     has it, else the first of its functions whose name is plain), the HTML report, the proved probe points
     exported (the path shell-quoted)."""
-    import shlex
-
     from .render import escape
 
     path = shlex.quote(store) if store.isprintable() else escape(store)  # control characters never reach a terminal

@@ -6,6 +6,7 @@ baseline), 1 a new difference or changed answers, 2 usage or input error.
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import TextIO
 
@@ -18,8 +19,6 @@ DEFAULT_CONSENSUS = ("capstone", "iced")
 def _output(text: str) -> str:
     """``--junit``/``--sarif``: a file the gate may write, checked before the run (issue 44: an unwritable
     path was refused only after the whole run)."""
-    import argparse
-
     from ..errors import InputError
     from .arguments import output_file
 
@@ -31,8 +30,6 @@ def _output(text: str) -> str:
 
 def _jobs(text: str) -> int:
     """``--jobs``: as every command's (``arguments.jobs``: 1 to this machine's CPUs), named by argparse."""
-    import argparse
-
     from ..errors import InputError
     from .arguments import jobs
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import textwrap
+
 import capstone
 
 from ..text import printable
@@ -42,9 +45,6 @@ def verdict_counts(by_verdict) -> str:
 def wrap(text: str, indent: str = "    ") -> str:
     """``text`` wrapped at word boundaries to the terminal's width (80 when not a terminal), the continuation
     lines indented: a reason is never cut, only folded."""
-    import shutil
-    import textwrap
-
     width = max(shutil.get_terminal_size((100, 24)).columns, 40)
     if len(text) <= width:
         return text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import TextIO
 
 from ..errors import InputError, StoreError
@@ -45,8 +47,6 @@ def command(args, out: TextIO) -> int:
 def _sweep_stale(directory: str, prefix: str) -> None:
     """Remove the staging directories a killed report left in ``directory`` (``<prefix><pid>-*`` of a process
     that is gone: a SIGKILL runs no ``finally``; issue 44: an 84 MB one stayed for good)."""
-    import shutil
-
     from ..processes import alive
 
     try:
@@ -66,9 +66,6 @@ def _build_staged(output: str, build):
     """``build(staging)`` into a new directory beside ``output``, then its entries (index.html, assets/,
     data/) moved into ``output`` one rename each: a failure (a full or read-only disk) leaves ``output``
     as it was and no staging directory behind; files of the user's in ``output`` are never touched."""
-    import shutil
-    import tempfile
-
     from ..outputs import environment_error
 
     parent = os.path.dirname(os.path.abspath(output))

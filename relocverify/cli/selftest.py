@@ -4,6 +4,7 @@ the CPU-validated form table."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from typing import TextIO
@@ -66,8 +67,6 @@ def _progress(enabled: bool, label: str, unit: str):
 
 
 def command(args, out: TextIO) -> int:
-    import os
-
     jobs = args.jobs or os.cpu_count() or 1
     if args.validate_forms:
         return _validate(args, out, jobs)
@@ -107,9 +106,6 @@ def render(report) -> str:
 
 
 def _validate(args, out: TextIO, jobs: int) -> int:
-    import json as _json
-    import os
-
     from ..concrete.cpu import identity
     from ..proof import form_table
     from ..selftest import form_sources as FS
@@ -130,7 +126,7 @@ def _validate(args, out: TextIO, jobs: int) -> int:
     previous = {}
     if os.path.exists(target):  # merged into: another CPU's rows stay, this CPU's readings are added
         with open(target) as f:
-            previous = _json.load(f)
+            previous = json.load(f)
     again = set((args.revalidate or "").split(",")) - {""}
     old_rows = previous.get("forms", {}) if args.update else {}
     todo = {form: raws for form, raws in forms.items()
@@ -146,7 +142,7 @@ def _validate(args, out: TextIO, jobs: int) -> int:
         row["seen"] = counts[form] if form in results else row.get("seen", 0) + counts.get(form, 0)
     tmp = target + ".tmp"
     with open(tmp, "w") as f:
-        _json.dump(data, f, indent=0, sort_keys=True)
+        json.dump(data, f, indent=0, sort_keys=True)
     os.replace(tmp, target)
     out.write(f"{data['counts']} -> {target}\n")
     return EXIT_CLEAN

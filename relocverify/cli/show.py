@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import textwrap
 from typing import TextIO
@@ -111,8 +112,6 @@ def command(args, out: TextIO) -> int:
 
 
 def _width() -> int:
-    import shutil
-
     return max(shutil.get_terminal_size().columns, 40)
 
 

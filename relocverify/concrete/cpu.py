@@ -44,6 +44,7 @@ instruction can read or load (control registers, MSRs, the TSC).
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import re
 import signal
@@ -546,8 +547,6 @@ def _map(address: int, size: int) -> None:
 
 
 def _child(program: Program, states: list[MachineState], w: int) -> None:
-    import faulthandler
-
     faulthandler.disable()
     for sig in (signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS, signal.SIGTRAP, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)

@@ -42,6 +42,7 @@ Machine model (what a native outcome assumes):
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import pickle
 import random
@@ -474,7 +475,6 @@ def _map(address: int, size: int) -> None:
 
 
 def _child(raw: bytes, states: list[MachineState], w: int, code_page: int) -> None:
-    import faulthandler
     faulthandler.disable()
     for sig in _FAULT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)

@@ -18,9 +18,11 @@ from dataclasses import dataclass, replace
 from ..errors import InputError
 from . import initramfs, qemu
 from .console import read_console, shows_fault
-from .guest import Guest, confirm_cache, is_static, module_name, run_initrd, scratch
+from .guest import PROGRAM_DIR, Guest, confirm_cache, is_static, module_depends, module_name, run_initrd, scratch
+from .kbuild import build_module
 from .outcome import Decision, Outcome, Run, Site, decide, divergence
-from .probe import Probe
+from .prediction import optprobes_predictions
+from .probe import Probe, hits
 from .script import RunPlan, run_script
 from .triggers import BY_NAME, TRIGGERS, Trigger, for_group
 
@@ -102,8 +104,6 @@ def confirm(request: Request, guest: Guest, cache_dir: str | None = None, say=No
     if done is None:
         done = [one for p in prepared for one in _run(context, (p,))]
     if context.optimized and request.tracer != "uprobes":  # which optprobes model predicts what the kernel listed
-        from .prediction import optprobes_predictions
-
         version = ".".join(guest.release.split(".")[:2])
         done = [replace(c, predictions=optprobes_predictions(c.site, guest, version)) for c in done]
     return done
@@ -238,8 +238,6 @@ def check_request(request: Request) -> None:
 
 def _module_file(path: str) -> None:
     """InputError unless ``path`` is a kernel module (an ELF relocatable object with a ``.modinfo``)."""
-    from .guest import module_depends
-
     if not os.path.isfile(path) or not path.endswith(".ko"):
         raise InputError(f"--module-trigger {path}: not a kernel module file (.ko)")
     try:
@@ -319,8 +317,6 @@ def _modules(guest: Guest, trigger: _Chosen, site: Site, module_trigger: str | N
 
 
 def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say, module_trigger: str | None = None) -> Site:
-    from .guest import PROGRAM_DIR
-    from .kbuild import build_module
     from .sites import module_of, resolve_kernel_site, resolve_module_site
 
     module, rest = module_of(text)
@@ -340,9 +336,6 @@ def _kernel_site(text: str, guest: Guest, cache_dir: str | None, say, module_tri
 def _built(guest: Guest, name: str, cache_dir: str | None, say) -> initramfs.Entry:
     """``programs/NAME.c`` built as a module against the package's headers (rvkprobe, a trigger's test
     module), as /rv/modules/NAME.ko."""
-    from .guest import PROGRAM_DIR
-    from .kbuild import build_module
-
     path = build_module(guest, PROGRAM_DIR / f"{name}.c", confirm_cache(cache_dir), say)
     with open(path, "rb") as handle:
         return initramfs.file(f"rv/modules/{name}.ko", handle.read(), 0o644)
@@ -394,7 +387,6 @@ def _try_kvm(guest: Guest, binary: str, cache_dir: str | None) -> tuple[bool, st
         t0 = time.monotonic()
         boot = qemu.boot(guest.kernel, initrd, BASE_CMDLINE, "kvm", 30.0, qemu=binary)
     con = read_console(boot.console)
-    from .probe import hits
 
     count, _ = hits(con.listed("profile"), "kprobes")
     if con.reached("end") and count and not con.faults:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..store.store import Results, site_kinds
+from ..tracers import get_model
 from ..x86.registers import MASK64
 
 
@@ -33,8 +35,6 @@ def audited_sites(store_path: str, tracer: str, functions: tuple[str, ...], iden
     bucket and group ``tracer`` (an audit name: kprobes@6.1) gets there; ``thunks``: the image's
     ``__indirect_thunk_start..end`` (optprobes reads it)."""
     from ..engine.keys import KeyMaker
-    from ..store.store import Results, site_kinds
-    from ..tracers import get_model
     from ..tracers.audit import Auditor, ImageFacts
     from ..tracers.model import Context
 

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 
 from ..errors import InputError
+from ..store import confirmations
 from .confirmation import Confirmation, Request, confirm
+from .controls import audited_sites, spread
 from .outcome import Outcome
 from .triggers import BY_NAME, TRIGGERS, group_class
 
@@ -148,7 +151,6 @@ def _first(example: dict, request: Request, guest, cache_dir, say, notes: list) 
 def _controls(store: str, tracer: str, kind: str, summary: dict, guest, base: Request, n: int, cache_dir,
               say) -> GroupResult:
     from ..store.image_index import indexed
-    from .controls import audited_sites, spread
 
     trigger = BY_NAME["syscalls"]
     index = indexed(guest.vmlinux, guest.system_map)
@@ -177,8 +179,6 @@ def _thunks(guest) -> tuple[int, int] | None:
 def _save(store: str, summary: dict, guest, results: list[GroupResult]) -> None:
     """``STORE.confirm.json`` (``store.confirmations``): the audited image, the kernel's version and the
     accelerator, and every group's result; the audit's summary and report read it."""
-    from ..store import confirmations
-
     accel = next((c.probed.accel for r in results for c in r.confirmations), "")
     confirmations.save(os.fspath(store), (summary.get("image") or {}).get("identity", ""), kernel_version(guest),
                        confirmations.accelerator_name(accel), [r.as_json() for r in results])
@@ -186,8 +186,6 @@ def _save(store: str, summary: dict, guest, results: list[GroupResult]) -> None:
 
 def kernel_version(guest) -> str:
     """The kernel's version as its banner gives it (``Debian 6.1.187-1`` -> ``6.1.187``), else its release."""
-    import re
-
     from ..image.loader import load_image
 
     image = load_image(guest.vmlinux, guest.system_map)

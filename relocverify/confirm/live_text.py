@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import initramfs, qemu
+from .confirmation import BASE_CMDLINE
 from .console import read_console
 from .guest import Guest, confirm_cache, run_initrd, scratch
 from .probe import RVCTL
@@ -87,8 +88,6 @@ def capture(guest: Guest, functions: list[tuple[str, int, int]], cmdline: str, a
             cache_dir: str | None = None, say=None) -> Capture:
     """The live text of ``functions`` ((name, address, size) in the guest's kernel) booted with ``cmdline``
     (after ``confirmation.BASE_CMDLINE``), from the cache or one boot."""
-    from .confirmation import BASE_CMDLINE
-
     full = " ".join([BASE_CMDLINE] + cmdline.split())
     key = hashlib.sha256(json.dumps([FORMAT, Path(guest.kernel).name, os.path.getsize(guest.kernel), full,
                                      sorted(functions)]).encode()).hexdigest()[:16]

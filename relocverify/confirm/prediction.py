@@ -17,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..tracers import get_model, linux_facts
+from ..x86.instruction import Instruction
+from ..x86.registers import MASK64
+
 #: The optprobes models confirm compares, per kernel version (the same code, another boot variant).
 MODELS = {"6.1": ("optprobes@6.1", "optprobes@6.1+ret")}
 
@@ -38,9 +42,7 @@ def optprobes_predictions(site, guest, version: str = "6.1") -> tuple[Prediction
     """See the module doc; () for a module's site or a version without models here."""
     from ..image.functions import iter_instruction_spans
     from ..store.image_index import indexed
-    from ..tracers import get_model, linux_facts
     from ..tracers.model import Context, Refuse, RelocateBlock
-    from ..x86.registers import MASK64
 
     if site.module is not None or version not in MODELS:
         return ()
@@ -88,7 +90,6 @@ def _thunks(vmlinux: str, system_map: str | None) -> tuple[int, int] | None:
 
 def _offsets(data: bytes, start: int) -> list[int]:
     from ..x86.decode import decode
-    from ..x86.instruction import Instruction
 
     out, pos = [], 0
     while pos < len(data):

@@ -20,12 +20,13 @@ import struct
 import iced_x86
 
 from ..errors import InputError
-from ..image.locations import parse_location
+from ..image.functions import find_functions, iter_instruction_spans
+from ..image.locations import FunctionIndex, parse_location
+from ..kernel.variants import NoVariants, VariantFinder
 from .outcome import Site
 
 
 def resolve_kernel_site(text: str, vmlinux: str, system_map: str | None) -> Site:
-    from ..kernel.variants import NoVariants, VariantFinder
     from ..store.image_index import indexed
 
     index = indexed(vmlinux, system_map)
@@ -64,8 +65,6 @@ def resolve_module_site(text: str, module: str, path: str) -> Site:
     """A site in the module at ``path`` (``MODULE:FUNCTION+OFF``): its bytes as ``image.module`` lays the
     module out, compared with the live ones only when no relocation touches the instruction (laid out at
     two bases, its bytes are the same)."""
-    from ..image.functions import find_functions, iter_instruction_spans
-    from ..image.locations import FunctionIndex
     from ..image.module import MODULE_BASE, load_module
 
     image = load_module(path, None)

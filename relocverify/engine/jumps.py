@@ -116,9 +116,12 @@ from __future__ import annotations
 import bisect
 import copy
 import hashlib
+import struct
 from array import array
 from collections import Counter
 
+from elftools.dwarf.callframe import FDE
+from elftools.elf.elffile import ELFFile
 from iced_x86 import Decoder
 
 from ..errors import StoreError
@@ -828,8 +831,6 @@ class UserPatchRanges(PatchRanges):
 
 def _entry_point(path: str) -> int | None:
     """``e_entry`` of an ELF64 file, or None."""
-    import struct
-
     try:
         with open(path, "rb") as handle:
             head = handle.read(0x20)
@@ -844,8 +845,6 @@ def landing_pad_frames(image: Image) -> list[tuple[int, int, str]]:
     over everything: nothing in it can be shown free of landing pads."""
     if image.get_section(".gcc_except_table") is None:
         return []
-    from elftools.dwarf.callframe import FDE
-    from elftools.elf.elffile import ELFFile
 
     try:
         with open(image.path, "rb") as handle:

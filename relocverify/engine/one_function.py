@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 
 from ..image.functions import Function, iter_instruction_spans
 from ..image.image import Image
+from ..kernel.site_verdicts import site_finding
+from ..kernel.sites import kind_key
+from ..kernel.variants import VariantFinder
 from ..proof.verdict import Finding
 from ..store.store import InstructionRow, site_kinds, site_mask
 
@@ -48,8 +51,6 @@ def verify_function(image: Image, function: Function, tramp: int, timeout: float
     ``sites``: anything with ``sites_at(address, length)`` (None: not a kernel, no site checks);
     ``prover``: the one to use (say, one that asks the persistent proof cache), else a new one for
     ``tramp`` and ``timeout`` (seconds per proof)."""
-    from ..kernel.site_verdicts import site_finding
-    from ..kernel.variants import VariantFinder
     from .pipeline import Prover
 
     prover = prover or Prover(tramp, timeout)
@@ -71,8 +72,6 @@ def verify_function(image: Image, function: Function, tramp: int, timeout: float
 
 def _overlapping(covering: list, address: int, length: int) -> list:
     """The sites overlapping [address, address+length), ordered as the batch orders them (by kind)."""
-    from ..kernel.sites import kind_key
-
     found = [s for s in covering if s.address < address + length and s.address + s.length > address]
     return sorted(found, key=lambda s: kind_key(s.kind)) if len(found) > 1 else found
 

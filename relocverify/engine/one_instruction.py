@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..store.cache import ProofCache
+
 if TYPE_CHECKING:  # the pipeline (decoders, planner, prover) is imported when an instruction is verified
     from ..image.image import Image
     from ..plan.plan import Plan
@@ -53,7 +55,6 @@ def verify_instruction(decoded: Decoded, tramp: int, timeout: float, cache_dir: 
     they belong to): anything with ``sites_at(address, length)``, None for no site checks."""
     from ..plan.plan import make_plan
     from ..proof.cache_key import cache_tag
-    from ..store.cache import ProofCache
     from .pipeline import Prover
 
     plan = make_plan(decoded, tramp)
@@ -111,7 +112,6 @@ def verify_live(live_decoded: Decoded, file_raw: bytes, tramp: int, timeout: flo
     from ..kernel.variants import VariantFinder
     from ..plan.plan import make_plan
     from ..proof.cache_key import cache_tag
-    from ..store.cache import ProofCache
     from .pipeline import Prover
 
     address, live_raw = live_decoded.address, live_decoded.raw

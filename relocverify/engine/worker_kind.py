@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from ..kernel.sites import find_sites
 from ..schedule.kinds import WorkerKind
 from ..schedule.local_pool import WorkerError
 from ..schedule.watchdog import own_alarm
@@ -29,7 +30,6 @@ def _attach(job: Job, source: tuple, images: dict, store_path: str) -> Job:
     """The job rebuilt on a Dask worker: its image loaded (kept in ``images`` for the next task), its sites
     found again, the cache directory kept only if this machine has it, the worker's own store path."""
     from ..image.source import load_source
-    from ..kernel.sites import find_sites
 
     source, with_sites = source
     image = images.get(source.identity)

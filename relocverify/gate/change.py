@@ -41,7 +41,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from ..errors import InputError
+from ..plan.plan import DEFAULT_TRAMP, make_plan
+from ..x86.decode import decode
+from ..x86.decoders import linux_insn
 from ..x86.decoders.protocol import Decoder, Facts
+from ..x86.instruction import Instruction
 from . import answers as answers_mod
 from .baseline import Baseline
 from .compare import Finding, compare
@@ -132,9 +137,6 @@ def applies(base: Baseline | None, tested: Decoder) -> bool:
 
 def baseline_decoder(base: Baseline) -> Decoder | None:
     """The baseline's decoder as it was: its cached build, else its source built again if unchanged."""
-    from ..errors import InputError
-    from ..x86.decoders import linux_insn
-
     then = base.doc["decoder"]
     old = linux_insn.from_cache(then["name"], then["version"])
     if old is None:
@@ -218,9 +220,6 @@ def _map_entries(old: Decoder, new: Decoder, raws: list[bytes]):
 
 def _plan(raw: bytes, address: int, facts: Facts) -> tuple[str, str]:
     """The plan built from ``facts`` put in the consensus decode: (label, trampoline hex)."""
-    from ..plan.plan import DEFAULT_TRAMP, make_plan
-    from ..x86.decode import decode
-    from ..x86.instruction import Instruction
     from .consequence import as_answered
 
     true = decode(raw, address)

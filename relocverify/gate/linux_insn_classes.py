@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import iced_x86
+
 from ..x86.decoders.linux_insn import MAX_INSN, Decoded, OpcodeMap
 from .compare import Finding
 
@@ -129,15 +131,11 @@ _AMD_ONLY = frozenset({"XOP", "FMA4", "TBM", "SSE4A", "D3NOW", "D3NOWEXT"})
 
 
 def _iced(raw: bytes):
-    import iced_x86
-
     ins = iced_x86.Decoder(64, raw).decode()
     return None if ins.is_invalid else ins
 
 
 def _amd_only(f: Finding, d, m) -> bool:
-    import iced_x86
-
     ins = _iced(f.raw)
     if ins is None:
         return False
@@ -147,8 +145,6 @@ def _amd_only(f: Finding, d, m) -> bool:
 
 def _is4(f: Finding, d: Decoded | None, m) -> bool:
     """The kernel, as capstone, counts the is4 register byte of a four-operand VEX form as an immediate."""
-    import iced_x86
-
     mine, table = f.answer(f.tested), dict(f.answers)
     ins = _iced(f.raw)
     iced = table.get("iced")
@@ -342,8 +338,6 @@ def kprobe_effect(f: Finding, d: Decoded | None = None) -> str:
 
 
 def _raises_ud(raw: bytes) -> bool:
-    import iced_x86
-
     ins = _iced(raw)
     return ins is not None and ins.mnemonic in (iced_x86.Mnemonic.UD0, iced_x86.Mnemonic.UD1, iced_x86.Mnemonic.UD2)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError
+from .answers import remember
 from .samples import Unit
 
 MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
@@ -41,7 +42,6 @@ def module_units(path: str) -> list[Unit]:
     from ..image.functions import find_functions, function_bytes
     from ..image.module import load_modules
     from ..x86.decoders.iced import IcedAdapter, sweep_into
-    from .answers import remember
 
     label = _label(path)
     units: dict[str, Unit] = {}

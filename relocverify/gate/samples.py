@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..collector import paused
 from ..errors import InputError
 from ..processes import fork_map
+from .answers import remember
 
 
 @dataclass
@@ -64,7 +65,6 @@ def image_units(path: str, jobs: int | None = None) -> list[Unit]:
         with paused():  # a kernel's sweep keeps ~600 k samples and answers: 4.0 s with the collector, 2.7 without
             parts = [sweep_functions(image, functions)]
     from ..x86.decoders.iced import IcedAdapter
-    from .answers import remember
 
     base = os.path.basename(path)
     units: dict[str, Unit] = {}

@@ -32,7 +32,10 @@ files are hard links to that copy (``shared_files``), and ``image.fetch`` links 
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
+import hashlib
 import json
 import lzma
 import os
@@ -116,10 +119,8 @@ def _decompressing(member, name: str, deb: Path):
     if name.endswith(".xz") or name.endswith(".lzma"):
         return lzma.LZMAFile(member)
     if name.endswith(".gz"):
-        import gzip
         return gzip.GzipFile(fileobj=member)
     if name.endswith(".bz2"):
-        import bz2
         return bz2.BZ2File(member)
     if name.endswith(".zst"):
         import zstandard
@@ -208,8 +209,6 @@ def _dbg_wanted(path: PurePosixPath) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import ImageError, InputError
+from ..inputs import open_input
 
 SHF_WRITE = 0x1
 SHF_ALLOC = 0x2
@@ -181,8 +182,6 @@ class OpenInput:
         self.path, self.what = path, what
 
     def __enter__(self):
-        from ..inputs import open_input
-
         try:
             self.handle = open_input(self.path, self.what)
         except InputError as exc:

@@ -34,7 +34,9 @@ import stat
 import struct
 
 from ..collector import paused
-from ..errors import ImageError
+from ..environment import default_cache_dir
+from ..errors import ImageError, InputError
+from ..outputs import write_atomic
 from ..x86.registers import KERNEL_HALF
 from . import bzimage
 from .elf import elf_extent, read_elf
@@ -100,8 +102,6 @@ def _content_hash(st: os.stat_result, buffer, extent: int) -> str:
     hash is remembered in ``<cache>/index/sha256.json`` under the open file's device, inode,
     size, modification *and change* time (the change time cannot be set back by a user: any
     write to the file moves it), and recomputed whenever any of them differs."""
-    from ..outputs import write_atomic
-
     key = _memo_key(st, extent)
     memo = _hash_memo()
     known = memo.get(key)
@@ -157,8 +157,6 @@ def _memo_key(st: os.stat_result, extent: int) -> str:
 
 
 def _memo_path() -> str:
-    from ..environment import default_cache_dir
-
     return os.path.join(default_cache_dir(), "index", "sha256.json")
 
 
@@ -194,8 +192,6 @@ def require_kernel(image: Image) -> None:
     """Refuse an image that is not a kernel with usable function symbols, with the reason (``InputError``):
     code below the kernel half (a user program, a core file), no function symbols (a stripped vmlinux without
     its System.map), or too few of them for its text."""
-    from ..errors import InputError
-
     text = [s for s in image.iter_executable_sections()]
     if not any(s.address >= KERNEL_HALF for s in text):
         lowest = min((s.address for s in text), default=0)

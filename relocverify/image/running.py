@@ -26,7 +26,11 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..environment import default_cache_dir
 from ..errors import FetchError, InputError
+from .apt import download_version
+from .debian import unpacked
+from .fetch import KERNELS, cached_vmlinux
 
 NOTES = "/sys/kernel/notes"
 KCORE = "/proc/kcore"
@@ -130,8 +134,6 @@ def _same_build(kernel: RunningKernel, path: str) -> bool:
 
 
 def _cached(kernel: RunningKernel) -> str | None:
-    from .fetch import KERNELS, cached_vmlinux
-
     for name, spec in KERNELS.items():
         if spec.release == kernel.release:
             return cached_vmlinux(name)
@@ -144,10 +146,6 @@ def _installed(kernel: RunningKernel) -> str | None:
 
 
 def _debian_dbg(kernel: RunningKernel, version: str, cache_dir: str | None, progress) -> str:
-    from ..environment import default_cache_dir
-    from .apt import download_version
-    from .debian import unpacked
-
     cache = Path(cache_dir or default_cache_dir())
     name = f"linux-image-{kernel.release}-dbg"
     found = sorted(cache.glob(f"{name}_{version.replace(':', '%3a')}_*.deb"))

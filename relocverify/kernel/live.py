@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+import iced_x86
+
 from ..errors import InputError
 from .variants import NoVariants, Variant
 
@@ -194,8 +196,6 @@ class LiveInstruction(NamedTuple):
 def live_instruction(live: LiveText, address: int, function_start: int | None) -> LiveInstruction | None:
     """The live instruction at ``address``, and whether a linear walk of the live text from the function's
     start meets it (a kprobe's ``can_probe`` walks so); None when the live text does not hold the address."""
-    import iced_x86
-
     window = None
     for size in (15, 8, 4, 1):  # the end of a range may hold less than the longest instruction
         window = live.read(address, size)

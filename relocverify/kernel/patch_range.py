@@ -54,7 +54,7 @@ from typing import Iterable, Sequence
 
 from iced_x86 import Decoder, FlowControl, Instruction, Mnemonic, OpKind, Register
 
-from ..image.functions import Function, function_bytes
+from ..image.functions import Function, find_functions, function_bytes
 from ..image.image import Image
 from .sites import POLICY_BY_KIND, SiteIndex, kind_key, read_config
 
@@ -454,8 +454,6 @@ def jump_table_fact(image: Image, config: str | os.PathLike | dict | None = None
     holds none that is used; a ``jmp *disp(,%reg,8)`` is one.  Otherwise the
     config decides, and without a config the answer is yes (not known)."""
     if ranges is None:
-        from ..image.functions import find_functions
-
         ranges = PatchRanges(image, find_functions(image), None)
     c = ranges.counts
     text = (f"text: {c.table} jmp *disp(,%reg,8), {c.register} jmp *%reg, {c.memory} other jmp *mem, "

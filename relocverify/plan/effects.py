@@ -22,6 +22,7 @@ operand is resolved when the plan is made, to Address(base=None, disp=A+len+disp
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 from typing import Callable, Union
@@ -168,7 +169,6 @@ def condition_test(cond: str) -> Callable:
     that foreign emulations, including wrong ones, can be written down."""
     if cond in CONDITIONS:
         return CONDITIONS[cond].test
-    import ast
 
     try:
         tree = ast.parse(cond, mode="eval").body

@@ -25,6 +25,10 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
+from pyvex.enums import ints_to_enums
+from pyvex.lifting.libvex import _libvex_lock
+from pyvex.native import ffi, pvc
+
 from ..x86.registers import MASK64
 from . import lift as L
 from .canonical import NotApplicable, canon_block, ir_facts
@@ -98,9 +102,6 @@ def lifted_one(raw: bytes, address: int) -> Lifted:
 
 def _native(code: bytes, address: int, max_inst, constant, facts: bool) -> Lifted | None:
     """The block read natively, or None when ``pyvex.lift`` would do more than return libVEX's block."""
-    from pyvex.lifting.libvex import _libvex_lock
-    from pyvex.native import ffi, pvc
-
     data = ffi.from_buffer(ffi.BVoidP, code + b"\0" * 8)
     max_bytes = min(len(code), _VEX_MAX_BYTES)
     insns = _VEX_MAX_INSTRUCTIONS if max_inst is None or max_inst > _VEX_MAX_INSTRUCTIONS else max_inst
@@ -127,9 +128,6 @@ def _setup() -> None:
     ``VexArchInfo`` (pyvex converts ``ARCH.vex_archinfo``, with no cache description, on every lift; it
     is converted once here) and VEX's log level (pyvex sets it from its logger before every lift; it
     only decides what libVEX prints)."""
-    from pyvex.enums import ints_to_enums
-    from pyvex.native import ffi, pvc
-
     global _VEX_ARCH, _ARCHINFO, _UINTPTR
     _VEX_ARCH = getattr(pvc, L.ARCH.vex_arch)
     archinfo = L.ARCH.vex_archinfo

@@ -19,6 +19,7 @@ refuses such input before any proof, as an ``InputError`` (exit 2):
 
 from __future__ import annotations
 
+from ..concrete.outcome import MachineState
 from ..errors import InputError
 from ..x86.instruction import Instruction
 from ..x86.registers import MASK64, is_canonical
@@ -58,7 +59,6 @@ def check_tracer_memory(decoded: Instruction, tramp: int, code_length: int,
 
 def _witness(decoded: Instruction, tramp: int, code_length: int, ranges) -> None:
     from ..concrete.machine import run_original
-    from ..concrete.outcome import MachineState
     from . import semantics as S
     from .smt import model_state, private_tracer_memory
 

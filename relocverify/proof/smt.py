@@ -17,6 +17,7 @@ from ..x86.instruction import Instruction
 from ..x86.registers import MASK64
 from . import lift as L
 from . import semantics as S
+from .reachable import reachable
 from .solvers import timed_solver
 from .verdict import Counterexample
 
@@ -133,8 +134,6 @@ def event_conditions(world, orig_outs, reloc_outs):
 def code_spans(code: bytes, tramp: int) -> list[tuple[int, int]]:
     """The byte ranges of the relocation's reachable instructions (``proof.reachable``), merged: the bytes
     the checker lifts.  Save slots and the qwords of absolute jumps are data, read through the write log."""
-    from .reachable import reachable
-
     spans: list[tuple[int, int]] = []
     for address, raw in reachable(code, tramp).instructions:
         if spans and spans[-1][0] + spans[-1][1] >= address:

@@ -5,6 +5,8 @@ Every label goes through ``html.escape``; colours and sizes are SVG attributes
 
 from __future__ import annotations
 
+import math
+
 from ..text import html_text as escape
 
 COLOURS = {"proved": "#2e7d32", "opaque": "#9e9d24", "unknown": "#f9a825", "rejected": "#6d4c41",
@@ -25,8 +27,6 @@ def legend(keys: tuple[str, ...] = VERDICTS) -> str:
 def stacked_bars(rows: list[tuple[str, dict[str, int]]], label: str, keys: tuple[str, ...] = VERDICTS,
                  width: int = 760) -> str:
     """One horizontal bar per row, its length the row's total on a log scale, split by key in proportion."""
-    import math
-
     bar_x, bar_w, h = 230, width - 330, 18
     top = max((sum(c.values()) for _, c in rows), default=1) or 1
     body = []
@@ -50,8 +50,6 @@ def stacked_bars(rows: list[tuple[str, dict[str, int]]], label: str, keys: tuple
 
 def histogram(buckets: list[str], series: dict[str, list[int]], label: str, width: int = 760) -> str:
     """Bars per bucket, one colour per series side by side; heights on a log scale (counts differ by 10^4)."""
-    import math
-
     plot_h, base = 160, 180
     n = len(buckets)
     slot = (width - 60) / max(n, 1)

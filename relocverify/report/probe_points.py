@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError, StoreError
-from ..plan.policy import POLICIES
+from ..plan.policy import POLICIES, classify
+from ..x86.instruction import Instruction
 
 #: Above this many matching functions, one pass over the image's rows beats a query per function.
 PER_FUNCTION_LIMIT = 2000
@@ -152,9 +153,7 @@ def _class_of(raw: bytes, address: int) -> str:
 
 
 def _policy_allows(raw: bytes, address: int, rule: str, rules) -> bool:
-    from ..plan.policy import classify
     from ..x86.decode import decode
-    from ..x86.instruction import Instruction
 
     decoded = decode(raw, address)
     return isinstance(decoded, Instruction) and classify(decoded, rules).name == rule

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from ..errors import InputError, StoreError
 from ..image.functions import Function
 from ..image.locations import FunctionIndex, LocationSpec
+from ..inputs import open_input
+from ..x86.instruction import Disagreement, Instruction
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -54,8 +56,6 @@ def from_source(path: str, spec: LocationSpec, system_map: str | None, tramp: in
 
 def is_store(path: str) -> bool:
     """Whether the file at ``path`` is an SQLite database (a result store), by its first bytes."""
-    from ..inputs import open_input
-
     with open_input(path, "file") as fh:
         return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
 
@@ -229,7 +229,6 @@ def disassemble(raw: bytes, address: int, name: Callable[[int], tuple[str, int] 
     and a branch or call target named ``<function+0xoff>`` as objdump does."""
     from ..x86.att import objdump_immediates
     from ..x86.decode import decode
-    from ..x86.instruction import Disagreement, Instruction
 
     d = decode(raw, address)
     if isinstance(d, Disagreement):

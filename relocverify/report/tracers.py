@@ -17,6 +17,7 @@ import json
 import os
 
 from ..outputs import REPORT_MARK
+from ..store import confirmations
 from ..text import html_text as escape
 from .page import CSP
 
@@ -28,8 +29,6 @@ AUDIT_SUFFIX = ".audit.json"  # tracers.audit.summary_path: the summary beside t
 def last_audit(db_path: str) -> dict | None:
     """The last audit's summary of the store at ``db_path`` (kept beside it by ``relocverify audit``), with
     what ``relocverify confirm --audit`` found on the running kernel (``store.confirmations``) attached."""
-    from ..store import confirmations
-
     try:
         with open(db_path + AUDIT_SUFFIX) as fh:
             summary = json.load(fh)

@@ -82,7 +82,10 @@ from unicorn import UC_HOOK_CODE
 from unicorn import x86_const as X
 
 from ..concrete.machine import is_rep_string
+from ..image.functions import find_functions
+from ..kernel.patch_range import PatchRanges
 from ..kernel.sites import POLICY_BY_KIND
+from ..plan.block import plan_block
 from ..proof.verdict import Verdict
 from ..x86.decode import decode
 from ..x86.registers import MASK64
@@ -197,7 +200,6 @@ class Patch:
 
 
 def _default_planner():
-    from ..plan.block import plan_block
     return plan_block
 
 
@@ -232,8 +234,6 @@ class JumpTrampolines:
     def patch_ranges(self):
         """The ``PatchRanges`` a block's range is checked against (the image's, made on first use, unless given)."""
         if self._patch_ranges is None:
-            from ..image.functions import find_functions
-            from ..kernel.patch_range import PatchRanges
             self._patch_ranges = PatchRanges(self.kernel.image, find_functions(self.kernel.image),
                                              self.kernel.sites)
         return self._patch_ranges

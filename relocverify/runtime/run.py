@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..store.store import Results
 
 if TYPE_CHECKING:  # unicorn and iced-x86 load only when a function is run
     from .differential import Report
@@ -73,7 +74,6 @@ def run_function(image_path: str, system_map: str | None, function: str, args: s
 
 def _store_verdicts(db: str, image_path: str, image, sites, timeout: float):
     """(the store's verdicts for ``image``, the open store); an InputError when it holds no results for it."""
-    from ..store.store import Results
     from .verdicts import StoreVerdicts
 
     store = Results(db)

@@ -21,13 +21,19 @@ import tomllib
 from collections import Counter, defaultdict
 from typing import Iterable, Iterator
 
+import iced_x86
+
+from ..errors import RelocverifyError
+from ..image.fetch import extract_modules, fetch
+from ..image.functions import find_functions, iter_instruction_spans
+from ..kernel.sites import find_sites
+from ..kernel.variants import NoVariants, VariantFinder
+from ..plan.plan import PlanKind, make_plan
 from ..proof.forms import facts
 from ..proof.reachable import reachable
 
 
 def kernel_instructions(name: str, modules: bool = False) -> Iterator[bytes]:
-    from ..image.fetch import extract_modules, fetch
-    from ..image.functions import find_functions, iter_instruction_spans
     from ..image.loader import load_image
     from ..image.module import load_modules
 
@@ -49,10 +55,6 @@ def variant_instructions(image, config=None) -> Iterator[bytes]:
     """Every instruction a boot-patched site can hold (``kernel.variants``): the UP form of an SMP lock
     (``ds`` for ``lock``), NOPs and jumps of jump labels, retpoline and return-thunk replacements, and
     each alternative's replacement instructions."""
-    from ..errors import RelocverifyError
-    from ..kernel.sites import find_sites
-    from ..kernel.variants import NoVariants, VariantFinder
-
     index = find_sites(image, config)
     finder = VariantFinder(image)
     for site in index.iter_sites():
@@ -75,15 +77,11 @@ def variant_instructions(image, config=None) -> Iterator[bytes]:
 
 
 def _length(raw: bytes) -> int:
-    import iced_x86
-
     ins = iced_x86.Decoder(64, raw).decode()
     return 0 if ins.is_invalid else ins.len
 
 
 def elf_instructions(paths: Iterable[str]) -> Iterator[bytes]:
-    from ..errors import RelocverifyError
-    from ..image.functions import find_functions, iter_instruction_spans
     from ..image.loader import load_image
 
     for path in paths:
@@ -121,7 +119,6 @@ def corpus_instructions(files: Iterable[str] | None = None) -> Iterator[bytes]:
 
 def plan_instructions(raws: Iterable[bytes], at: int = 0xFFFFFFFF81234560,
                       tramps: tuple[int, ...] = (0xFFFFFFFFC0001000, 0x00007F0000001000)) -> Iterator[bytes]:
-    from ..plan.plan import PlanKind, make_plan
     from ..x86.decode import decode
 
     for raw in raws:

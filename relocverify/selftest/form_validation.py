@@ -45,6 +45,9 @@ from ..processes import fork_map
 from ..proof import evaluation as EV
 from ..proof import semantics as S
 from ..proof.forms import IMMEDIATE_BLIND, InsnFacts, facts
+from ..proof.lifter_checks import loose_reasons
+from ..x86.decode import decode
+from ..x86.instruction import Instruction
 from ..x86.registers import GPR64, MASK64
 
 CODE_AT = 0x30000100  # within rel32 reach of the arena, so a RIP-relative operand can be aimed into it
@@ -159,10 +162,6 @@ def fault_class(fault: str | None) -> frozenset[str] | None:
 
 def is_floating_point(raw: bytes) -> bool:
     """VEX computes floating point for this instruction (its IR has an F32/F64 operation)."""
-    from ..proof.lifter_checks import loose_reasons
-    from ..x86.decode import decode
-    from ..x86.instruction import Instruction
-
     d = decode(raw, CODE_AT)
     return isinstance(d, Instruction) and any("floating point" in r for r in loose_reasons(d))
 

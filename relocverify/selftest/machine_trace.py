@@ -42,8 +42,9 @@ from unicorn import (UC_ARCH_X86, UC_ERR_INSN_INVALID, UC_HOOK_CODE, UC_HOOK_INS
                      UC_PROT_ALL, UC_TLB_VIRTUAL, Uc, UcError)
 from unicorn import x86_const as X
 
-from ..concrete.machine import UC_REGISTERS, VECTORS, unicorn_defect
+from ..concrete.machine import UC_REGISTERS, VECTORS, is_rep_string, unicorn_defect
 from ..concrete.outcome import MachineState
+from ..concrete.states import PAD
 from ..x86.registers import GPR64, MASK64
 
 PAGE = 0x1000
@@ -392,8 +393,6 @@ NOP = b"\x90"
 
 def exits(orig: bytes, at: int) -> tuple[int, ...]:
     """Where the original can go: A+len, its branch target, the pad the states send indirect transfers to."""
-    from ..concrete.states import PAD
-
     ins = iced.Decoder(64, orig, ip=at).decode()
     out = {(at + len(orig)) & MASK64, PAD}
     if ins.op_count and ins.op0_kind in (iced.OpKind.NEAR_BRANCH16, iced.OpKind.NEAR_BRANCH32,
@@ -405,8 +404,6 @@ def exits(orig: bytes, at: int) -> tuple[int, ...]:
 def sides(orig: bytes, at: int, reloc: bytes, tramp: int, continuation: bool = False) -> tuple[Side, Side]:
     """The original at A and the relocation at T (with the probe's int3 at A), and with ``continuation`` a
     NOP at each exit outside the code, the instruction after A+len that a deferred trap or shadow acts on."""
-    from ..concrete.machine import is_rep_string
-
     after = tuple((e, NOP) for e in exits(orig, at) if continuation and not at <= e < at + len(orig)
                   and not tramp <= e < tramp + len(reloc))
     original = Side(((at, orig),) + after, (at, len(orig)), at, at, is_rep_string(orig))

@@ -37,6 +37,8 @@ from typing import Callable
 import iced_x86 as iced
 
 from ..concrete import states as ST
+from ..plan.plan import PlanKind, make_plan
+from ..proof import form_table
 from ..proof.forms import facts
 
 AT = 0x30000100
@@ -98,8 +100,6 @@ def _wants_store(raw: bytes) -> bool:
 def _wants_validated(raw: bytes) -> bool:
     """A shape whose form the CPU validated (exact or loose): controls are drawn from these, since the checker
     rightly proves nothing about an unvalidated form."""
-    from ..proof import form_table
-
     f = facts(raw)
     return f is not None and form_table.load().status(f.form) in ("exact", "loose")
 
@@ -107,8 +107,6 @@ def _wants_validated(raw: bytes) -> bool:
 def _wants_exact(raw: bytes) -> bool:
     """A shape whose form the CPU validated exact: a control that moves the instruction's operands around
     (not a re-execution of the original) is provable only for these."""
-    from ..proof import form_table
-
     f = facts(raw)
     return f is not None and form_table.load().status(f.form) == "exact"
 
@@ -190,7 +188,6 @@ def with_back(body: bytes, shape: Shape, tramp: int = TRAMP) -> bytes:
 
 
 def own_plan(shape: Shape) -> bytes | None:
-    from ..plan.plan import PlanKind, make_plan
     from ..x86.decode import decode
 
     plan = make_plan(decode(shape.raw, AT), TRAMP)

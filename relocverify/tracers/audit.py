@@ -41,9 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..concrete.cpu import identity
 from ..engine.keys import KeyMaker, per_instance
+from ..outputs import write_atomic
 from ..proof.cache_key import cache_tag, reusable
-from ..proof.verdict import Verdict
+from ..proof.verdict import ProofResult, Verdict
 from ..store.cache import CachedProof, ProofCache
 from ..store.store import Results, site_kinds
 from ..x86.decode import decode
@@ -347,7 +349,6 @@ class Auditor:
         if not isinstance(answer, RelocateBlock) or answer.entries:
             return None
         from ..proof.block import FAST_PATH_REASON, composed
-        from ..proof.verdict import ProofResult
 
         before = len(self.pieces)
         ok = composed(answer.block, self.pieces)
@@ -434,8 +435,6 @@ class Auditor:
 
 def _judge_tag() -> bytes:
     """This CPU as the judge sees it, under its feature mask (``concrete.cpu.identity``)."""
-    from ..concrete.cpu import identity
-
     return b"|cpu:" + hashlib.blake2b(json.dumps(identity().as_json(), sort_keys=True).encode(),
                                       digest_size=8).hexdigest().encode()
 
@@ -570,6 +569,4 @@ def summary_path(store_path: str) -> str:
 
 
 def save_summary(store_path: str, summary: dict) -> None:
-    from ..outputs import write_atomic
-
     write_atomic(summary_path(store_path), json.dumps(summary, indent=1))

@@ -36,6 +36,8 @@ from pathlib import Path
 from ..environment import default_cache_dir
 from ..errors import InputError
 from ..x86.decoders import linux_insn
+from ..x86.registers import GPR64
+from . import linux_facts as lf
 
 UPROBES = "arch/x86/kernel/uprobes.c"
 CORE = "arch/x86/kernel/kprobes/core.c"
@@ -238,7 +240,6 @@ def compare(spec: str, items: list[tuple[int, bytes]], tramp: int, examples: int
     """Compile the kernel's decisions from the ``spec`` source and compare them with the Python models
     (``uprobes@spec`` and ``kprobes@spec``) over (address, bytes) items.  Returns per decision the
     instructions checked and every disagreement (a few examples each)."""
-    from . import linux_facts as lf
     from .kprobes_6_1 import MODEL as K61
     from .kprobes_6_12 import MODEL as K612
     from .uprobes_6_1 import MODEL as U61
@@ -395,7 +396,6 @@ def emulation_decisions(spec: str, items: list[tuple[int, bytes]]) -> list[tuple
 def compare_emulation(spec: str, items: list[tuple[int, bytes]], tramp: int, examples: int = 5) -> dict:
     """The kprobes model's ``emulation`` against the compiled prepare_emulation: the same emulator (or
     the same refusal, or none), and the same relative target, register and condition."""
-    from . import linux_facts as lf
     from .kprobes import JCC
     from .kprobes_6_1 import MODEL as K61
     from .kprobes_6_12 import MODEL as K612
@@ -432,8 +432,6 @@ def compare_emulation(spec: str, items: list[tuple[int, bytes]], tramp: int, exa
                 if which == 5:
                     same = same and jump.cond == JCC[byte & 0xF]
             if same and isinstance(ans, Emulate) and which in (7, 8):
-                from ..x86.registers import GPR64
-
                 value = ans.effects[0].value if which == 7 else ans.effects[0].to
                 same = value.name == GPR64[reg]
             if same and which:
@@ -539,7 +537,6 @@ def compare_xol(spec: str, items: list[tuple[int, bytes]], examples: int = 5) ->
     """The uprobes model's branch and push emulation against the compiled branch_setup_xol_ops and
     push_setup_xol_ops, over the instructions uprobe_init_insn accepts: the same choice (emulated
     branch, emulated push, refused, or single-stepped), offset, condition and register."""
-    from . import linux_facts as lf
     from .kprobes import JCC
     from .model import Emulate, Refuse
     from .uprobes_6_1 import MODEL as U61
@@ -668,7 +665,6 @@ def compare_optprobes(spec: str, items: list[tuple[int, bytes]], examples: int =
     """The optprobes model's per-instruction tests of ``can_optimize`` against opt.c compiled: the
     indirect-jump test (``optprobes.indirect_jump``) and the jump target ``insn_jump_into_range``
     reads (``optprobes.jump_target``: whether there is one, and which)."""
-    from . import linux_facts as lf
     from .optprobes import indirect_jump, jump_target
 
     lib = opt_library(spec)

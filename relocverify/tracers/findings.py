@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import ctypes
 import itertools
+import re
 import tarfile
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -39,6 +40,7 @@ from ..plan.effects import Const, Push
 from ..x86.decoders import linux_insn
 from ..x86.registers import MASK64
 from . import compiled
+from . import linux_facts as lf
 from .kprobes import CORE, Kprobes
 from .kprobes_6_1 import SOURCE as KPROBES_SOURCE_6_1
 from .model import Cite, Emulate, Refuse
@@ -343,8 +345,6 @@ def kprobes_decisions(spec: str, items: list[tuple[int, bytes]], apply: bool = T
 def xol_library(spec: str, apply: bool = True):
     """uprobes' branch_setup_xol_ops and push_setup_xol_ops from the ``spec`` source, patch 05 applied or
     not, with ``compiled``'s shims and glue (``tc_xol``)."""
-    import re
-
     def text() -> str:
         source = source_files(spec, (UPROBES,))[UPROBES]
         m = re.search(r"^#define CASE_COND.*?(?=^static bool is_cond_jmp_opcode)", source, re.S | re.M)
@@ -381,8 +381,6 @@ def compare(spec: str, items: list[tuple[int, bytes]], tramp: int, examples: int
     """The patched models against the patched compiled code over (address, bytes) items: kprobes'
     emulator choice, the pushed return address and new ip of an emulated call, ``can_boost``; uprobes'
     branch/push emulation.  Returns per decision the instructions checked and the disagreements."""
-    from . import linux_facts as lf
-
     kp, up = {"6.1": (KPROBES_6_1, UPROBES_6_1)}[spec]
     result = {name: {"checked": 0, "differ": 0, "examples": []}
               for name in ("prepare_emulation", "kprobe_emulate_call", "can_boost", "branch_setup_xol_ops")}

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import time
 
+from ..concrete.cpu_replay import replay_on_cpu
+from ..concrete.outcome import Difference
 from ..engine.pipeline import WATCHDOG_MARGIN_S, ProofTimeout, watchdog
 from ..plan.plan import Plan, PlanKind, make_plan
 from ..processes import refused
 from ..proof.cache_key import cache_key
 from ..proof.machine_model import Machine
 from ..proof.verdict import Counterexample, ProofResult, Verdict
+from ..x86.decode import decode
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
 from .model import Answer, Emulate, Refuse, Relocate, RelocateBlock, Unmodelled
@@ -114,7 +117,6 @@ def replay_unconfirmed(insn: Instruction, answer: Answer, result: ProofResult) -
     if result.verdict is not Verdict.UNKNOWN or cex is None or not result.reason.startswith(UNCONFIRMED) \
             or not isinstance(answer, (Relocate, Emulate)):
         return result
-    from ..concrete.cpu_replay import replay_on_cpu
 
     reloc = answer.code if isinstance(answer, Relocate) else None
     effects = answer.effects if isinstance(answer, Emulate) else None
@@ -155,10 +157,6 @@ def entry_refutation(answer: RelocateBlock) -> ProofResult:
     verdict needs no particular jump: the 5 bytes written over [A, A+5) replace the first bytes of
     the instruction at the target.  The displacement shown is the one to T (the real jump aims at
     the slot's template, before T), so its exact bytes are an illustration."""
-    from ..concrete.outcome import Difference
-    from ..proof.verdict import Counterexample
-    from ..x86.decode import decode
-
     block = answer.block
     run = b"".join(i.raw for i in block.instructions)
     patched = b"\xe9" + (block.tramp - block.address - 5 + (1 << 32)).to_bytes(8, "little")[:4] + run[5:]

@@ -36,7 +36,7 @@ from ..proof.machine_model import USER
 from ..plan.effects import Address, Branch, Const, Jump, Let, Load, Push, Reg, Temp
 from ..x86.encoding import jump
 from ..x86.instruction import Instruction
-from ..x86.registers import GPR64, MASK64
+from ..x86.registers import GPR64, MASK64, reg_family
 from . import linux_facts as lf
 from .kprobes import JCC
 from .model import NO_CONTEXT, Answer, Cite, Context, Emulate, Refuse, Relocate, Unmodelled, jump_back
@@ -244,7 +244,6 @@ def _operand(insn: Instruction, d, stream: bytes, nxt: int):
     mem = insn.memory
     if mem.base == "rip":
         return Load(Address(disp=insn.rip_target, segment=mem.segment, address_size=mem.address_size), 8)
-    from ..x86.registers import reg_family
 
     return Load(Address(base=reg_family(mem.base) if mem.base else None,
                         index=reg_family(mem.index) if mem.index else None, scale=mem.scale,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from ...errors import InputError
+from .external import ExternalAdapter
+from .linux_insn import cached_adapter
+from .objdump import ObjdumpAdapter
 from .protocol import Decoder
 
 NAMES = ("capstone", "iced", "vex", "objdump")
@@ -20,15 +23,12 @@ def get_adapter(name: str) -> Decoder:
         from .vex import VexAdapter
         return VexAdapter()
     if name == "objdump":
-        from .objdump import ObjdumpAdapter
         return ObjdumpAdapter()
     if name.startswith("linux-insn@"):
-        from .linux_insn import cached_adapter
         return cached_adapter(name)
     raise InputError(f"unknown decoder {name!r}: choose one of {', '.join(NAMES)}, linux-insn@VERSION "
                      f"or linux-insn@/path/to/linux, or give --decoder-cmd")
 
 
 def external_adapter(command: str) -> Decoder:
-    from .external import ExternalAdapter
     return ExternalAdapter(command)

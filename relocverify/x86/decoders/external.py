@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shlex
 import signal
 import subprocess
 import threading
+import time
 
 from ...errors import InputError
 from .protocol import Facts, delta, error
@@ -129,9 +131,6 @@ class ExternalAdapter:
         return lines
 
     def _answers(self, proc, n: int, tail: "_Tail") -> list[str]:
-        import selectors
-        import time
-
         lines: list[str] = []
         buf = b""
         sel = selectors.DefaultSelector()
