@@ -93,7 +93,7 @@ def _names_a_location(words: list[str]) -> bool:
 def _default_image(args) -> str:
     """A location with no ``--image`` is read in the default kernel, as ``vmlinux`` and ``audit`` default to it,
     when it is in the cache already (a typo must not start a 300 MB download); else say how to give one."""
-    from ..engine.verify import DEFAULT_KERNEL
+    from ..engine.requests import DEFAULT_KERNEL
     from ..image.fetch import cached_vmlinux
 
     path = cached_vmlinux(DEFAULT_KERNEL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ..engine.verify import DEFAULT_KERNEL  # what ``relocverify vmlinux`` verifies when given no path
+from ..engine.requests import DEFAULT_KERNEL  # what ``relocverify vmlinux`` verifies when given no path
 from .finish import finish, next_steps
 from .render import escape
 

@@ -34,8 +34,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engine.verify import kernel_parts
 from ..environment import default_cache_dir
 from ..errors import InputError
+from ..image import bzimage
+from ..image.debian import unpacked
+from ..image.fetch import KERNELS, fetch
 from . import initramfs
 from .script import INIT
 from .triggers import PROGRAMS, needed_modules
@@ -65,8 +69,6 @@ def confirm_cache(cache_dir: str | None = None) -> Path:
 
 def build_guest(package: str, dbg: str | None = None, cache_dir: str | None = None, say=None) -> Guest:
     """The cached guest of ``package``, built on first use (see the module doc)."""
-    from ..engine.verify import kernel_parts
-
     parts = kernel_parts(package, dbg, progress=say)
     if not parts.release:
         raise InputError(f"{package}: no kernel release found (no lib/modules/<release>, no boot/vmlinuz-<release>)")
@@ -141,16 +143,12 @@ def is_static(path: str) -> bool:
 
 def _boot_image(package: str, parts, cache_dir: str | None) -> str:
     """The package's bzImage (or a kernel ELF) to boot."""
-    from ..image.fetch import KERNELS, fetch
-
     if package in KERNELS:
         return fetch(package, cache_dir).vmlinuz
     candidates = []
     if os.path.isdir(package):
         candidates.append(Path(package) / "boot" / f"vmlinuz-{parts.release}")
     elif os.path.isfile(package):
-        from ..image.debian import unpacked
-
         candidates.append(unpacked(package, cache_dir) / "boot" / f"vmlinuz-{parts.release}")
     candidates.append(Path(parts.vmlinux))
     for path in candidates:
@@ -162,8 +160,6 @@ def _boot_image(package: str, parts, cache_dir: str | None) -> str:
 def _kernel_elf(path: str, directory: Path, release: str) -> Path:
     """The kernel ELF with a PVH note: ``path`` itself, or the ELF inside the bzImage ``path`` (extracted
     once into ``directory``, shared by every guest of that bzImage)."""
-    from ..image import bzimage
-
     with open(path, "rb") as handle:
         head = handle.read(0x400)
         if head[:4] == b"\x7fELF":

@@ -24,12 +24,16 @@ if TYPE_CHECKING:
     from ..image.image import Image
     from .run import RunOptions
 
+#: What a ``KernelRequest`` (or ``engine.verify.image_request``) verifies when given no path: a named kernel
+#: (``image.fetch.KERNELS``), downloaded on first use.
+DEFAULT_KERNEL = "debian-6.1-cloud"
+
 
 @dataclass(frozen=True)
 class KernelRequest:
     """A kernel image verified into one store, as ``relocverify vmlinux`` asks."""
 
-    path: str | None  # a vmlinux ELF or a bzImage; None: ``engine.verify.DEFAULT_KERNEL``, downloaded on first use
+    path: str | None  # a vmlinux ELF or a bzImage; None: ``DEFAULT_KERNEL``, downloaded on first use
     options: RunOptions
     db: str | None = None  # None: ``relocverify-<sha>.sqlite`` beside the image (``engine.verify.default_store``)
     system_map: str | None = None  # System.map or kallsyms, for a stripped vmlinux or a bzImage
@@ -96,4 +100,5 @@ Request = Union[KernelRequest, ElfRequest, ModuleRequest, PackageRequest, ImageR
 #: Every kind of request, in the order the module docstring lists them.
 REQUESTS: tuple[type, ...] = (KernelRequest, ElfRequest, ModuleRequest, PackageRequest, ImageRequest)
 
-__all__ = ["REQUESTS", "ElfRequest", "ImageRequest", "KernelRequest", "ModuleRequest", "PackageRequest", "Request"]
+__all__ = ["DEFAULT_KERNEL", "REQUESTS", "ElfRequest", "ImageRequest", "KernelRequest", "ModuleRequest",
+           "PackageRequest", "Request"]

@@ -18,6 +18,7 @@ crashing worker makes the instructions concerned ``unknown`` with the reason, an
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..store.cache import CachedFinding, ProofCache
 from ..store.shard import leftover_shards
 from ..store.store import Store
 from ..versions import tool_versions
+from ..schedule.dask_pool import DaskPool
 from ..schedule.local_pool import LocalPool
 from ..schedule.phase import drive
 from ..schedule.progress import Progress
@@ -145,8 +147,6 @@ def make_pool(job: Job, options: RunOptions, smt: SmtHelper | None = None):
     """The run's executor: the local process pool (the default), or a Dask cluster; its workers send their SMT
     checks to ``smt`` when given (forked once it listens)."""
     if options.scheduler is not None or options.dask_local is not None:
-        from ..schedule.dask_pool import DaskPool
-
         return DaskPool(ENGINE_WORKERS, job, scheduler=options.scheduler, local_workers=options.dask_local)
     if smt is not None:
         from ..proof import prove  # noqa: F401 - the proofs' own modules, shared by the workers (not the SMT check)
@@ -494,8 +494,6 @@ def _again(identity: str, store_path: str, config: str, options: RunOptions, t0:
     """The same command again: when the store holds a complete run of this image under this
     configuration and scope, and every function of the image is stored under it, that run's
     summary is the answer (recorded as a new run), without finding functions or sites."""
-    import os
-
     if not os.path.exists(store_path):
         return None
     store = Store(store_path)

@@ -13,30 +13,31 @@ audit reads: ``tracers.run.audit`` audits each image as it is handed over).  The
 arguments, builds a request, calls ``verify`` and renders what it returns (``cli.vmlinux``, ``cli.module``,
 ``cli.package``, ``cli.elf``).
 
-Only light modules are imported here at first: the command line imports this module (for
-``DEFAULT_KERNEL``) before it parses its arguments; the engine is imported when an image is verified.
+The engine's heavy modules (the loader, ``engine.run``, the module layout) are imported when an image is
+verified; the command line does not import this module before it runs a command (it takes ``DEFAULT_KERNEL``
+from ``engine.requests``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..errors import InputError
+from ..errors import InputError, RelocverifyError
+from ..image.debian import KernelParts, from_debs, from_directory
+from ..image.fetch import KERNELS, fetch, named_parts
+from ..schedule.progress import Progress
+from ..store.store import Results, Store
 from ..x86.registers import KERNEL_HALF
-from .requests import ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest, Request
+from .requests import DEFAULT_KERNEL, ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest, Request
+from .summary import RunSummary, empty_summary, totals_over
 
 if TYPE_CHECKING:
-    from ..image.debian import KernelParts
     from ..image.image import Image
     from .run import RunOptions
-    from .summary import RunSummary
-
-#: What a ``KernelRequest`` (or ``image_request``) verifies when given no path: a named kernel
-#: (``image.fetch.KERNELS``), downloaded on first use.
-DEFAULT_KERNEL = "debian-6.1-cloud"
 
 #: Where a user-space tracer's trampolines live relative to the code: a page 1 MiB past the
 #: image's end, as uprobes maps its execute-out-of-line page into the process.
@@ -145,9 +146,6 @@ def _not_x86_64_elf(path: str) -> str | None:
 def kernel_parts(source: str, dbg: str | None, progress: Say = None) -> KernelParts:
     """The vmlinux and modules ``source`` names (``image.debian.KernelParts``): a named kernel
     (``image.fetch.KERNELS``), a Debian kernel image ``.deb`` (with its ``-dbg`` package), or a directory."""
-    from ..image.debian import from_debs, from_directory
-    from ..image.fetch import KERNELS, named_parts
-
     if dbg is not None and (source in KERNELS or os.path.isdir(source)):
         raise InputError(f"--dbg goes with a linux-image .deb; {source} is a "
                          f"{'named kernel' if source in KERNELS else 'directory'}")
@@ -185,8 +183,6 @@ def _hand_over(on_image: OnImage, name: str, summary: dict, image: Image, db: st
 
 def _stored_id(db: str, image: Image) -> int | None:
     """The id of ``image`` in the store ``db`` (None: not there)."""
-    from ..store.store import Results
-
     results = Results(db)
     try:
         return results.find_image(image.identity)
@@ -197,7 +193,6 @@ def _stored_id(db: str, image: Image) -> int | None:
 def _verify_one(image: Image, db: str, options: RunOptions, say: Say, on_image: OnImage) -> dict:
     """``image`` verified into ``db`` (``run.run``, with progress bars when ``say`` is given), then handed
     to ``on_image`` by its path; its summary."""
-    from ..schedule.progress import Progress
     from .run import run
 
     summary = run(image, db, options, Progress(enabled=say is not None))
@@ -207,8 +202,6 @@ def _verify_one(image: Image, db: str, options: RunOptions, say: Say, on_image: 
 
 def _one_summary(summary: dict, db: str, options: RunOptions, jumps: bool = False) -> RunSummary:
     """The ``RunSummary`` of one image's run; ``jumps``: complete only if the jump probes' totals add up too."""
-    from .summary import RunSummary
-
     complete = _complete(summary) and (not jumps or summary["jump_probe"]["totals_add_up"])
     return RunSummary(summary, db, summary["by_verdict"], summary["totals_add_up"], complete,
                       wall_s=summary["wall_s"], tramp=options.tramp)
@@ -251,8 +244,6 @@ def _default_kernel(path: str | None, say: Say) -> str:
     """``path``, or when None the vmlinux of ``DEFAULT_KERNEL`` (downloaded on first use)."""
     if path is not None:
         return path
-    from ..image.fetch import fetch
-
     return str(fetch(DEFAULT_KERNEL, None, progress=say).vmlinux)
 
 
@@ -263,8 +254,6 @@ def image_request(path: str | None, options: RunOptions, db: str | None = None, 
     is.  A kernel is to be verified with ``options``, as a ``KernelRequest`` is; a user-space file as an
     ``ElfRequest``'s file is, by the user-space policy, without sites, with its slot
     ``user_trampoline(image, trampoline_base)``; into ``db`` (None: ``default_store``, beside the image)."""
-    from dataclasses import replace
-
     from ..image.loader import load_image, require_kernel
 
     path = _default_kernel(path, say)
@@ -292,8 +281,6 @@ def _verify_elf(request: ElfRequest, say: Say, on_image: OnImage) -> RunSummary:
     (None: ``relocverify-user.sqlite`` in the current directory), on one session's workers; a file that
     does not load, or is a kernel, is skipped with its reason, not the run.  ``complete``: every total
     adds up, the jump probes' too when asked for.  Each file verified is handed to ``on_image``."""
-    from dataclasses import replace
-
     paths, db, base = list(request.paths), request.db, request.trampoline_base
     options = replace(request.options, policy="user", with_sites=False)
     if len(paths) == 1 and not os.path.isdir(paths[0]):
@@ -303,8 +290,6 @@ def _verify_elf(request: ElfRequest, say: Say, on_image: OnImage) -> RunSummary:
 
 def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, say: Say,
              on_image: OnImage) -> RunSummary:
-    from dataclasses import replace
-
     from ..image.loader import load_image
 
     image = load_image(path)
@@ -315,14 +300,9 @@ def _one_elf(path: str, options: RunOptions, db: str | None, base: int | None, s
 
 def _many_elf(paths: list[str], options: RunOptions, db: str | None, base: int | None, say: Say,
               on_image: OnImage) -> RunSummary:
-    from dataclasses import replace
-
-    from ..errors import RelocverifyError
     from ..image.functions import find_functions
     from ..image.loader import load_image
-    from ..schedule.progress import Progress
     from .run import Session, run
-    from .summary import RunSummary, empty_summary
 
     files, skipped = elf_files(paths)
     if not files:
@@ -363,7 +343,6 @@ def _add_up(summaries: dict[str, dict], jump_probes: bool) -> tuple[dict[str, in
     """Over a batch's images: the verdict totals, whether each image's totals add up, and with jump probes
     their totals (``jumps.jump_totals``), else None."""
     from .jumps import jump_totals
-    from .summary import totals_over
 
     totals, adds_up = totals_over(summaries.values())
     jumps = jump_totals(s["jump_probe"] for s in summaries.values()) if jump_probes else None
@@ -389,9 +368,7 @@ def _verify_modules(request: ModuleRequest, say: Say, on_image: OnImage) -> RunS
     from ..image.functions import find_functions
     from ..image.loader import load_image, require_kernel
     from ..image.module import MODULE_BASE, MODULES_END, MODULES_VADDR, load_modules
-    from ..schedule.progress import Progress
     from .run import run
-    from .summary import RunSummary, empty_summary
 
     modules, options, db = list(request.modules), request.options, request.db
     vmlinux = load_image(request.kernel, request.system_map)
@@ -426,13 +403,8 @@ def _verify_package(request: PackageRequest, say: Say, on_image: OnImage) -> Run
     (``KernelParts.used``) before any is verified; ``on_image`` each image as soon as it is verified, the
     vmlinux first.  The document holds the source, every image's summary (the vmlinux's first), the totals
     and the wall time of each half; ``complete``: every total adds up, the jump probes' too when asked for."""
-    import contextlib
-
     from ..image.loader import load_image, require_kernel
-    from ..store.store import Store
-    from ..schedule.progress import Progress
     from .run import Session, run
-    from .summary import RunSummary
 
     source, options, db, dbg = request.source, request.options, request.db, request.dbg
     parts = kernel_parts(source, dbg, say)
@@ -472,9 +444,7 @@ def _package_modules(modules: tuple[tuple[str, str], ...], vmlinux: Image, db: s
     and one for a module whose totals do not add up."""
     from ..image.functions import find_functions
     from ..image.module import load_modules
-    from ..schedule.progress import Progress
     from .run import run
-    from .summary import empty_summary
 
     quiet = Progress(enabled=False)
     for k, ((name, path), (_, image)) in enumerate(zip(modules, load_modules([p for _, p in modules], vmlinux))):

@@ -32,12 +32,14 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -74,8 +76,6 @@ def _private_dir() -> str:
             base = distributed.get_worker().local_directory
             _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-", dir=base)
         except (ImportError, ValueError, OSError):
-            import atexit
-
             _STATE["dir"] = tempfile.mkdtemp(prefix="relocverify-dask-")
             atexit.register(shutil.rmtree, _STATE["dir"], True)
     return _STATE["dir"]
@@ -274,8 +274,6 @@ def _connect(scheduler):
 def _answered(call, seconds: float, what: str):
     """``call()``'s value, or WorkerError when it has not returned within ``seconds`` (the call is left on a
     daemon thread, which the process's end takes with it)."""
-    import threading
-
     box: dict = {}
 
     def run():

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from ..errors import RelocverifyError
+from .watchdog import ProofTimeout, own_alarm, watchdog
+
 
 class SmtHelper:
     """A process that imports the SMT check and serves it, for as long as the session that started it.
@@ -120,7 +122,6 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection, first: 
             pass
         first_end.close()
     from ..proof.smt_check import check_by_smt  # the import this process exists for
-    from .watchdog import ProofTimeout, own_alarm, watchdog
 
     own_alarm()
     selector = selectors.DefaultSelector()

@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from ..engine.requests import ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest
 from ..engine.verify import VerifiedImage, verify
 from ..errors import InputError
+from ..image.functions import find_functions
+from ..kernel.patch_range import PatchRanges
+from ..kernel.sites import find_sites
+from ..store.confirmations import attach
 from .audit import BUCKETS, EXAMPLES, Auditor, ImageFacts, audit_store
+from .optprobes import entries_of
 
 if TYPE_CHECKING:
     from ..engine.requests import Request
@@ -96,8 +101,6 @@ class AuditSummary:
         (``store.confirmations.attach``: a copy of the document; the typed fields stay as they are)."""
         if not confirmations:
             return self
-        from ..store.confirmations import attach
-
         return replace(self, document=attach(copy.deepcopy(self.document), confirmations))
 
 
@@ -105,11 +108,6 @@ def image_facts(image, sites: bool, thunks: tuple[int, int] | None = None) -> Im
     """What optprobes reads from an image: the retpoline thunk range (``thunks``, else the image's
     own ``__indirect_thunk_start..end``), and every transfer into a range (``kernel.patch_range``:
     one walk over every function, and the site tables when ``sites``)."""
-    from ..image.functions import find_functions
-    from ..kernel.patch_range import PatchRanges
-    from ..kernel.sites import find_sites
-    from .optprobes import entries_of
-
     ranges = PatchRanges(image, find_functions(image), find_sites(image) if sites else None)
     if thunks is None:
         thunks = _thunks(image)
