@@ -23,20 +23,28 @@ class Seal:
     """Seals made and checked with one cache directory's key."""
 
     def __init__(self, directory: str):
-        self.key = _key(os.path.join(directory, KEY_FILE))
+        self._keyed(_key(os.path.join(directory, KEY_FILE)))
 
     @classmethod
     def of_key(cls, key: bytes) -> "Seal":
         """Seals made and checked with ``key`` itself (a result store keeps its own: ``store.row_seals``)."""
         seal = cls.__new__(cls)
-        seal.key = key
+        seal._keyed(key)
         return seal
 
+    def _keyed(self, key: bytes) -> None:
+        self.key = key
+        self._keyed_hash = hashlib.blake2b(key=key, digest_size=MAC_SIZE)  # copied by each MAC: the key hashed once
+
+    def __reduce__(self):
+        return Seal.of_key, (self.key,)
+
     def mac(self, *parts: bytes) -> bytes:
-        h = hashlib.blake2b(key=self.key, digest_size=MAC_SIZE)
+        h = self._keyed_hash.copy()
+        update = h.update
         for part in parts:
-            h.update(len(part).to_bytes(8, "little"))
-            h.update(part)
+            update(len(part).to_bytes(8, "little"))
+            update(part)
         return h.digest()
 
     def seal(self, data: bytes, *context: bytes) -> bytes:
