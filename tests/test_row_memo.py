@@ -235,3 +235,59 @@ def test_kept_rows_are_as_a_warm_run_writes_them():
     assert kept_full == [(12, 1, 0, "its own reason", 2, None, None), (14, 2, 0, None, 3, 8, '{"iced": "x"}')]
     assert reasoned == [(9, "retpoline: call *%rax", 1, "its own")]
     assert unpack_rows(value[:-3]) is None and unpack_rows(b"junk") is None
+
+
+@pytest.mark.slow
+def test_a_copying_run_killed_resumes_to_the_rows_and_seals_of_an_uninterrupted_one(tmp_path):
+    """kill -9 while the workers copy the kernel's rows from the proof cache into their shards (each copied
+    function sealed by its worker, ``engine.row_keeper``); the next run merges what they finished, copies the
+    rest, and the store holds what an uninterrupted copying run writes, every seal as its rows give it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from relocverify.store.shard import leftover_shards
+
+    vmlinux = fetch("debian-6.1-cloud").vmlinux
+    base = [sys.executable, "-m", "relocverify", "vmlinux", vmlinux, "--jobs", "2", "--no-progress", "--cache-dir",
+            str(tmp_path / "cache")]
+    assert subprocess.run(base + ["--db", str(tmp_path / "cold.sqlite")], capture_output=True).returncode == 0
+    killed, clean = tmp_path / "killed.sqlite", tmp_path / "clean.sqlite"
+    proc = subprocess.Popen(base + ["--db", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not _copied_in_shards(killed):
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert leftover_shards(str(killed))
+    assert subprocess.run(base + ["--db", str(killed)], capture_output=True).returncode == 0
+    assert subprocess.run(base + ["--db", str(clean)], capture_output=True).returncode == 0
+    assert not leftover_shards(str(killed))
+    assert _stored(killed, proof_times=False) == _stored(clean, proof_times=False)
+    for db in killed, clean:
+        store = Results(str(db))
+        try:
+            store.check_seals()
+        finally:
+            store.close()
+
+
+def _copied_in_shards(db) -> bool:
+    """Whether a worker's shard next to the store holds a function it copied and sealed."""
+    from relocverify.store.shard import leftover_shards
+
+    for path in leftover_shards(str(db)):
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                if con.execute("SELECT count(*) FROM seals").fetchone()[0]:
+                    return True
+            finally:
+                con.close()
+        except sqlite3.Error:
+            pass
+    return False

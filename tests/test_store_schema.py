@@ -22,4 +22,5 @@ def test_a_shards_row_tables_are_the_stores():
     assert shard["variants"] == named  # a shard names a variant by its text
     assert [c[1:] for c in shard["new_outcomes"]] == [c[1:] for c in store["outcomes"]]
     assert shard["new_outcomes"][0][0] == "pid" and store["outcomes"][0][0] == "id"
-    assert set(shard) == {"instructions", "packed", "variants", "counterexamples", "new_outcomes", "new_names", "done"}
+    assert set(shard) == {"instructions", "packed", "variants", "counterexamples", "new_outcomes", "new_names", "done",
+                          "seals", "seal_outcomes"}

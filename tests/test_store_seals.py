@@ -244,3 +244,80 @@ def test_the_tracer_audit_judges_tracers_against_no_altered_verdict(built, tmp_p
             audit_store(path, auditor)
     finally:
         auditor.close()
+
+
+def _copied_run(built, tmp_path, monkeypatch) -> tuple[str, list[int]]:
+    """A cold run with a proof cache, then one into a new store that copies every function's rows from it; the
+    copied run's store, and how many functions its merges sealed from the rows as stored."""
+    from relocverify.store import shard
+
+    image = built[0]
+    cache = str(tmp_path / "cache")
+    assert _cli("vmlinux", image, "--db", str(tmp_path / "cold.sqlite"), "--no-progress", "--cache-dir", cache)[0] \
+        in (0, 1)
+    sealed = []
+    real = shard.seal_functions
+    monkeypatch.setattr(shard, "seal_functions", lambda db, where, args=(): sealed.append(real(db, where, args)) or
+                        sealed[-1])
+    path = str(tmp_path / "copied.sqlite")
+    code, _, err = _cli("vmlinux", image, "--db", path, "--no-progress", "--cache-dir", cache, "--summary-json",
+                        str(tmp_path / "copied.json"))
+    assert code in (0, 1), err
+    assert '"functions_reused": 3' in (tmp_path / "copied.json").read_text()
+    return path, sealed
+
+
+def test_copied_rows_carry_the_seals_their_workers_made(built, tmp_path, monkeypatch):
+    """A function copied from the proof cache is sealed by the worker that copies it (``engine.row_keeper``),
+    and the merge stores that seal: it seals none itself, and every reader finds the seals the store's own
+    rows give (the same store as a walk writes: ``test_row_memo``)."""
+    path, sealed = _copied_run(built, tmp_path, monkeypatch)
+    assert sum(sealed) == 0
+    assert _checks(path)
+    con = sqlite3.connect(path)
+    from relocverify.store import row_seals
+
+    assert row_seals.broken(con) == {} and con.execute("SELECT count(*) FROM seals WHERE owner > 0").fetchone()[0] == 3
+    con.close()
+
+
+def test_a_worker_seal_naming_another_reason_than_the_store_is_not_kept(built, tmp_path, monkeypatch):
+    """Seals that name an outcome with another reason than the store holds (two workers defined it with two
+    reasons; a worker's own reason for an id the store numbered) are not the store's: the merge seals those
+    functions from their rows as stored."""
+    from relocverify.engine.row_keeper import RowKeeper
+
+    real = RowKeeper._outcome_ids_of
+
+    def said_otherwise(self, digests, ids):
+        got = real(self, digests, ids)
+        return got if got is None else got[:4] + ({o: r + " (said otherwise)" for o, r in got[4].items()},)
+
+    monkeypatch.setattr(RowKeeper, "_outcome_ids_of", said_otherwise)
+    path, sealed = _copied_run(built, tmp_path, monkeypatch)
+    assert sum(sealed) == 3
+    assert _checks(path)
+
+
+def test_a_wrong_worker_seal_is_caught_by_every_reader(built, tmp_path, monkeypatch):
+    """The merge keeps a worker's seal as it is: one the rows do not give is a store every reader refuses (so a
+    worker's seal is never trusted blindly), and a run verifies the function again."""
+    from relocverify.engine import row_keeper
+
+    monkeypatch.setattr(row_keeper, "function_mac", lambda seal, *parts: b"\0" * 16)
+    path, sealed = _copied_run(built, tmp_path, monkeypatch)
+    assert sum(sealed) == 0
+    assert not _checks(path)
+    code, _, err = _cli("export", path, "--format", "json")
+    assert code == 2 and "altered after relocverify wrote them" in err
+
+
+def test_a_shard_without_worker_seals_is_sealed_by_the_merge(tmp_path):
+    """A shard written before worker seals (no ``seals`` or ``seal_outcomes`` table) holds none."""
+    from relocverify.store.row_seals import shard_seals_hold
+
+    con = sqlite3.connect(":memory:")
+    con.execute("ATTACH ':memory:' AS old")
+    con.execute("CREATE TABLE old.done (function INTEGER PRIMARY KEY, config INTEGER NOT NULL)")
+    con.execute("CREATE TEMP TABLE idmap (pid INTEGER PRIMARY KEY, final INTEGER NOT NULL)")
+    assert not shard_seals_hold(con, "old", "temp.idmap")

@@ -142,12 +142,22 @@ def kept_rows(n: int, outcomes: bytes, counts: bytes, names: list[str], variants
                                          reasoned)))
 
 
-def unpack_rows(value: bytes) -> tuple | None:
-    """What ``kept_rows`` made, its outcome digests as a list, or None for a damaged value (the function is
-    walked as before)."""
+def unpack_kept(value: bytes) -> tuple | None:
+    """What ``kept_rows`` made, its outcome digests as one string (8 bytes each, by ``k``), or None for a damaged
+    value (the function is walked as before)."""
     try:
-        n, outcomes, counts, names, variants, sites, data, full, reasoned = marshal.loads(_UNPACK.decompress(value))
+        got = marshal.loads(_UNPACK.decompress(value))
+        n, outcomes, counts, names, variants, sites, data, full, reasoned = got
     except (ValueError, TypeError, EOFError, zstandard.ZstdError):
         return None
+    return got
+
+
+def unpack_rows(value: bytes) -> tuple | None:
+    """``unpack_kept``, its outcome digests as a list."""
+    got = unpack_kept(value)
+    if got is None:
+        return None
+    n, outcomes, counts, names, variants, sites, data, full, reasoned = got
     digests = [outcomes[i:i + 8] for i in range(0, len(outcomes), 8)]
     return n, digests, counts, names, variants, sites, data, full, reasoned

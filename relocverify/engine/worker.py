@@ -210,12 +210,13 @@ class SurveyTasks:
         reused = self.kept.reused
         prepared = [self._prepared(fid, context) for fid in fids]
         kept = self.kept.rows_of(self.job.cache_dir, [p[4] for p in prepared]) if context is not None else {}
+        heads = self.kept.heads(self.job, [p[0] for p in prepared if p[4] in kept]) if kept else {}
         for i, (fid, fn, data, here, fkey) in enumerate(prepared):
             if self.current is not None:
                 self.current(i)
             value = kept.get(fkey)
             if value is not None:
-                n = self.kept.reuse(fid, value, batch, self.ids)
+                n = self.kept.reuse(fid, value, batch, self.ids, heads.get(fid))
                 if n is not None:
                     total += n
                     self._tell(n)
@@ -316,7 +317,9 @@ class RowTasks:
             self.kept.flush(self.job.cache_dir)
 
     def close_shard(self) -> str | None:
-        """Close the shard (the run merges it); the next write opens a new one."""
+        """Close the shard (the run merges it); the next write opens a new one.  The store, read for the seals of
+        copied rows, is closed too."""
+        self.kept.close_store()
         path = None if self.shard is None else self.shard.close()
         self.shard = None
         return path
@@ -857,6 +860,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
     def learn_ids(self, final: dict[int, int]) -> None:
         """The store's ids for this worker's provisional outcome ids (see ``OutcomeIds``)."""
         self.ids.learn(final)
+        self.kept.forget_ids()
         self._forget_plain()
         for learned in self.learned.values():
             if learned.ids is not None and learned.ids[0] in final:
@@ -972,6 +976,8 @@ class _Batch:
         self.n_packed = 0
         self.full: list[tuple] = []
         self.variants: list[tuple] = []
+        self.seals: list[tuple[int, bytes]] = []  # (function, its seal) of the functions copied (``RowKeeper.reuse``)
+        self.seal_outcomes: dict[int, str] = {}  # outcome id -> the reason those seals give it
 
     @property
     def n(self) -> int:
@@ -1010,7 +1016,8 @@ class _Batch:
 
     def done(self, ids: OutcomeIds) -> RowBatch:
         """The batch to write (``Worker.write`` adds the definitions of the provisional ids its shard lacks)."""
-        return RowBatch(self.functions, self.packed, self.full, self.variants, self.n)
+        return RowBatch(self.functions, self.packed, self.full, self.variants, self.n, seals=self.seals,
+                        seal_outcomes=self.seal_outcomes)
 
 
 _DROPPED, _FULL, _FRESH = 1, 2, 4  # a special position's flags for ``row_pack.pack``

@@ -9,9 +9,13 @@ fields, instance reason, answers, counterexample) and its variants.  So an ``UPD
 row's outcome id, of the outcomes table, a packed blob, a configuration, or a row copied from another
 function or another store, leaves a seal that no longer matches.
 
-Seals are made in the transaction that stores the rows (``shard.merge``, ``Store.write_replacements``), and
+Seals are stored in the transaction that stores the rows (``shard.merge``, ``Store.write_replacements``), and
 checked by the readers that turn verdicts into claims (``show``, ``export``, ``report``, ``run``): a store with
-a broken or missing seal is refused in one line, whichever row it is (``StoreError``, exit 2).
+a broken or missing seal is refused in one line, whichever row it is (``StoreError``, exit 2).  The merge
+seals a function from its rows as stored, except a function a worker copied from the proof cache
+(``engine.row_keeper``): the worker seals it from the rows it writes to its shard (``function_mac``, the one
+layout both use), and the merge keeps that seal when every outcome it names is stored with the reason the
+worker gave it (``shard_seals_hold``), else seals the shard's functions itself.
 
 The key is 32 random bytes in the store's ``meta`` (``seal_key``), made with the store.  What the seals stop:
 a store edited by any program but relocverify's own writer (``sqlite3``, a script, a copied row).  What they
@@ -141,6 +145,57 @@ def _outcomes(db: sqlite3.Connection) -> dict[int, bytes]:
         "SELECT id, verdict, method, plan_kind, rule, klass, reason_key, reason FROM main.outcomes")}
 
 
+def outcome_fields(outcome: tuple, reason: str) -> bytes:
+    """An outcome as a seal names it: its fields (verdict, method, plan kind, rule, class, reason key) and the
+    reason the store holds for it, as ``_outcomes`` reads them."""
+    return repr((*outcome, reason)).encode()
+
+
+def function_head(db: sqlite3.Connection, fids: list[int], config: int) -> dict[int, tuple[tuple, bytes]]:
+    """function id -> (what its seal says first: the image's SHA-256, the function's start as stored, size, name,
+    section, and the text of configuration ``config``; its bytes), as the store holds them."""
+    out = {}
+    for i in range(0, len(fids), 500):
+        part = fids[i:i + 500]
+        for fid, sha, start, size, name, section, code, text in db.execute(
+                "SELECT f.id, g.sha256, f.start, f.size, f.name, f.section, f.bytes, c.text FROM functions f "
+                "JOIN images g ON g.id = f.image LEFT JOIN configs c ON c.id = ? "
+                f"WHERE f.id IN ({','.join('?' * len(part))})", (config, *part)):
+            out[fid] = ((sha, start, size, name, section, text), code)
+    return out
+
+
+def function_mac(seal: Seal, head: tuple, code: bytes, packed: list[bytes] | None, full: Iterable[tuple],
+                 variants: Iterable[tuple]) -> bytes:
+    """A function's seal: ``head`` and its bytes (``function_head``); its packed row as (its outcomes'
+    ``outcome_fields`` by ``k`` joined by NUL, counts, its variant names by ``j`` joined by NUL, variants, sites,
+    data: None or empty blobs as b""), or None without one; its full rows as (offset, length, outcome's
+    fields, instance reason, proof µs, fresh, sites, answers, and its counterexample's state, differences and
+    replay, or None), by offset; its variants with a reason of their own as (offset, name, outcome's fields,
+    reason), by offset and name.  Each value as SQLite gives it back."""
+    parts = [repr(head).encode(), bytes(code)]
+    if packed is not None:
+        parts += packed
+    parts += [repr(r).encode() for r in full]
+    parts += [repr(r).encode() for r in variants]
+    return seal.mac(*parts)
+
+
+def shard_seals_hold(db: sqlite3.Connection, schema: str, ids: str) -> bool:
+    """Whether the seals in the attached shard ``schema`` (made by its worker, ``function_mac``) are the store's:
+    the shard has them, and every outcome they name is stored with the reason its worker gave it
+    (``seal_outcomes``: an outcome two shards define is stored with the first one's reason, and a worker's
+    reason for an outcome the store numbered is its own).  ``ids``: the table of the merge's provisional ids
+    (``pid``) and their store ids (``final``).  The merge stores every other value the seals cover as the
+    shard holds it, and the functions' head as the worker read it from the store."""
+    if db.execute(f"SELECT count(*) FROM {schema}.sqlite_schema WHERE name IN ('seals', 'seal_outcomes')"
+                  ).fetchone()[0] < 2:
+        return False  # a shard from before worker seals
+    return db.execute(f"SELECT 1 FROM {schema}.seal_outcomes s LEFT JOIN {ids} m ON m.pid = s.outcome "
+                      "LEFT JOIN main.outcomes o ON o.id = coalesce(m.final, s.outcome) "
+                      "WHERE o.reason IS NOT s.reason LIMIT 1").fetchone() is None
+
+
 def _function_macs(db: sqlite3.Connection, seal: Seal, where: str,
                    args: tuple) -> Iterator[tuple[int, str, bytes, bytes | None]]:
     """(function id, name, its MAC now, its stored seal or None) of every picked function that has rows or
@@ -156,6 +211,10 @@ def _function_macs(db: sqlite3.Connection, seal: Seal, where: str,
         "JOIN main.functions f ON f.id = v.function JOIN main.variant_names n ON n.id = v.name "
         f"WHERE {where} ORDER BY v.function, v.offset, n.name", args))
     seals = "LEFT JOIN main.seals s ON s.owner = f.id" if _has_table(db) else "LEFT JOIN (SELECT NULL AS mac) s"
+    # a packed row's outcome and name id arrays repeat (a kernel's 46 thousand functions have about 15 thousand
+    # distinct outcome lists): each is named once
+    outcome_lists: dict[bytes, bytes] = {}
+    name_lists: dict[bytes | None, bytes] = {}
     for (fid, name, sha, start, size, section, code, config, p_out, p_counts, p_names, p_variants, p_sites,
          p_data, stored) in db.execute(
             "SELECT f.id, f.name, g.sha256, f.start, f.size, f.section, f.bytes, c.text, p.outcomes, p.counts, "
@@ -165,16 +224,19 @@ def _function_macs(db: sqlite3.Connection, seal: Seal, where: str,
         mine, theirs = full.get(fid, ()), variants.get(fid, ())
         if config is None and p_data is None and not mine and not theirs:
             continue  # listed, never verified: it claims nothing
-        parts = [repr((sha, start, size, name, section, config)).encode(), bytes(code)]
+        packed = None
         if p_data is not None:
-            parts += [b"\0".join(outcomes.get(o, b"?") for o in unpack_ids(p_out)), p_counts,
-                      b"\0".join(names.get(n, b"?") for n in unpack_ids(p_names)), p_variants or b"",
-                      p_sites or b"", p_data]
-        for r in mine:
-            parts.append(repr((r[1], r[2], outcomes.get(r[3]), *r[4:])).encode())
-        for r in theirs:
-            parts.append(repr((r[1], r[2], outcomes.get(r[3]), r[4])).encode())
-        yield fid, name, seal.mac(*parts), None if stored is None else bytes(stored)
+            said = outcome_lists.get(p_out)
+            if said is None:
+                said = outcome_lists[p_out] = b"\0".join([outcomes.get(o, b"?") for o in unpack_ids(p_out)])
+            named = name_lists.get(p_names)
+            if named is None:
+                named = name_lists[p_names] = b"\0".join([names.get(n, b"?") for n in unpack_ids(p_names)])
+            packed = [said, p_counts, named, p_variants or b"", p_sites or b"", p_data]
+        mac = function_mac(seal, (sha, start, size, name, section, config), code, packed,
+                           [(r[1], r[2], outcomes.get(r[3]), *r[4:]) for r in mine],
+                           [(r[1], r[2], outcomes.get(r[3]), r[4]) for r in theirs])
+        yield fid, name, mac, None if stored is None else bytes(stored)
 
 
 def _grouped(rows: Iterable[tuple]) -> dict[int, list[tuple]]:

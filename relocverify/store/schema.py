@@ -3,7 +3,9 @@
 A worker's shard (``shard``) holds the store's row tables as ``schema.sql`` defines them, with two
 differences the merge resolves: a variant is named by its text (``variants.name TEXT``), and the outcomes
 and variant names a worker found new are defined under provisional ids (``new_outcomes``, the store's
-``outcomes`` with ``pid`` for ``id``; ``new_names``).  ``done`` lists the functions a shard holds."""
+``outcomes`` with ``pid`` for ``id``; ``new_names``).  ``done`` lists the functions a shard holds, ``seals`` the
+seals its worker made (``row_seals.function_mac``: the functions it copied from the proof cache), and
+``seal_outcomes`` the reason those seals give each outcome id they name (provisional or the store's)."""
 
 from __future__ import annotations
 
@@ -44,4 +46,6 @@ def shard_schema() -> str:
                  "id INTEGER PRIMARY KEY", "pid INTEGER PRIMARY KEY"),
         table_sql("counterexamples"),
         "CREATE TABLE done (function INTEGER PRIMARY KEY, config INTEGER NOT NULL);",
+        "CREATE TABLE seals (function INTEGER PRIMARY KEY, mac BLOB NOT NULL);",
+        "CREATE TABLE seal_outcomes (outcome INTEGER PRIMARY KEY, reason TEXT NOT NULL);",
     ]) + "\n"

@@ -22,7 +22,11 @@ three differences, all resolved by the merge:
 * a counterexample has the shard's own id (the merge offsets it).
 
 ``done`` lists the functions whose rows the shard holds, with the
-configuration they were verified under.  A merge is one transaction, and
+configuration they were verified under, and ``seals`` the seals the worker
+made of those it copied from the proof cache (``engine.row_keeper``), with
+the reasons they give their outcomes (``seal_outcomes``): the merge stores
+them where they hold (``row_seals.shard_seals_hold``) and seals every other
+function from its rows as stored.  A merge is one transaction, and
 merging a shard twice (a parent killed between the merge and deleting the
 file) replaces the rows of its functions: merging is idempotent.  Shards
 found next to a store are merged when the next run opens it, so functions a
@@ -37,7 +41,8 @@ import sqlite3
 
 from ..errors import StoreError
 from .packed_rows import Remapper
-from .row_seals import seal_functions
+from .row_seals import TABLE as SEALS_TABLE
+from .row_seals import seal_functions, seal_of, shard_seals_hold
 from .schema import shard_schema
 
 _SUFFIX = ".shard-"
@@ -95,6 +100,8 @@ class ShardWriter:
                            [r[:9] + (None if r[9] is None else self._counterexample(db, r[9]),) for r in batch.full])
             db.executemany("INSERT INTO variants VALUES (?,?,?,?,?)", batch.variants)
             db.executemany("INSERT OR REPLACE INTO done VALUES (?,?)", [(f, config) for f in batch.functions])
+            db.executemany("INSERT OR REPLACE INTO seals VALUES (?,?)", batch.seals)
+            db.executemany("INSERT OR IGNORE INTO seal_outcomes VALUES (?,?)", batch.seal_outcomes.items())
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -171,6 +178,21 @@ def merge(db: sqlite3.Connection, paths: list[str]) -> tuple[int, dict[int, int]
     return total, final
 
 
+def _seal(db: sqlite3.Connection, names: list[str], done: str) -> None:
+    """Seal the shards' functions in the merge's transaction: with the seals their workers made where those are
+    the store's (``row_seals.shard_seals_hold``), the others from their rows as stored."""
+    sealed = [n for n in names if shard_seals_hold(db, n, "temp.idmap")]
+    if not sealed or seal_of(db) is None:
+        seal_functions(db, f"f.id IN ({done})")
+        return
+    db.execute(SEALS_TABLE)
+    db.execute(f"INSERT OR REPLACE INTO main.seals SELECT s.function, s.mac FROM "
+               f"({_union(sealed, 'seals', 'function, mac')}) s WHERE s.function IN ({done})")
+    unsealed = f"SELECT d.function FROM ({done}) d WHERE d.function NOT IN ({_union(sealed, 'seals', 'function')})"
+    if db.execute(unsealed + " LIMIT 1").fetchone() is not None:
+        seal_functions(db, f"f.id IN ({unsealed})")
+
+
 def _union(names: list[str], table: str, columns: str) -> str:
     return " UNION ALL ".join(f"SELECT {columns} FROM {n}.{table}" for n in names)
 
@@ -231,7 +253,7 @@ def _merge_attached(db: sqlite3.Connection, names: list[str]) -> tuple[int, dict
                    "LEFT JOIN temp.idmap m ON m.pid = v.outcome ORDER BY 1, 2, 3")
         db.execute(f"UPDATE main.functions SET config = (SELECT d.config FROM ({_union(names, 'done', '*')}) d "
                    f"WHERE d.function = functions.id) WHERE id IN ({done})")
-        seal_functions(db, f"f.id IN ({done})")  # sealed as stored, in the same transaction
+        _seal(db, names, done)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

@@ -1005,6 +1005,8 @@ class RowBatch:
     instructions: int = 0
     outcomes: list[tuple] = field(default_factory=list)  # (provisional id, outcome tuple, reason) new here
     names: list[tuple[int, str]] = field(default_factory=list)  # (provisional id, variant name) new here
+    seals: list[tuple[int, bytes]] = field(default_factory=list)  # (function, its seal) made by the worker
+    seal_outcomes: dict[int, str] = field(default_factory=dict)  # outcome id -> the reason ``seals`` give it
 
 
 #: The tables every schema-4 store has (``schema.sql``).
