@@ -321,3 +321,18 @@ def test_a_shard_without_worker_seals_is_sealed_by_the_merge(tmp_path):
     con.execute("CREATE TABLE old.done (function INTEGER PRIMARY KEY, config INTEGER NOT NULL)")
     con.execute("CREATE TEMP TABLE idmap (pid INTEGER PRIMARY KEY, final INTEGER NOT NULL)")
     assert not shard_seals_hold(con, "old", "temp.idmap")
+
+
+def test_a_worker_that_cannot_read_the_store_leaves_its_copied_rows_to_the_merge(built, tmp_path, monkeypatch):
+    """A worker whose read of the store fails (a remote worker without the store's directory) seals nothing;
+    the merge seals its copied functions from their rows as stored."""
+    from relocverify.engine import row_keeper
+    from relocverify.store.sqlite_errors import DatabaseError
+
+    def unreadable(path):
+        raise DatabaseError("unable to open database file")
+
+    monkeypatch.setattr(row_keeper, "read_only", unreadable)
+    path, sealed = _copied_run(built, tmp_path, monkeypatch)
+    assert sum(sealed) == 3
+    assert _checks(path)

@@ -8,9 +8,11 @@ the cache a few megabytes at a time (``flush``)."""
 
 from __future__ import annotations
 
+from ..errors import StoreError
 from ..store.cache import ProofCache
 from ..store.packed_rows import pack_wide_ids
 from ..store.row_seals import function_head, function_mac, outcome_fields, seal_of
+from ..store.sqlite_errors import DatabaseError
 from ..store.store import read_only
 from ..versions import source_digest
 from .row_memo import canonical, context_digest, kept_rows, outcome_digest, unpack_kept
@@ -88,23 +90,28 @@ class RowKeeper:
 
     def heads(self, job, fids: list[int]) -> dict[int, tuple[tuple, bytes]]:
         """What the seals of these functions say first (``row_seals.function_head``), read from the store: {} when
-        the store has no seal key.  The connection stays open until ``close_store``."""
+        the store has no seal key, or cannot be read here (the merge seals those functions itself).  The
+        connection stays open until ``close_store``."""
         if not fids:
             return {}
         if self._store is not None and self._store_path != job.store_path:
             self.close_store()
-        if self._store is None:
-            self._store = read_only(job.store_path)
-            self._store_path = job.store_path
-            self._seal = seal_of(self._store)
-        return {} if self._seal is None else function_head(self._store, fids, job.config)
+        try:
+            if self._store is None:
+                self._store = read_only(job.store_path)
+                self._store_path = job.store_path
+                self._seal = seal_of(self._store)
+            return {} if self._seal is None else function_head(self._store, fids, job.config)
+        except (DatabaseError, StoreError):
+            self.close_store()
+            return {}
 
     def close_store(self) -> None:
         """The store's connection closed (a phase's end: ``Worker.close_shard``), so that the run's own closes last
         (it checkpoints the store and removes its log)."""
-        if self._store is not None:
-            self._store.close()
-        self._store = self._seal = self._store_path = None
+        store, self._store, self._seal, self._store_path = self._store, None, None, None
+        if store is not None:
+            store.close()
 
     def close(self) -> None:
         self.close_store()
