@@ -31,11 +31,13 @@ def _example_function(store: str) -> str:
         return "FUNCTION"
     try:
         image = s.find_image()
-        names = [] if image is None else [f.name for f in s.iter_functions(image)]
+        names = [] if image is None else list(s.function_names(image).values())  # the names alone: no records
     finally:
         s.close()
+    if "vfs_read" in names:
+        return "vfs_read"
     plain = sorted(n for n in names if _PLAIN.fullmatch(n))  # a name pasted as it is: no quoting, no escapes
-    return "vfs_read" if "vfs_read" in plain else (plain[0] if plain else "FUNCTION")
+    return plain[0] if plain else "FUNCTION"
 
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
