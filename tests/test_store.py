@@ -305,6 +305,44 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
     assert _checked_digest(broken) == digests[0]
 
 
+def test_a_warm_survey_merged_in_rounds_equals_one_merge(tmp_path, small_store, monkeypatch):
+    """On a warm proof cache the survey writes every function (its rows copied from the cache) and merges its
+    shards in rounds beside the workers, as the rows phase does: the store is what one merge gives, sealed."""
+    import threading
+
+    from relocverify.engine.phases import sizes
+    from relocverify.store import shard as shard_module
+
+    image, _ = small_store
+    cache = tmp_path / "cache"
+    options = RunOptions(TRAMP, 2, 10.0, None, True, str(cache))
+    assert run(image, str(tmp_path / "cold.sqlite"), options)["totals_add_up"]  # the cache keeps the rows
+    monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)  # four functions: two survey tasks per worker
+    real_merge = shard_module.merge
+    threads: list[bool] = []
+
+    def merge_and_look(con, paths):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", merge_and_look)
+    digests = []
+    for rounds in (1, 2):
+        monkeypatch.setattr(sizes, "ROWS_ROUNDS", rounds)
+        threads.clear()
+        path = tmp_path / f"warm-{rounds}.sqlite"
+        summary = run(image, str(path), options)
+        assert summary["totals_add_up"] and summary["run"]["proof_cache"]["functions_reused"] == 4
+        assert (False in threads) == (rounds > 1)  # a round of the survey merged behind, off the main thread
+        digests.append(_checked_digest(path))
+        store = Store(str(path))
+        try:
+            store.check_seals(store.find_image())  # every copied function sealed, by its worker or the merge
+        finally:
+            store.close()
+    assert digests[0] == digests[1] == _checked_digest(tmp_path / "cold.sqlite")
+
+
 def test_no_fork_while_a_thread_of_ours_is_inside_sqlite():
     """``store.forking``: a fork waits until no thread of ours is inside SQLite (a child forked while one held
     SQLite's process-wide mutexes hung in its first connect), and a thread enters again once it is made."""

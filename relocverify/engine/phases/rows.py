@@ -12,6 +12,7 @@ from ...schedule.phase import Phase
 from . import sizes
 from .board import Board
 from .harvest import Behind, harvest
+from .rounds import RoundMerges
 
 
 class Rows(Phase):
@@ -19,13 +20,12 @@ class Rows(Phase):
 
     def __init__(self, board: Board):
         self.board = board
-        self.closed: dict[int, list[str]] = {}  # round -> the shards closed in it
-        self.arrived: list[int] = []  # round -> workers whose shards of it came back
+        self.rounds = RoundMerges(board.store, board.pool.n)
         self.keeping: list[Behind | None] = []  # the cache's writer, once started
 
     def queues(self, pool) -> list[list[Task]]:
         """Each worker's queue: its findings first (a pinned pool: as the first task, so one starts on its rows
-        while the parent makes the other's message), then its rows tasks cut into rounds (``in_rounds``)."""
+        while the parent makes the other's message), then its rows tasks cut into rounds (``RoundMerges``)."""
         b = self.board
         if pool.pinned:
             queues = [[Task("accept", (), w, late=lambda w=w: (b.sent(w),))] for w in range(pool.n)]
@@ -35,12 +35,7 @@ class Rows(Phase):
         pool.remember("accept", (b.learned,))  # a worker forked in a dead one's place is given every finding
         tasks = [[Task("rows", (c,), w) for c in sizes.chunks(b.waiting[w], sizes.CHUNK_FUNCTIONS)]
                  for w in range(pool.n)]
-        # at most a round per task of the shortest queue: a package's modules, a task or two each, merge once
-        rounds = max(1, min(sizes.ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
-        self.arrived = [0] * rounds
-        for w in range(pool.n):
-            queues[w] += in_rounds(tasks[w], rounds, w)
-        return queues
+        return [q + cut for q, cut in zip(queues, self.rounds.cut(pool, tasks))]
 
     def size(self) -> int:
         return self.board.total - self.board.rows
@@ -50,12 +45,7 @@ class Rows(Phase):
         if task.method == "rows":
             self.board.rows += value
         elif task.method == "close_shard":  # a round's shards go into the store while the workers go on
-            r = task.tag[1]
-            if value:
-                self.closed.setdefault(r, []).append(value)
-            self.arrived[r] += 1
-            if self.arrived[r] == self.board.pool.n and r in self.closed:
-                self.board.store.merge_shards_behind(self.closed.pop(r))
+            self.rounds.arrived(task, value)
 
     def crashed(self, task: Task, at: int, pid: int) -> list[Task]:
         if task.method == "accept":
@@ -79,20 +69,4 @@ class Rows(Phase):
             self.keeping.append(harvest(b.pool, b.cache, b.tag, b.job.cached, behind=True, ask=False))
 
 
-def in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:
-    """Worker ``w``'s rows tasks with a ``close_shard`` task (tagged (w, round)) after each of the first
-    ``rounds - 1`` of ``rounds`` equal parts.  Every worker's queue is cut at the same fractions, so a round's
-    shards hold neighbouring functions (the workers' chunks alternate), and the round's merge appends to the
-    store's B-trees as one merge at the end did."""
-    out: list[Task] = []
-    n = len(tasks)
-    cut = 0
-    for r in range(1, rounds):
-        end = n * r // rounds
-        out += tasks[cut:end]
-        out.append(Task("close_shard", (), (w, r - 1)))
-        cut = end
-    return out + tasks[cut:]
-
-
-__all__ = ["Rows", "in_rounds"]
+__all__ = ["Rows"]

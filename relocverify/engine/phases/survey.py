@@ -10,7 +10,7 @@ from ...schedule.phase import Phase
 from ...schedule.progress import Progress
 from . import sizes
 from .board import Board
-from .rows import in_rounds
+from .rounds import RoundMerges
 
 
 class Survey(Phase):
@@ -20,18 +20,15 @@ class Survey(Phase):
         self.board, self.todo = board, todo
         n_bytes = sum(board.job.functions[f].size for f in todo)  # the progress unit is instructions, so the
         self.estimate = max(1, n_bytes // 4)                      # total is an estimate until the survey ends
-        self.closed: dict[int, list[str]] = {}  # round -> the shards closed in it
-        self.arrived: list[int] = []  # round -> workers whose shards of it came back
+        self.rounds = RoundMerges(board.store, board.pool.n)
 
     def queues(self, pool) -> list[list[Task]]:
         """Each worker's surveys, cut into rounds whose shards go into the store while the workers go on (what a
         survey writes: a warm cache's copied rows, the functions whose every key the cache answers)."""
         chunks = sizes.chunks(self.todo, sizes.CHUNK_FUNCTIONS)
         gather = pool.pinned  # each worker keeps its keys until its surveys end (``Worker.survey``)
-        tasks = [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]] for w in range(pool.n)]
-        rounds = max(1, min(sizes.ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
-        self.arrived = [0] * rounds
-        return [in_rounds(tasks[w], rounds, w) for w in range(pool.n)]
+        return self.rounds.cut(pool, [[Task("survey", (c, gather), w) for c in chunks[w::pool.n]]
+                                      for w in range(pool.n)])
 
     def size(self) -> int:
         return self.estimate
@@ -41,12 +38,7 @@ class Survey(Phase):
 
     def done(self, task: Task, value) -> None:
         if task.method == "close_shard":  # a round's shards go into the store while the workers go on
-            r = task.tag[1]
-            if value:
-                self.closed.setdefault(r, []).append(value)
-            self.arrived[r] += 1
-            if self.arrived[r] == self.board.pool.n and r in self.closed:
-                self.board.store.merge_shards_behind(self.closed.pop(r))
+            self.rounds.arrived(task, value)
             return
         misses, n, known, later, written, reused = value
         b = self.board
