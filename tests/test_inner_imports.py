@@ -76,14 +76,7 @@ COMES_WITH = {
 
 #: Files whose imports inside functions fit no kind, each with how many and why they are still there.  The
 #: test fails when a file has more, and when it has fewer (then lower the count, or take the file out).
-_BUSY = "to move: being edited for Engine v3 when the rule came (2026-11-28); moved in a scratch copy, no cycle"
-ALLOWED: dict[str, tuple[int, str]] = {
-    "relocverify/store/cache.py": (2, f"{_BUSY} (environment, stat)"),
-    "relocverify/store/confirmations.py": (1, f"{_BUSY} (outputs)"),
-    "relocverify/store/image_index.py": (1, f"{_BUSY} (kernel.sites, already imported at its top)"),
-    "relocverify/store/shard.py": (1, f"{_BUSY} (urllib.parse)"),
-    "relocverify/store/store.py": (1, f"{_BUSY} (fcntl)"),
-}
+ALLOWED: dict[str, tuple[int, str]] = {}
 
 
 class InnerImport(NamedTuple):

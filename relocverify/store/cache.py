@@ -50,11 +50,12 @@ from __future__ import annotations
 import marshal
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from urllib.parse import quote
 
-from ..environment import default_cache_dir
+from ..environment import default_cache_dir, unusable_directory
 from ..errors import StoreError
 from .cache_usage import SCHEMA as USAGE_SCHEMA, Usage
 from .seal import Seal
@@ -135,8 +136,6 @@ def _refuse_foreign(path: str) -> None:
     """Refuse, untouched, a ``proofs.sqlite`` that is not a relocverify proof cache: another program's
     database, a result store, any other file.  Ours carry ``APPLICATION_ID`` (older ones: exactly our
     tables, and a ``schema`` row in ``meta``)."""
-    import stat
-
     if not os.path.exists(path):
         return
     st = os.stat(path)
@@ -192,8 +191,6 @@ class ProofCache:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            from ..environment import unusable_directory
-
             raise StoreError(f"the proof cache's directory: {unusable_directory(directory, exc)}: name a directory "
                              f"with RELOCVERIFY_PROOF_CACHE (or a batch command's --cache-dir), or pass --no-cache"
                              ) from None

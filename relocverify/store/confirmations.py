@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..outputs import write_atomic
+
 SUFFIX = ".confirm.json"
 FORMAT = 1
 #: How an outcome reads inside a label (``confirm.outcome.Outcome.label`` -> words).
@@ -35,8 +37,6 @@ def path_of(store: str) -> str:
 
 def save(store: str, image: str, kernel: str, accelerator: str, groups: list[dict]) -> None:
     """Write the confirmations of ``store``'s audit (``groups``: ``confirm.groups.GroupResult.as_json``)."""
-    from ..outputs import write_atomic
-
     doc = {"format": FORMAT, "image": image, "kernel": kernel, "accelerator": accelerator, "groups": groups}
     write_atomic(path_of(store), json.dumps(doc, indent=1))
 

@@ -26,7 +26,7 @@ from ..environment import default_cache_dir
 from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image, Section, Symbol
 from ..image.locations import FunctionIndex, Location, LocationSpec
-from ..kernel.sites import Site, find_sites
+from ..kernel.sites import Site, find_sites, kind_key
 from ..versions import versions_tag
 
 INDEX_FORMAT = "3"  # 3: the loader's notes kept
@@ -69,8 +69,6 @@ class IndexedSites:
         return Site(r[0], _u(r[1]), r[2], r[3], _u(r[4]), r[5], r[6])
 
     def sites_at(self, address: int, length: int = 1) -> list[Site]:
-        from ..kernel.sites import kind_key
-
         end = address + max(length, 1)
         lo = _s(address - SHORT_SITE)
         rows = self.db.execute("SELECT kind, address, length, detail, target, target_length, tag FROM sites "

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from urllib.parse import quote
 
 from ..errors import StoreError
 from .packed_rows import Remapper
@@ -52,8 +53,6 @@ def uri(path: str) -> str:
     """``path`` as an SQLite URI: its bytes percent-encoded, so a name of any bytes (a Latin-1 name, carried as
     surrogates, which SQLite's UTF-8 text cannot hold) and one with '?', '#' or '%' reach SQLite whole.
     ``ATTACH`` reads it as a URI when its connection was opened with ``uri=True`` (``connect``)."""
-    from urllib.parse import quote
-
     return "file:" + quote(os.fsencode(os.path.abspath(path)))
 
 

@@ -53,6 +53,7 @@ for reading alone (no lock, no write, no writer's method); ``Store(path)`` opens
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -1029,8 +1030,6 @@ class _WriterLock:
 
     @classmethod
     def acquire(cls, path: str) -> "_WriterLock":
-        import fcntl
-
         key = os.path.realpath(path)
         held = cls._held.get(key)
         if held is not None:
