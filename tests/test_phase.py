@@ -111,3 +111,28 @@ def test_a_phase_that_cannot_resume_raises_after_settling(dying):
         with pytest.raises(Exception):
             drive(pool, Counting(list(range(8)), 2, events, resumes=False), Progress(enabled=False))
     assert events == ["settle"]  # neither ended nor finished
+
+
+class _Pinned:
+    pinned = True
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=3), rounds=st.integers(1, 5))
+def test_round_merges_hand_each_round_over_once_when_every_worker_closed_it(lengths, rounds):
+    """``schedule.rounds``: every worker's tasks kept in order, the same number of ``close_shard`` tasks in each
+    queue (at most a round per task of the shortest), and each round's shards merged once, when its last came."""
+    from relocverify.schedule.rounds import RoundMerges
+
+    merged: list[list[str]] = []
+    rm = RoundMerges(merged.append, len(lengths), rounds)
+    tasks = [[Task("count", ((w, i),), w) for i in range(n)] for w, n in enumerate(lengths)]
+    queues = rm.cut(_Pinned(), tasks)
+    closes = [[t for t in q if t.method == "close_shard"] for q in queues]
+    assert [[t for t in q if t.method != "close_shard"] for q in queues] == tasks
+    assert len({len(c) for c in closes}) == 1 and len(closes[0]) == max(1, min(rounds, *lengths)) - 1
+    for w, c in enumerate(closes):  # the workers' shards come back, every worker's round r before r + 1
+        for t in c:
+            rm.arrived(t, f"shard-{w}-{t.tag[1]}")
+    assert [sorted(m) for m in merged] == [[f"shard-{w}-{r}" for w in range(len(lengths))]
+                                           for r in range(len(closes[0]))]

@@ -5,6 +5,7 @@
     dask_pool    DaskPool: the same interface over a Dask cluster
     phase        Phase: one round of tasks on a pool (its queues, what becomes of each value, what goes
                  again when a worker dies), and ``drive``, which runs one with its progress line
+    rounds       RoundMerges: a phase's shards merged in rounds while the workers go on
     smt_helper   the SMT check in a process of its own, for a cold run's workers
     watchdog     a timer that ends work which outlives its time (SIGALRM, or a thread's async exception)
     progress     one line per phase on stderr, or a rich bar on a terminal

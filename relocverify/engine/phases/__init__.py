@@ -9,7 +9,6 @@ in the order ``engine.run.PHASES`` lists them:
     jump_answers  JumpAnswers: per instruction, whether a jump probe can sit there
 
     board         Board: what survey, proofs and rows hand each other; the merges of the workers' shards
-    rounds        RoundMerges: the survey's and the rows' shards merged in rounds beside the workers
     harvest       what the workers proved, into the persistent proof cache (``Behind``: by a thread)
     sizes         how the phases cut their work into tasks
 """

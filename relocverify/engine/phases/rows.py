@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ...schedule.local_pool import Task
 from ...schedule.phase import Phase
+from ...schedule.rounds import RoundMerges
 from . import sizes
 from .board import Board
 from .harvest import Behind, harvest
-from .rounds import RoundMerges
 
 
 class Rows(Phase):
@@ -20,7 +20,7 @@ class Rows(Phase):
 
     def __init__(self, board: Board):
         self.board = board
-        self.rounds = RoundMerges(board.store, board.pool.n)
+        self.rounds = RoundMerges(board.store.merge_shards_behind, board.pool.n, sizes.ROWS_ROUNDS)
         self.keeping: list[Behind | None] = []  # the cache's writer, once started
 
     def queues(self, pool) -> list[list[Task]]:

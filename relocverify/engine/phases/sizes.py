@@ -15,8 +15,8 @@ REPLACEMENT_CHUNK = 256
 JUMP_CHUNK = 32
 #: Functions per task of a pass added from outside (``engine.passes``).
 PASS_CHUNK = 64
-#: The rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``) this many
-#: times, the last at the phase's end, so that most of the merging runs beside the workers rather than after
+#: The survey's and the rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``,
+#: ``schedule.rounds``) this many times, the last at the phase's end, so that most of the merging runs beside the workers rather than after
 #: them.  More rounds mean smaller merges, each with its own transaction.
 ROWS_ROUNDS = 4
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ...schedule.local_pool import Task
 from ...schedule.phase import Phase
+from ...schedule.rounds import RoundMerges
 from ...schedule.progress import Progress
 from . import sizes
 from .board import Board
-from .rounds import RoundMerges
 
 
 class Survey(Phase):
@@ -20,7 +20,7 @@ class Survey(Phase):
         self.board, self.todo = board, todo
         n_bytes = sum(board.job.functions[f].size for f in todo)  # the progress unit is instructions, so the
         self.estimate = max(1, n_bytes // 4)                      # total is an estimate until the survey ends
-        self.rounds = RoundMerges(board.store, board.pool.n)
+        self.rounds = RoundMerges(board.store.merge_shards_behind, board.pool.n, sizes.ROWS_ROUNDS)
 
     def queues(self, pool) -> list[list[Task]]:
         """Each worker's surveys, cut into rounds whose shards go into the store while the workers go on (what a

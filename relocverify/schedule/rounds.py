@@ -1,28 +1,30 @@
-"""A phase's shards merged into the store in rounds while the workers go on (``Store.merge_shards_behind``),
-the last with the phase's own merge (``Board.merge``): the survey's (what it writes: a warm cache's copied
-rows, the functions whose every key the cache answers) and the rows'.  Any number of rounds gives the same
-store; more mean smaller merges, each in its own transaction (``sizes.ROWS_ROUNDS``)."""
+"""A phase's shards merged in rounds while the workers go on.  Every worker writes what it finds to a shard of its
+own, which its ``close_shard`` task closes (``kinds.WorkerKind``); a phase cut into rounds has each worker close
+its shard at the same fractions of its queue, and hands each round's shards to ``merge`` once every worker's
+came back (the engine's: ``Store.merge_shards_behind``, on a thread of the store's), the last round's with the
+phase's own merge.  Any number of rounds gives the same store; more mean smaller merges, each in its own
+transaction.  The engine's survey and rows phases use it (``engine/phases``)."""
 
 from __future__ import annotations
 
-from ...schedule.local_pool import Task
-from ...store.store import Store
-from . import sizes
+from collections.abc import Callable
+
+from .local_pool import Task
 
 
 class RoundMerges:
     """Each worker's tasks with a ``close_shard`` task after each round but the last (``cut``), and each round's
-    shards merged once every worker's came back (``arrived``)."""
+    shards handed to ``merge`` once every worker's came back (``arrived``); at most ``rounds`` rounds."""
 
-    def __init__(self, store: Store, workers: int):
-        self.store, self.workers = store, workers
+    def __init__(self, merge: Callable[[list[str]], None], workers: int, rounds: int):
+        self.merge, self.workers, self.rounds = merge, workers, rounds
         self.closed: dict[int, list[str]] = {}  # round -> the shards closed in it
         self.came: list[int] = []  # round -> workers whose shards of it came back
 
     def cut(self, pool, tasks: list[list[Task]]) -> list[list[Task]]:
         """``tasks[w]`` (worker w's), cut into rounds: at most a round per task of the shortest queue (a package's
         modules, a task or two each, merge once), one round when any worker may take any task."""
-        rounds = max(1, min(sizes.ROWS_ROUNDS, *map(len, tasks))) if pool.pinned else 1
+        rounds = max(1, min(self.rounds, *map(len, tasks))) if pool.pinned else 1
         self.came = [0] * rounds
         return [in_rounds(tasks[w], rounds, w) for w in range(len(tasks))]
 
@@ -33,7 +35,7 @@ class RoundMerges:
             self.closed.setdefault(r, []).append(value)
         self.came[r] += 1
         if self.came[r] == self.workers and r in self.closed:
-            self.store.merge_shards_behind(self.closed.pop(r))
+            self.merge(self.closed.pop(r))
 
 
 def in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:
