@@ -1,4 +1,5 @@
-"""What a worker does: the three phases of a run, over its share of the image.
+"""What a worker does: the tasks of the run's phases (``engine/phases``), over its share of the image.  The
+verdicts' three:
 
   survey   walk functions, give every instruction an instance key
            (``keys``), and report the keys the proof cache does not know,
@@ -10,9 +11,9 @@
            apply kernel sites and their variants, and write whole functions
            to the store, one transaction per batch.
 
-A ``Worker`` keeps what it learns for the whole run: the survey's keys per
-function, the findings it was given and the ones it made.  It is built from
-a ``Job``, everything a run shares, which a local pool hands to forked
+and the other phases' (``replacements``, ``jump_probes``, ``pass_rows``, ``count``).  A ``Worker`` keeps
+what it learns for the whole run: the survey's keys per function, the findings it was given and the ones
+it made.  It is built from a ``Job``, everything a run shares, which a local pool hands to forked
 processes and a distributed one rebuilds from the image's path.
 """
 
