@@ -364,12 +364,14 @@ def _verdicts(w: Work) -> tuple[PhaseCounts, int]:
 
 
 def _replacements(w: Work) -> dict:
+    """The summary's ``alternative_replacements``: every alternative's replacement verified at its address."""
     phase = Replacements(w.job, w.store, w.scope.image_id)
     drive(w.pool, phase, w.progress)
     return phase.summary
 
 
 def _passes(w: Work) -> dict:
+    """The summary's ``passes``: each pass's section, by name, in the order the options give them."""
     out = {}
     for k, p in enumerate(w.options.passes):
         phase = PassRows(w.store, w.scope.image_id, k, p)
@@ -379,6 +381,7 @@ def _passes(w: Work) -> dict:
 
 
 def _jump_probes(w: Work) -> int:
+    """The block proofs the jump-probe answers took (the answers themselves go to the store)."""
     if w.own:  # the block proofs need nothing the workers learned: new ones start without its memory
         harvest(w.pool, w.cache, w.tag, w.cached)
         w.session.fresh_workers()
