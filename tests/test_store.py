@@ -256,6 +256,23 @@ def _checked_digest(path) -> str:
         store.close()
 
 
+def _merges_seen(monkeypatch) -> list[bool]:
+    """``store.shard.merge`` wrapped to note, for each merge, whether it ran on the main thread (False: behind)."""
+    import threading
+
+    from relocverify.store import shard as shard_module
+
+    real_merge = shard_module.merge
+    threads: list[bool] = []
+
+    def merge_and_look(con, paths):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", merge_and_look)
+    return threads
+
+
 def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses_nothing(tmp_path, small_store,
                                                                                          monkeypatch):
     """The rows phase closes its workers' shards in rounds and merges each round on a thread of its own
@@ -269,14 +286,7 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
 
     image, db = small_store
     monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)  # four functions: two rows tasks per worker
-    real_merge = shard_module.merge
-    threads: list[bool] = []
-
-    def merge_and_look(con, paths):
-        threads.append(threading.current_thread() is threading.main_thread())
-        return real_merge(con, paths)
-
-    monkeypatch.setattr(shard_module, "merge", merge_and_look)
+    real_merge, threads = shard_module.merge, _merges_seen(monkeypatch)
     digests = []
     for rounds in (1, 2):
         monkeypatch.setattr(sizes, "ROWS_ROUNDS", rounds)
@@ -308,24 +318,14 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
 def test_a_warm_survey_merged_in_rounds_equals_one_merge(tmp_path, small_store, monkeypatch):
     """On a warm proof cache the survey writes every function (its rows copied from the cache) and merges its
     shards in rounds beside the workers, as the rows phase does: the store is what one merge gives, sealed."""
-    import threading
-
     from relocverify.engine.phases import sizes
-    from relocverify.store import shard as shard_module
 
     image, _ = small_store
     cache = tmp_path / "cache"
     options = RunOptions(TRAMP, 2, 10.0, None, True, str(cache))
     assert run(image, str(tmp_path / "cold.sqlite"), options)["totals_add_up"]  # the cache keeps the rows
     monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)  # four functions: two survey tasks per worker
-    real_merge = shard_module.merge
-    threads: list[bool] = []
-
-    def merge_and_look(con, paths):
-        threads.append(threading.current_thread() is threading.main_thread())
-        return real_merge(con, paths)
-
-    monkeypatch.setattr(shard_module, "merge", merge_and_look)
+    threads = _merges_seen(monkeypatch)
     digests = []
     for rounds in (1, 2):
         monkeypatch.setattr(sizes, "ROWS_ROUNDS", rounds)

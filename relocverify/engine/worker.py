@@ -56,6 +56,16 @@ DECODE_AHEAD = 1024
 KEEP_BYTES = 4 << 20  # kept rows (``row_memo``) a worker holds before writing them to the proof cache
 
 
+def stored_bytes(image: Image, fn: Function) -> bytes:
+    """Function ``fn``'s bytes as a run walks them: from the section its ``section`` names, ``b""`` when that
+    section does not hold it whole (``engine.run``'s rows of functions are made the same way)."""
+    section = image.get_section(fn.section)
+    if section is None or not section.contains(fn.start, fn.size) or not section.data:
+        return b""
+    off = fn.start - section.address
+    return section.data[off:off + fn.size]
+
+
 @dataclass
 class Job:
     """Everything the workers of one run share."""
@@ -759,11 +769,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
             cache.close()
 
     def _function_bytes(self, fn: Function) -> bytes:
-        section = self.job.image.get_section(fn.section)
-        if section is None or not section.contains(fn.start, fn.size) or not section.data:
-            return b""
-        off = fn.start - section.address
-        return section.data[off:off + fn.size]
+        return stored_bytes(self.job.image, fn)
 
     def _forget_plain(self) -> None:
         """Forget the tables ``function_rows`` writes plain rows from, by key number: each key's plain shared

@@ -11,13 +11,14 @@ before its progress line closes; ``finish``, after).  It returns the phase's sec
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from .local_pool import Task
 from .progress import Progress
 
 
-class Phase:
+class Phase(ABC):
     """The base of a phase; a subclass gives ``queues`` and ``done``, and whatever else it needs."""
 
     label: str | None = None  # its progress line's label; None: the phase shows no progress
@@ -25,13 +26,13 @@ class Phase:
     shared: bool = False  # every task to the first worker free, tagged with that worker's index
     crashed: Callable[[Task, int, int], list[Task]] | None = None  # (task, item's index, dead pid) -> again
 
+    @abstractmethod
     def queues(self, pool) -> list[list[Task]]:
         """Worker i's tasks, in order, as ``queues(pool)[i]`` (``shared``: one list for all)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def done(self, task: Task, value) -> None:
         """One task's value, in the order they come back."""
-        raise NotImplementedError
 
     def size(self) -> int:
         """The progress line's total (asked once the queues are made)."""

@@ -12,6 +12,7 @@ from ...store.cache import merge_jump_entries
 from ...store.jump_rows import pack_jump_row
 from ...store.store import Store
 from ..keys import KeyMaker
+from ..worker import stored_bytes
 from . import sizes
 
 
@@ -48,7 +49,7 @@ class JumpAnswers(Phase):
         fid = task.args[0][at]
         fn = job.functions[fid]
         skip = job.skip.get(fid, ())
-        data = _bytes_of(job.image, fn)
+        data = stored_bytes(job.image, fn)
         row = pack_jump_row(fid, [(off, "error:crashed") for off, _, _ in KeyMaker(job.tramp).keys(data, fn.start)
                                   if fn.start + off not in skip])
         self.store.write_jump_probes([row], {"error:crashed": "the worker crashed while answering for this function"})
@@ -58,14 +59,6 @@ class JumpAnswers(Phase):
     def _news(self, w: int) -> tuple[dict]:
         inbox, self.inboxes[w] = self.inboxes[w], {}
         return (inbox,)
-
-
-def _bytes_of(image, f) -> bytes:
-    """Function ``f``'s bytes as the store has them (``run``'s rows of functions)."""
-    section = image.get_section(f.section)
-    if section is None or not section.contains(f.start, f.size) or not section.data:
-        return b""
-    return section.data[f.start - section.address:f.start - section.address + f.size]
 
 
 def jump_summary(store, image_id: int, instructions: int, proofs: int | None,
