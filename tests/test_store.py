@@ -315,6 +315,54 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
     assert _checked_digest(broken) == digests[0]
 
 
+@pytest.mark.parametrize("boot", ["this", "another", "none"])
+def test_a_killed_run_s_shard_is_merged_only_when_written_in_this_boot(tmp_path, small_store, monkeypatch, boot):
+    """Shards are written without waiting for the disk (``store.shard``): a process's end cannot tear one, the
+    system's end can.  A shard an earlier run left is merged when its name says it was written in this boot
+    (or says no boot), and deleted unread when it names another; either way the store ends as a clean run's."""
+    import threading
+
+    from relocverify.engine.phases import sizes
+    from relocverify.store import shard as shard_module
+    from relocverify.store.shard import BOOT, leftover_shards
+
+    assert BOOT, "this Linux has a boot id"
+    image, db = small_store
+    monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)
+    monkeypatch.setattr(sizes, "ROWS_ROUNDS", 2)
+    real_merge = shard_module.merge
+
+    def fail_behind(con, paths):  # a run that ends with its workers' shards beside the store, as a killed one does
+        if threading.current_thread() is not threading.main_thread():
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", fail_behind)
+    path = tmp_path / "left.sqlite"
+    with pytest.raises(sqlite3.OperationalError, match="injected"):
+        run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))
+    monkeypatch.setattr(shard_module, "merge", real_merge)
+    left = leftover_shards(str(path))
+    assert left and all(p.endswith("." + BOOT) for p in left)
+    if boot != "this":
+        for p in left:
+            for suffix in ("", "-wal", "-shm"):
+                if __import__("os").path.exists(p + suffix):
+                    new = p[:-len(BOOT)] + ("0" * 16 if boot == "another" else "")
+                    __import__("os").rename(p + suffix, (new.rstrip(".") if boot == "none" else new) + suffix)
+    found = Counter()
+
+    def merge_and_count(con, paths):
+        found["shards"] += len(paths)
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", merge_and_count)
+    summary = run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))
+    assert summary["totals_add_up"] and not leftover_shards(str(path))
+    assert (summary["run"]["resumed"] > 0) == (boot != "another")
+    assert _checked_digest(path) == _checked_digest(db)
+
+
 def test_a_warm_survey_merged_in_rounds_equals_one_merge(tmp_path, small_store, monkeypatch):
     """On a warm proof cache the survey writes every function (its rows copied from the cache) and merges its
     shards in rounds beside the workers, as the rows phase does: the store is what one merge gives, sealed."""

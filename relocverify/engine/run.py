@@ -304,7 +304,7 @@ def _scope(store: Store, image: Image, functions: list[Function], config: str, v
     """The store made ready for a run of ``image``: runs a killed process left marked abandoned, the
     functions it finished merged in, the image and its functions added; the run started."""
     store.mark_abandoned_runs()
-    store.merge_shards(leftover_shards(store.path))  # functions a killed run finished are kept
+    store.merge_shards(leftover_shards(store.path, this_boot=True))  # functions a killed run finished are kept
     info = {"path": image.path, "format": image.format, "compression": image.compression,
             "symbols": image.symbol_source, "sections": [s.name for s in image.iter_executable_sections()],
             "notes": list(image.notes)}
