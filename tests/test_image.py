@@ -531,3 +531,37 @@ def test_two_processes_fetching_at_once_each_write_the_manifest_whole(tmp_path):
     assert [w.exitcode for w in workers] == [0, 0, 0]
     assert json.loads(path.read_text())["release"].endswith("-299")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_symbol_tables_parsed_before_are_read_back_by_their_bytes(tmp_path, monkeypatch):
+    """``loader.SymbolFiles`` keeps parsed symbol tables by a digest of the symbol and string tables' bytes: a
+    second load reads them back and gives the same image; a table whose names alone differ (the same symbol
+    records, another string table) is not taken for the first; a damaged file is parsed again and replaced."""
+    from relocverify.image import elf as elf_module
+    from relocverify.image.loader import SymbolFiles
+
+    monkeypatch.setenv("RELOCVERIFY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(elf_module, "MEMO_FROM", 0)  # the tiny ELF's table is kept too
+    (tmp_path / "one").mkdir()
+    one = build_elf(tmp_path / "one")
+    data = open(one, "rb").read()
+    assert data.count(b"f_two\0") == 1
+    other = tmp_path / "other.elf"  # the same symbol records, one name changed in the string table
+    other.write_bytes(data.replace(b"f_two\0", b"f_bis\0"))
+    parsed = load_image(one)
+    files = SymbolFiles()
+    kept = os.listdir(files.directory)
+    assert len(kept) == 1
+    calls = []
+    real = elf_module._symbol_rows
+    monkeypatch.setattr(elf_module, "_symbol_rows", lambda *a: calls.append(a) or real(*a))
+    again = load_image(one)
+    assert again == parsed and again.symbols == parsed.symbols and not calls, "read back, not parsed"
+    renamed = load_image(str(other))
+    assert len(calls) == 1 and "f_bis" in {s.name for s in renamed.symbols} - {s.name for s in parsed.symbols}
+    path = os.path.join(files.directory, kept[0])
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    assert load_image(one).symbols == parsed.symbols and len(calls) == 2, "a damaged file is parsed again"
+    assert load_image(one).symbols == parsed.symbols and len(calls) == 2, "and replaced"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import marshal
 import mmap
 import os
 import stat
@@ -71,7 +72,7 @@ def _load_image(path: str, system_map: str | os.PathLike | None) -> Image:
         except (OSError, ValueError) as exc:  # /proc files, special files, an empty file to mmap
             raise ImageError(f"{path}: cannot read as a kernel image: {exc}") from None
     try:
-        elf = read_elf(path, buffer, from_payload=format_ == "bzimage")
+        elf = read_elf(path, buffer, from_payload=format_ == "bzimage", memo=SymbolFiles())
         symbols, source = elf.symbols, elf.symbol_table
         notes: list[str] = []
         if system_map is not None:
@@ -167,6 +168,57 @@ def _hash_memo() -> dict:
     except (OSError, ValueError):
         return {}
     return memo if isinstance(memo, dict) else {}
+
+
+class SymbolFiles:
+    """Symbol tables parsed before (``elf.SymbolMemo``), a file each in ``<cache>/index/symbols/``, named by the
+    digest of the tables' bytes: the rows, marshalled, behind a check of their own.  The newest
+    ``SYMBOL_FILES`` are kept.  Like the content hashes beside them, a file that cannot be read or written only
+    costs a parse; one whose check fails is parsed again and replaced."""
+
+    def __init__(self, directory: str | None = None):
+        self.directory = directory or os.path.join(default_cache_dir(), "index", "symbols")
+
+    def _path(self, key: bytes) -> str:
+        return os.path.join(self.directory, key.hex() + ".marshal")
+
+    def get(self, key: bytes) -> list | None:
+        try:
+            with open(self._path(key), "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        head, blob = data[:len(_SYMBOLS_MAGIC) + 16], data[len(_SYMBOLS_MAGIC) + 16:]
+        if head != _SYMBOLS_MAGIC + hashlib.blake2b(key + blob, digest_size=16).digest():
+            return None
+        try:
+            rows = marshal.loads(blob)
+        except (EOFError, ValueError, TypeError):
+            return None
+        if not isinstance(rows, list):
+            return None
+        try:
+            os.utime(self._path(key))  # the newest are kept
+        except OSError:
+            pass
+        return rows
+
+    def put(self, key: bytes, rows: list) -> None:
+        blob = marshal.dumps(rows)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            write_atomic(self._path(key), _SYMBOLS_MAGIC + hashlib.blake2b(key + blob, digest_size=16).digest() + blob)
+            kept = sorted((e.stat().st_mtime_ns, e.path) for e in os.scandir(self.directory)
+                          if e.name.endswith(".marshal"))
+            for _, old in kept[:-SYMBOL_FILES]:
+                os.remove(old)
+        except Exception:  # noqa: BLE001 - a cache that cannot be written only costs the next run the parse
+            pass
+
+
+#: How many images' symbol tables ``SymbolFiles`` keeps (a vmlinux's is about 6 MB).
+SYMBOL_FILES = 16
+_SYMBOLS_MAGIC = b"RVSYM1\n"
 
 
 def _symbols_past_their_section(symbols, sections) -> int:
