@@ -3,7 +3,6 @@ depend on, found again when the kept value is damaged."""
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 
 import pytest
@@ -65,7 +64,7 @@ def test_the_key_follows_the_source_the_identity_and_other_symbols():
     assert sites_key(Fake(), b"other source") != base
     assert sites_key(Fake(identity="b" * 64), b"src") != base
     assert sites_key(Fake(source="system.map"), b"src") != base
-    moved = (symbols[0], dataclasses.replace(symbols[1], address=symbols[1].address + 1))
+    moved = (symbols[0], symbols[1]._replace(address=symbols[1].address + 1))
     # symbols from the ELF are its bytes' (the identity); any others enter the key themselves
     assert sites_key(Fake(syms=moved), b"src") == base
     assert sites_key(Fake(source="system.map", syms=moved), b"src") != sites_key(Fake(source="system.map"), b"src")

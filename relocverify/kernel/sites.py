@@ -40,8 +40,6 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-from dataclasses import dataclass, fields
-from operator import attrgetter
 from typing import Callable, Iterator, NamedTuple
 
 from iced_x86 import Decoder
@@ -51,9 +49,10 @@ from ..image.image import Image, Section
 from ..x86.registers import MASK64
 
 
-@dataclass(frozen=True)
-class Site:
-    """One kernel site: ``length`` bytes at ``address`` are special.
+class Site(NamedTuple):
+    """One kernel site: ``length`` bytes at ``address`` are special.  A ``NamedTuple``, a value like the frozen
+    dataclasses around it, because a kernel has so many: the Debian 6.1 vmlinux's 129,547 took 0.15-0.19 s to
+    make as frozen dataclasses when a run loaded them from the proof cache (``engine.site_memo``).
 
     Per kind, the optional fields mean:
 
@@ -87,7 +86,7 @@ class Site:
         return f"{self.kind} at {self.address:#x}+{self.length}" + (f": {self.detail}" if self.detail else "")
 
 
-_SITE_VALUES = attrgetter(*(f.name for f in fields(Site)))  # a site as the tuple ``Site(*values)`` takes
+_SITE_VALUES = tuple  # a site as the tuple ``Site._make`` takes: its values
 
 
 class PolicyRow(NamedTuple):
@@ -315,7 +314,7 @@ class SiteIndex:
     @classmethod
     def from_data(cls, data: tuple) -> SiteIndex:
         sites, missing, notes, stray = data
-        return cls({kind: [Site(*values) for values in found] for kind, found in sites.items()},
+        return cls({kind: list(map(Site._make, found)) for kind, found in sites.items()},
                    list(missing), list(notes), dict(stray))
 
     def stray_by_kind(self) -> dict[str, int]:
