@@ -4,7 +4,8 @@
   compiled against the headers of the pyvex it runs with: pyproject.toml's build requirements pin the
   same pyvex as its dependencies;
 * ``relocverify.engine.row_pack`` (``relocverify/engine/worker.py``) writes a function's packed row;
-* ``relocverify.engine.jump_walk`` (``relocverify/engine/jumps.py``) answers a function's jump probes.
+* ``relocverify.engine.jump_walk`` (``relocverify/engine/jumps.py``) answers a function's jump probes;
+* ``relocverify.store.tally`` (``relocverify/store/store.py``) adds up an image's packed counts for its summary.
 
 A machine without a C compiler still installs relocverify (all are optional) and runs their Python
 paths, more slowly; ``relocverify --version`` says which serve."""
@@ -52,4 +53,5 @@ setup(ext_modules=[_extension("relocverify.proof.irsb_walk", "relocverify/proof/
                    _extension("relocverify.engine.row_pack", "relocverify/engine/row_pack.c",
                               depends=["relocverify/engine/buffers.h"]),
                    _extension("relocverify.engine.jump_walk", "relocverify/engine/jump_walk.c",
-                              depends=["relocverify/engine/buffers.h"])])
+                              depends=["relocverify/engine/buffers.h"]),
+                   _extension("relocverify.store.tally", "relocverify/store/tally.c")])

@@ -125,12 +125,13 @@ def _versions() -> str:
     from ..engine.native_rows import JUMP_STATUS as JUMPS
     from ..engine.native_rows import STATUS as ROWS
     from ..proof.native_walk import STATUS as WALK
+    from ..store.native_tally import STATUS as TALLY
     from ..versions import tool_versions
 
     v = tool_versions()
     return (f"relocverify {v['relocverify']} (capstone {v['capstone']}, iced-x86 {v['iced']}, pyvex {v['pyvex']}, "
             f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']}; IR walk: {WALK}; "
-            f"packed rows: {ROWS}; jump-probe walk: {JUMPS})")
+            f"packed rows: {ROWS}; jump-probe walk: {JUMPS}; packed counts' tally: {TALLY})")
 
 
 class _Version(argparse.Action):
