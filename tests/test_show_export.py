@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -319,6 +320,27 @@ def test_show_refuses_a_file_that_is_neither(tmp_path, index_cache):
     text.write_text("hello\n")
     rc, _, err = _cli("show", str(text), "f_main")
     assert rc == 2 and err
+
+
+def test_an_index_a_killed_process_was_making_is_swept_away(small, tmp_path, index_cache):
+    """``image_index.indexed`` builds an image's index in a file of its own (``<key>.sqlite.<pid>.tmp``) and renames
+    it: the file of a process killed half way is deleted when the next index is made, a living process's is not."""
+    import sys
+
+    from relocverify.store.image_index import indexed
+
+    vmlinux, _ = small
+    directory = tmp_path / "cache" / "index"
+    directory.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = directory / f"{'0' * 32}.sqlite.{int(gone.stdout)}.tmp"
+    living = directory / f"{'1' * 32}.sqlite.{os.getppid()}.tmp"
+    other = directory / "notes.123.tmp"
+    for f in dead, living, other:
+        f.write_bytes(b"half an index")
+    assert indexed(str(vmlinux)).functions
+    assert not dead.exists() and living.exists() and other.exists()
+    assert sorted(p.suffix for p in directory.iterdir() if p.suffix == ".sqlite") == [".sqlite"]
 
 
 def test_fold_never_cuts_a_word():

@@ -27,6 +27,7 @@ from ..image.functions import Function, find_functions, iter_instruction_spans
 from ..image.image import Image, Section, Symbol
 from ..image.locations import FunctionIndex, Location, LocationSpec
 from ..kernel.sites import Site, find_sites, kind_key
+from ..processes import alive
 from ..versions import versions_tag
 
 INDEX_FORMAT = "3"  # 3: the loader's notes kept
@@ -143,6 +144,18 @@ def _key(path: str, system_map: str | None, kernel: bool) -> str:
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
+def _sweep(directory: str) -> None:
+    """The files of indexes that processes now gone were making (``<key>.sqlite.<pid>.tmp``: killed half way)
+    deleted."""
+    for name in os.listdir(directory):
+        head, _, pid = name[:-len(".tmp")].rpartition(".") if name.endswith(".tmp") else ("", "", "")
+        if head.endswith(".sqlite") and pid.isdigit() and not alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 def indexed(path: str, system_map: str | None = None, kernel: bool = True, cache_dir: str | None = None) -> Indexed:
     """See the module doc.  ``kernel``: require a kernel image (``loader.require_kernel``) and index its sites.
     A cache that cannot hold the index (a read-only home, a cache path that is a file or a dangling link, a
@@ -156,6 +169,7 @@ def indexed(path: str, system_map: str | None = None, kernel: bool = True, cache
     tmp = f"{file}.{os.getpid()}.tmp"
     try:
         os.makedirs(directory, exist_ok=True)
+        _sweep(directory)
         db = sqlite3.connect(tmp)
         try:
             fill(db)
@@ -163,6 +177,8 @@ def indexed(path: str, system_map: str | None = None, kernel: bool = True, cache
             db.close()
         os.replace(tmp, file)
     except (OSError, sqlite3.Error):
+        pass
+    finally:  # an index not made whole (no room, or a question refused: not a kernel) leaves no file behind
         try:
             os.unlink(tmp)
         except OSError:
