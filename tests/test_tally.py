@@ -28,15 +28,25 @@ _function = st.tuples(st.integers(1, 1 << 40), st.sampled_from([".text", ".init.
                                max_size=12))
 
 
+_masks = st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 4096), st.one_of(st.integers(1, 64),
+                                                                                  st.integers(0, (1 << 32) - 1))),
+                                         max_size=6))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_function, max_size=40), st.frozensets(st.integers(1, 40), max_size=10), st.booleans())
-def test_c_adds_up_as_the_python_loop(functions, weak, as_set):
-    """The same sections, ids, sums (counts of 0 and sums past 32 bits included) and weak rows, in order."""
+@given(st.lists(st.tuples(_function, _masks), max_size=40), st.frozensets(st.integers(1, 40), max_size=10),
+       st.booleans(), st.booleans())
+def test_c_adds_up_as_the_python_loop(functions, weak, as_set, with_sites):
+    """The same sections, ids, sums (counts of 0 and sums past 32 bits included), weak rows, in order, and site
+    masks (every mask a u32, a row without sites counting none)."""
     rows = [(fid, section, pack_ids([o for o, _ in pairs]), pack_u32([n for _, n in pairs]))
-            for fid, section, pairs in functions]
+            + ((None if sites is None else pack_u32([v for pair in sites for v in pair]),) if with_sites else ())
+            for (fid, section, pairs), sites in functions]
     weak = set(weak) if as_set else weak
     assert tally.add(rows, weak) == add_counts(rows, frozenset(weak))
-    got, weak_rows = tally.add(rows, weak)
+    got, weak_rows, masks = tally.add(rows, weak)
+    assert list(masks.items()) == list(add_counts(rows, frozenset(weak))[2].items())
+    assert sum(masks.values()) == sum(len(s or ()) for _, s in functions) * with_sites
     assert [list(d) for d in got.values()] == [list(d) for d in add_counts(rows, frozenset(weak))[0].values()]
     assert all(r is w for r, w in zip(weak_rows, [r for r in rows if set(array("i", r[2])) & set(weak)]))
 
@@ -46,5 +56,7 @@ def test_bad_rows_are_refused_not_misread():
         tally.add([(1, ".text", b"\0\0\0", pack_u32([1]))], frozenset())
     with pytest.raises(TypeError):
         tally.add([(1, ".text", pack_ids([1]))], frozenset())
+    with pytest.raises(ValueError, match="pairs"):
+        tally.add([(1, ".text", pack_ids([1]), pack_u32([1]), pack_u32([4]))], frozenset())
     with pytest.raises(TypeError):
         tally.add([], [1])

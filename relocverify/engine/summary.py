@@ -19,7 +19,7 @@ def summarize(store: Store, image: int, image_info: dict, functions: int, expect
     by_section: dict[str, Counter] = {}
     by_class: dict[str, Counter] = {}
     reasons, methods, plans, site_rows = Counter(), Counter(), Counter(), Counter()
-    rows, weak_functions = store.tallies(image)
+    rows, weak_functions, packed_sites = store.tallies(image, sites=site_index is not None)
     for sec, verdict, method, kind, _rule, klass, rkey, n in rows:
         by_verdict[verdict] += n
         by_section.setdefault(sec, Counter())[verdict] += n
@@ -27,7 +27,7 @@ def summarize(store: Store, image: int, image_info: dict, functions: int, expect
         reasons[rkey] += n
         methods[method] += n
         plans[kind] += n
-    for mask, n in (store.site_counts(image) if site_index is not None else ()):
+    for mask, n in (store.site_counts(image, packed_sites) if site_index is not None else ()):
         for k in site_kinds(mask):
             site_rows[k] += n
     by_function: dict[str, Counter] = {}

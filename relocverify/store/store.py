@@ -281,36 +281,38 @@ class ImageReads:
         """(section, verdict, method, plan kind, rule, class, reason key, n), from the functions' packed counts."""
         yield from self.tallies(image)[0]
 
-    def tallies(self, image: int) -> tuple[list[tuple], dict[int, dict[str, int]]]:
+    def tallies(self, image: int, sites: bool = False) -> tuple[list[tuple], dict[int, dict[str, int]], dict[int, int]]:
         """One scan of the image's packed counts (added up by integer ids, named once per outcome): the rows
-        of ``counts``, and per function with an instruction that is not proved its counts by verdict.  The
-        adding up is ``tally.c``'s when it is built (0.12 s of Python over a kernel's 616 thousand pairs,
-        0.02 s in C), else ``add_counts``."""
+        of ``counts``, per function with an instruction that is not proved its counts by verdict, and (``sites``)
+        the packed rows' instructions per site mask, for ``site_counts``.  The adding up is ``tally.c``'s when it
+        is built (0.12 s of Python over a kernel's 616 thousand pairs, 0.005 s in C), else ``add_counts``."""
         fields = self._outcome_fields()
         verdict_of = {oid: o[0].value for oid, o in fields.items()}
         weak = frozenset(oid for oid, v in verdict_of.items() if v != Verdict.PROVED.value)
-        packed = self.db.execute("SELECT p.function, f.section, p.outcomes, p.counts FROM packed p JOIN functions f "
-                                 "ON f.id = p.function WHERE f.image=?", (image,)).fetchall()
-        by_section, weak_rows = (TALLY.add if TALLY is not None else add_counts)(packed, weak)
+        packed = self.db.execute(f"SELECT p.function, f.section, p.outcomes, p.counts{', p.sites' if sites else ''} "
+                                 "FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=?",
+                                 (image,)).fetchall()
+        by_section, weak_rows, masks = (TALLY.add if TALLY is not None else add_counts)(packed, weak)
         weak_functions = {fid: _by_verdict(unpack_ids(oids), unpack_u32(cs), verdict_of)
-                          for fid, _, oids, cs in weak_rows}
+                          for fid, _, oids, cs, *_ in weak_rows}
         rows = [(section, fields[oid][0].value) + fields[oid][1:6] + (n,)
                 for section, per in sorted(by_section.items()) for oid, n in sorted(per.items()) if n]
-        return rows, weak_functions
+        return rows, weak_functions, masks
 
     def function_names(self, image: int) -> dict[int, str]:
         return dict(self.db.execute("SELECT id, name FROM functions WHERE image=?", (image,)))
 
-    def site_counts(self, image: int) -> Iterator[tuple[int, int]]:
-        """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks and
-        the full rows'."""
+    def site_counts(self, image: int, packed: dict[int, int] | None = None) -> Iterator[tuple[int, int]]:
+        """(site kinds mask, instructions) over the instructions at kernel sites: the packed rows' masks (``packed``:
+        as ``tallies(image, sites=True)`` counted them) and the full rows'."""
         totals = Counter(dict(self.db.execute(
             "SELECT i.sites, count(*) FROM instructions i JOIN functions f ON f.id = i.function "
             "WHERE i.sites IS NOT NULL AND f.image=? GROUP BY 1", (image,))))
-        pairs = unpack_u32(b"".join(blob for (blob,) in self.db.execute(
-            "SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=? "
-            "AND p.sites IS NOT NULL", (image,))))
-        totals.update(pairs[1::2])
+        if packed is None:
+            packed = Counter(unpack_u32(b"".join(blob for (blob,) in self.db.execute(
+                "SELECT p.sites FROM packed p JOIN functions f ON f.id = p.function WHERE f.image=? "
+                "AND p.sites IS NOT NULL", (image,))))[1::2])
+        totals.update(packed)
         yield from sorted(totals.items())
 
 
@@ -980,13 +982,18 @@ class Store(Results):
             self._checkpoint = None
 
 
-def add_counts(packed: list[tuple], weak: frozenset[int]) -> tuple[dict[str, dict[int, int]], list[tuple]]:
-    """(section -> {outcome id -> instructions}, the rows naming an outcome in ``weak``) of the rows (function,
-    section, outcomes, counts) of ``packed`` (``store.packed_rows``): what ``tally.c`` computes, in Python."""
+def add_counts(packed: list[tuple], weak: frozenset[int]
+               ) -> tuple[dict[str, dict[int, int]], list[tuple], dict[int, int]]:
+    """(section -> {outcome id -> instructions}, the rows naming an outcome in ``weak``, site mask ->
+    instructions) of the rows (function, section, outcomes, counts[, sites]) of ``packed``
+    (``store.packed_rows``): what ``tally.c`` computes, in Python."""
     by_section: dict[str, dict[int, int]] = {}
     weak_rows = []
+    masks: dict[int, int] = {}
     for row in packed:
-        _, section, oids, cs = row
+        _, section, oids, cs, *sites = row
+        for mask in unpack_u32(sites[0])[1::2] if sites else ():
+            masks[mask] = masks.get(mask, 0) + 1
         oids = unpack_ids(oids)
         mine = by_section.get(section)
         if mine is None:
@@ -995,7 +1002,7 @@ def add_counts(packed: list[tuple], weak: frozenset[int]) -> tuple[dict[str, dic
             mine[oid] = mine.get(oid, 0) + n
         if not weak.isdisjoint(oids):
             weak_rows.append(row)
-    return by_section, weak_rows
+    return by_section, weak_rows, masks
 
 
 def _by_verdict(oids, counts, verdict_of: dict[int, str]) -> dict[str, int]:

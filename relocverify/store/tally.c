@@ -1,11 +1,12 @@
 /* relocverify.store.tally: an image's packed counts added up, for ``store.store.ImageReads.tallies`` (the
    summary of every run, ``report`` and ``show``).
 
-   ``add(rows, weak)`` takes the rows of ``SELECT p.function, f.section, p.outcomes, p.counts`` (a function's
-   outcome ids, int32, and its instructions per outcome, uint32, both little-endian: store/packed_rows.py)
-   and the outcome ids that are not ``proved``.  It returns (section -> {outcome id -> instructions}, the rows
-   of the functions that name an outcome of ``weak``), as the Python loop of ``tallies`` makes them: every
-   (id, count) pair added, a count of 0 included, in the rows' order.
+   ``add(rows, weak)`` takes the rows of ``SELECT p.function, f.section, p.outcomes, p.counts[, p.sites]`` (a
+   function's outcome ids, int32, its instructions per outcome, uint32, and its (offset, site mask) pairs,
+   uint32, all little-endian: store/packed_rows.py) and the outcome ids that are not ``proved``.  It returns
+   (section -> {outcome id -> instructions}, the rows of the functions that name an outcome of ``weak``,
+   site mask -> instructions), as ``store.store.add_counts`` makes them: every (id, count) pair added, a
+   count of 0 included, in the rows' order.
 
    It is a second implementation of that loop, not of any decision: ``tests/test_store.py`` holds the two
    alike on generated rows, and the whole-kernel test compares the summary's counts with the recorded ones. */
@@ -101,11 +102,12 @@ static int sums_add(Sums *t, int32_t key, uint32_t n) {
     return 0;
 }
 
-static PyObject *sums_dict(const Sums *t) {
+static PyObject *sums_dict(const Sums *t, int unsigned_keys) {
     PyObject *d = PyDict_New();
     for (Py_ssize_t k = 0; d != NULL && k < t->n; k++) {
         int32_t key = t->order[k];
-        PyObject *ko = PyLong_FromLong(key), *vo = PyLong_FromLongLong(t->sums[slot(t, key)]);
+        PyObject *ko = unsigned_keys ? PyLong_FromUnsignedLong((uint32_t)key) : PyLong_FromLong(key),
+                 *vo = PyLong_FromLongLong(t->sums[slot(t, key)]);
         if (ko == NULL || vo == NULL || PyDict_SetItem(d, ko, vo) < 0)
             Py_CLEAR(d);
         Py_XDECREF(ko);
@@ -144,6 +146,27 @@ done:
     return rc;
 }
 
+/* The site masks of a packed row's (offset, mask) pairs counted; None counts nothing. */
+static int add_masks(Sums *masks, PyObject *sites) {
+    if (sites == Py_None)
+        return 0;
+    Py_buffer b;
+    if (PyObject_GetBuffer(sites, &b, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = 0;
+    if (b.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "sites are whole (offset, mask) pairs of 4-byte items");
+        rc = -1;
+    }
+    for (Py_ssize_t i = 4; rc == 0 && i < b.len; i += 8)
+        if (sums_add(masks, read_i32((const char *)b.buf + i), 1) < 0) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+    PyBuffer_Release(&b);
+    return rc;
+}
+
 /* ``weak``'s ids as a table (an id outside int32 can name no stored outcome: left out). */
 static int weak_table(PyObject *weak, Sums *t) {
     if (sums_init(t) < 0)
@@ -178,18 +201,24 @@ static PyObject *add(PyObject *self, PyObject *args) {
     if (seq == NULL)
         return NULL;
     PyObject *index = PyDict_New(), *sections = PyList_New(0), *weak_rows = PyList_New(0), *out = NULL;
-    Sums weak_ids = {NULL, NULL, NULL, NULL, 0, 0};
+    Sums weak_ids = {NULL, NULL, NULL, NULL, 0, 0}, masks = {NULL, NULL, NULL, NULL, 0, 0};
     Sums *tables = NULL;
     Py_ssize_t ntables = 0;
     if (index == NULL || sections == NULL || weak_rows == NULL || weak_table(weak, &weak_ids) < 0)
         goto done;
+    if (sums_init(&masks) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 4) {
-            PyErr_SetString(PyExc_TypeError, "a row is (function, section, outcomes, counts)");
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 4 || PyTuple_GET_SIZE(row) > 5) {
+            PyErr_SetString(PyExc_TypeError, "a row is (function, section, outcomes, counts[, sites])");
             goto done;
         }
+        if (PyTuple_GET_SIZE(row) == 5 && add_masks(&masks, PyTuple_GET_ITEM(row, 4)) < 0)
+            goto done;
         PyObject *section = PyTuple_GET_ITEM(row, 1), *at = PyDict_GetItemWithError(index, section);
         Py_ssize_t k;
         if (at != NULL) {
@@ -220,18 +249,22 @@ static PyObject *add(PyObject *self, PyObject *args) {
     }
     PyObject *by_section = PyDict_New();
     for (Py_ssize_t k = 0; by_section != NULL && k < ntables; k++) {
-        PyObject *d = sums_dict(&tables[k]);
+        PyObject *d = sums_dict(&tables[k], 0);
         if (d == NULL || PyDict_SetItem(by_section, PyList_GET_ITEM(sections, k), d) < 0)
             Py_CLEAR(by_section);
         Py_XDECREF(d);
     }
-    if (by_section != NULL)
-        out = Py_BuildValue("(NO)", by_section, weak_rows);
+    PyObject *mask_counts = by_section == NULL ? NULL : sums_dict(&masks, 1);
+    if (mask_counts != NULL)
+        out = Py_BuildValue("(NON)", by_section, weak_rows, mask_counts);
+    else
+        Py_XDECREF(by_section);
 done:
     for (Py_ssize_t k = 0; k < ntables; k++)
         sums_free(&tables[k]);
     PyMem_Free(tables);
     sums_free(&weak_ids);
+    sums_free(&masks);
     Py_DECREF(seq);
     Py_XDECREF(index);
     Py_XDECREF(sections);
