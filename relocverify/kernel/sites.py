@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+from operator import itemgetter
 from typing import Callable, Iterator, NamedTuple
 
 from iced_x86 import Decoder
@@ -87,6 +88,7 @@ class Site(NamedTuple):
 
 
 _SITE_VALUES = tuple  # a site as the tuple ``Site._make`` takes: its values
+_ADDRESS, _ADDRESS_LENGTH = itemgetter(1), itemgetter(1, 2)  # a site's address; its (address, length)
 
 
 class PolicyRow(NamedTuple):
@@ -290,15 +292,14 @@ class SiteIndex:
 
     def __init__(self, sites: dict[str, list[Site]], missing: list[str], notes: list[str],
                  stray: dict[str, int]) -> None:
-        self._sites = {kind: tuple(sorted(found, key=lambda s: (s.address, s.length)))
-                       for kind, found in sites.items()}
+        self._sites = {kind: tuple(sorted(found, key=_ADDRESS_LENGTH)) for kind, found in sites.items()}
         self.missing = tuple(missing)
         self.notes = tuple(notes)
         self._stray = dict(stray)
         every = [site for found in self._sites.values() for site in found if site.length > 0]
-        points = sorted((s for s in every if s.length <= self.POINT_LIMIT), key=lambda s: s.address)
+        points = sorted((s for s in every if s.length <= self.POINT_LIMIT), key=_ADDRESS)
         self._points = points
-        self._point_starts = [s.address for s in points]
+        self._point_starts = list(map(_ADDRESS, points))
         self._reach = max((s.length for s in points), default=0)
         self._bounds, self._segments = _segment(s for s in every if s.length > self.POINT_LIMIT)
 
