@@ -8,9 +8,12 @@ for, each made of phases (``engine/phases``) that the scheduler drives on one po
     verdicts      survey, proofs, rows: one verdict per instruction (``phases.board`` says what they share)
     replacements  every alternative's replacement, verified at its live address
     passes        analyses added from outside (``engine.passes``)
+    stored_passes readings of the stored rows (``engine.passes.StoredPass``: the tracer audit)
     jump_probes   per instruction, whether a jump probe can sit there
 
-and makes the summary from the store.  Functions already stored under the same configuration (trampoline,
+and makes the summary from the store, with each stored pass's section added after the run is recorded (the
+section is what this run's request read, not part of the run: the same command again, answered from the store
+by ``again``, does not repeat it).  Functions already stored under the same configuration (trampoline,
 tool versions, sites) are skipped, so a rerun resumes where a run stopped.  A solver timeout, a hang or a
 crashing worker makes the instructions concerned ``unknown`` with the reason, and the run goes on.
 """
@@ -46,6 +49,7 @@ from .phases.pass_rows import PassRows
 from .phases.proofs import Proofs
 from .phases.replacements import Replacements
 from .phases.rows import Rows
+from .phases.stored_rows import StoredRows
 from .phases.survey import StoredCount, Survey
 from .pipeline import WATCHDOG_MARGIN_S
 from .site_memo import found_sites, kept_sites, site_data
@@ -68,6 +72,7 @@ class RunOptions:
     jump_probes: bool = False  # also answer, per instruction, whether a jump probe can sit there
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
     passes: tuple = ()  # passes over every function after the verdicts (``engine.passes.FunctionPass``)
+    stored_passes: tuple = ()  # passes over every function's stored rows (``engine.passes.StoredPass``)
 
 
 class Session:
@@ -208,6 +213,7 @@ class Verification:
     jump_proofs: int | None = None
     unchecked: tuple[str, ...] = ()
     passes: dict | None = None  # pass name -> its section of the summary (None: no passes asked)
+    stored: dict | None = None  # stored pass name -> its section (None: none asked)
 
 
 def run(image: Image, store_path: str, options: RunOptions, progress: Progress | None = None,
@@ -221,7 +227,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
     rules = POLICIES[options.policy]
     tag = cache_tag(rules)
     config = _config(options, tag)
-    previous = None if options.jump_probes else _again(image.identity, store_path, config, options, t0)
+    previous = None if options.jump_probes or options.stored_passes else _again(image.identity, store_path, config,
+                                                                                 options, t0)
     if previous is not None:
         return previous
     own = session is None
@@ -248,6 +255,8 @@ def run(image: Image, store_path: str, options: RunOptions, progress: Progress |
             summary = _summary(store, image, scope, len(functions), sites, work, options.jump_probes, phases)
         _add_run_section(summary, scope, work, phases, versions, time.monotonic() - t0)
         store.finish_run(scope.run_id, "complete", summary)
+        if work.stored is not None:
+            summary["stored_passes"] = work.stored
     finally:
         store.close()
         if own:
@@ -380,6 +389,22 @@ def _passes(w: Work) -> dict:
     return out
 
 
+def _stored_passes(w: Work) -> dict:
+    """Each stored pass's section, by name, in the order the options give them.  The stored verdicts are read as
+    claims: the image's seals are checked first (``StoreError`` if some were altered)."""
+    image_id = w.scope.image_id
+    w.store.check_seals(image_id)
+    functions = len(w.store.function_names(image_id))
+    if w.options.limit is not None:
+        functions = min(functions, w.options.limit)
+    out = {}
+    for k, p in enumerate(w.options.stored_passes):
+        phase = StoredRows(w.job.image, image_id, k, p, functions)
+        drive(w.pool, phase, w.progress)
+        out[p.name] = phase.section
+    return out
+
+
 def _jump_probes(w: Work) -> int:
     """The block proofs the jump-probe answers took (the answers themselves go to the store)."""
     if w.own:  # the block proofs need nothing the workers learned: new ones start without its memory
@@ -411,6 +436,8 @@ PHASES: tuple[PhaseRow, ...] = (
              "what a kernel runs is also each alternative's replacement, patched in at boot"),
     PhaseRow("passes", lambda o, sites: bool(o.passes), _passes, True,
              "analyses added from outside (``engine.passes``), after the verdicts they may read"),
+    PhaseRow("stored_passes", lambda o, sites: bool(o.stored_passes), _stored_passes, True,
+             "readings of every function's stored verdicts (the tracer audit), once they are all written"),
     PhaseRow("jump_probes", lambda o, sites: o.jump_probes, _jump_probes, True,
              "asked for: whether a jump probe can sit on each instruction, which reads the stored verdicts"),
 )
@@ -431,7 +458,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
         ranges = patch_ranges(image, functions, sites, options.policy)
     job = Job(image, scope.functions, options.tramp, options.timeout_s, sites, cached, options.cache_dir, tag,
               store.path, scope.config_id, store.outcome_ids_now(), skip, scope.stale, rules, ranges,
-              options.reuse_rows, options.passes)
+              options.reuse_rows, options.passes, options.stored_passes)
     session.pool_for(job)
     phases["setup_s"] = phases.get("setup_s", 0.0) + time.monotonic() - t0  # the overlaps, the job, the pool
     work = Work(session, own, job, store, scope, options, cache, cached, tag, config, progress, phases)
@@ -448,7 +475,7 @@ def _verify(image: Image, store: Store, scope: Scope, functions: list[Function],
     counts, expected = found["verdicts"]
     unchecked = tuple(ranges.unchecked) if ranges is not None else ()
     return Verification(expected, counts, found.get("replacements"), found.get("jump_probes"), unchecked,
-                        found.get("passes"))
+                        found.get("passes"), found.get("stored_passes"))
 
 
 def _summary(store: Store, image: Image, scope: Scope, functions: int, sites, work: Verification,
@@ -487,7 +514,7 @@ def again(identity: str, store_path: str, options: RunOptions) -> dict | None:
     the image: the summary when the store holds a complete run of it under the same configuration and
     scope (recorded as a new run), else None (then ``run`` has work to do).  What lets a repeated
     ``vmlinux`` command skip loading the image (``image.loader.remembered_identity``)."""
-    if options.jump_probes:
+    if options.jump_probes or options.stored_passes:
         return None
     return _again(identity, store_path, _config(options, cache_tag(POLICIES[options.policy])), options,
                   time.monotonic())

@@ -11,9 +11,9 @@ verdicts' three:
            apply kernel sites and their variants, and write whole functions
            to the store, one transaction per batch.
 
-and the other phases' (``replacements``, ``jump_probes``, ``pass_rows``, ``count``).  A ``Worker`` keeps
-what it learns for the whole run: the survey's keys per function, the findings it was given and the ones
-it made.  It is built from a ``Job``, everything a run shares, which a local pool hands to forked
+and the other phases' (``replacements``, ``jump_probes``, ``pass_rows``, ``stored_rows``, ``count``).  A
+``Worker`` keeps what it learns for the whole run: the survey's keys per function, the findings it was given
+and the ones it made.  It is built from a ``Job``, everything a run shares, which a local pool hands to forked
 processes and a distributed one rebuilds from the image's path.
 """
 
@@ -42,7 +42,7 @@ from ..x86.decode import decode
 from ..x86.registers import MASK64
 from .keys import KeyMaker, per_instance
 from .native_rows import ROW_PACK
-from .passes import PassMemo
+from .passes import PassMemo, StoredReader
 from .pipeline import Prover, answers_json
 from .row_keeper import RowKeeper
 from .row_memo import function_key
@@ -88,6 +88,7 @@ class Job:
     ranges: object = None  # kernel.patch_range.PatchRanges, when the run answers for jump probes
     reuse_rows: bool = True  # copy functions' rows the proof cache keeps (``row_memo``), and keep new ones
     passes: tuple = ()  # the run's passes (``engine.passes.FunctionPass``), after the verdicts
+    stored: tuple = ()  # the run's passes over the stored rows (``engine.passes.StoredPass``), after the verdicts
 
 
 def empty_harvest() -> tuple[dict, dict, dict, dict]:
@@ -673,6 +674,35 @@ class ProbeTasks:
             self._tell(1)
         return out
 
+    def stored_rows(self, index: int, image_id: int, lo: int, hi: int) -> object:
+        """The value of the job's stored pass ``index`` (``engine.passes.StoredPass``) over the image's functions
+        at positions ``lo`` to ``hi`` of its stored rows, read from the store here; the pass's state is made the
+        first time this worker runs it and kept for the session (its images)."""
+        p = self.job.stored[index]
+        states = self.__dict__.setdefault("_stored_states", {})
+        if p.name not in states:
+            states[p.name] = p.start()
+        reader = self.__dict__.get("_stored_reader")
+        if reader is None:
+            reader = self._stored_reader = StoredReader()
+        return p.chunk(states[p.name], self.job.image, self._handed(reader.functions(self.job.store_path,
+                                                                                     image_id, lo, hi)))
+
+    def _handed(self, functions: list):
+        """``functions`` one by one, each told as the item in hand (``current``) while the pass is on it, and as
+        done (``progress``) once it is past it."""
+        for i, f in enumerate(functions):
+            if self.current is not None:
+                self.current(i)
+            yield f
+            self._tell(1)
+
+    def stored_rows_done(self) -> None:
+        """The end of a stored pass's phase: the store this worker read is closed (the run's own close is last)."""
+        reader = self.__dict__.get("_stored_reader")
+        if reader is not None:
+            reader.close()
+
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:
         """(alternative index, site, address, bytes, finding) for every instruction of the replacements
@@ -756,6 +786,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
         self._forget_plain()
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)
+        self.stored_rows_done()  # a stored pass's state stays (``stored_rows``); its reading of the last image goes
         self.kept.next_image()
 
     # -- helpers -------------------------------------------------------------------
@@ -876,6 +907,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
 
     def close(self) -> None:
         self.close_shard()
+        self.stored_rows_done()
         self.kept.flush(self.job.cache_dir)
         self.kept.close()
 

@@ -15,6 +15,10 @@ REPLACEMENT_CHUNK = 256
 JUMP_CHUNK = 32
 #: Functions per task of a pass added from outside (``engine.passes``).
 PASS_CHUNK = 64
+#: Functions per task of a pass over the stored rows (``engine.passes.StoredPass``): a chunk's value is merged
+#: whole in the parent, so larger chunks leave it less to merge (what repeats from function to function, such as
+#: the audit's cases, is merged once per chunk).
+STORED_CHUNK = 128
 #: The survey's and the rows phase's shards are closed and merged into the store (``Store.merge_shards_behind``,
 #: ``schedule.rounds``) this many times, the last at the phase's end, so that most of the merging runs beside the workers rather than after
 #: them.  More rounds mean smaller merges, each with its own transaction.
