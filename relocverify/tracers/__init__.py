@@ -3,7 +3,9 @@
 One module per tracer and version (``kprobes_6_1``, ``kprobes_6_12``, ``uprobes_6_1``, ...), over
 shared model code (``kprobes``, ``uprobes``, ...); ``history`` holds versions from before known
 fixes.  ``model.py`` says what a model answers; ``judge.py`` proves an answer; ``audit.py``
-buckets every instruction of an image per tracer.  Nothing below this package imports it.
+buckets every instruction of an image per tracer, in one process; ``audit_pass.py`` does the same as a
+pass of the engine's run, on its workers; ``run.py`` audits whole inputs.  Nothing below this package
+imports it.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ class TracerOutcome:
         return (self.kind, self.verdict, self.reason, self.method, self.group, self.detail)
 
 
-_NOT_MODELS = frozenset({"audit.py", "__init__.py"})  # bucketing and the registry: no outcome depends on them
+#: Bucketing (one process, or a pass of the run) and the registry: no outcome depends on them.
+_NOT_MODELS = frozenset({"audit.py", "audit_pass.py", "__init__.py"})
 
 
 def models_digest() -> str:
@@ -199,6 +200,22 @@ class Tally:
         g[0] += count
         g[2].extend(examples[:EXAMPLES - len(g[2])])
 
+    def merge(self, other: Tally) -> None:
+        """``other``'s adds made here after this tally's own, as if one by one: counts summed, a group first seen
+        in ``other`` placed after this tally's groups, each group's first instances kept."""
+        self.instructions += other.instructions
+        for b, n in other.buckets.items():
+            self.buckets[b] += n
+        for m, n in other.cpu.items():
+            self.cpu[m] += n
+        for k, (n, detail, examples) in other.groups.items():
+            g = self.groups.get(k)
+            if g is None:
+                self.groups[k] = [n, detail, list(examples)]
+            else:
+                g[0] += n
+                g[2].extend(examples[:EXAMPLES - len(g[2])])
+
     def as_json(self) -> dict:
         groups: dict[str, list] = {b: [] for b in BUCKETS}
         for (bucket, group), (n, detail, examples) in sorted(self.groups.items(), key=lambda kv: -kv[1][0]):
@@ -216,6 +233,50 @@ def cpu_replay(by_method: dict) -> dict:
     the rest stayed unknown (the CPU saw no difference, the instruction needs the guest, or was not run)."""
     return {"confirmed": by_method.get("cpu", 0), "no_difference": by_method.get("cpu-same", 0),
             "needs_guest": by_method.get("cpu-guest", 0), "not_run": by_method.get("cpu-not-run", 0)}
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """What one ``Auditor.verdict`` found, as a worker of the audit pass keeps it for the parent to replay
+    (``audit_pass``): the proof key and the obligation looked up (None: none, or not looked up); where the
+    answer came from (``source``: 'proof', 'obligation', or 'made' here); the answer (verdict, reason, method,
+    counterexample).  For 'made': the (piece key, answer) pairs composing the block read or learned, in order
+    (None: not a composable block), whether it was composed, whether the CPU replayed a counterexample, the proof
+    filed under the key (None: none) and the obligation's entry filed (None: none)."""
+
+    key: bytes | None
+    same: bytes | None
+    source: str
+    value: tuple
+    pieces: tuple | None = None
+    composed: bool = False
+    replayed: bool = False
+    proof: CachedProof | None = None
+    filed: tuple | None = None
+
+
+def unfiled(seen: tuple) -> tuple:
+    """An obligation's entry (verdict, reason, method, counterexample as JSON) as ``verdict`` answers it."""
+    verdict, reason, method, cex_json = seen
+    return verdict, reason, method, json.loads(cex_json) if cex_json else None
+
+
+class _Reading:
+    """The pieces' answers as ``proof.block.composed`` reads and extends them, with every (key, answer) it read or
+    learned, in order (``read``)."""
+
+    def __init__(self, known: dict):
+        self.known, self.read = known, []
+
+    def get(self, key):
+        ok = self.known.get(key)
+        if ok is not None:
+            self.read.append((key, ok))
+        return ok
+
+    def __setitem__(self, key, ok) -> None:
+        self.known[key] = ok
+        self.read.append((key, ok))
 
 
 class Auditor:
@@ -245,20 +306,37 @@ class Auditor:
         self.counts = {"keys_judged": 0, "proofs_made": 0, "proofs_shared": 0, "per_instance": 0,
                        "pieces_proved": 0, "blocks_composed": 0, "cpu_replays": 0}
         self.pieces: dict[bytes, bool] = {}  # proof.block.piece_key -> piece_proved, for this audit's blocks
+        # Kept only in a worker of the audit pass (``audit_pass``), for the parent to replay: what each ``verdict``
+        # found (``Told``), and each walk computed here ((spec, key, offsets not reached)).  None: not kept.
+        self.trace: list | None = None
+        self.walked: list | None = None
 
     def walk(self, spec: str, data: bytes, start: int, offsets: list[int]) -> frozenset[int]:
         """The offsets of a function that kprobes' can_probe walk (``linux_facts.boundaries``) does not
         reach, remembered by the function's bytes and start (a warm audit decodes nothing)."""
-        memo = self.walks.get(spec)
-        if memo is None:
-            memo = self.walks[spec] = self.memo.load(self.tag + b"|walk|" + spec.encode(), "walks")
+        memo = self._walks(spec)
         k = hashlib.blake2b(data, digest_size=12).digest() + start.to_bytes(8, "little")
         hit = memo.get(k)
         if hit is None:
             reached = linux_facts.boundaries(spec, data, offsets)
             hit = memo[k] = tuple(o for o in offsets if o not in reached)
             self.walks_changed.add(spec)
+            if self.walked is not None:
+                self.walked.append((spec, k, hit))
         return frozenset(hit)
+
+    def learn_walk(self, spec: str, k: bytes, hit: tuple) -> None:
+        """A walk another process made (``walk``'s memo entry ``k``), kept here as if made here."""
+        memo = self._walks(spec)
+        if k not in memo:
+            memo[k] = hit
+            self.walks_changed.add(spec)
+
+    def _walks(self, spec: str) -> dict:
+        memo = self.walks.get(spec)
+        if memo is None:
+            memo = self.walks[spec] = self.memo.load(self.tag + b"|walk|" + spec.encode(), "walks")
+        return memo
 
     def close(self) -> None:
         if len(self.verdicts) != self.verdicts_known:
@@ -312,51 +390,73 @@ class Auditor:
         proof key (shared with other tracers and the engine's plans), else the same obligation judged
         before (single instructions: blocks are remembered per function instead), else proved now."""
         key = proof_key(insn, answer, self.tramp, self.rules, where)
-        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
-        if hit is not None and hit.reason.startswith(UNCONFIRMED):  # proved again: its counterexample goes to the CPU
-            hit = None
+        hit = self.proof_hit(key)
         if hit is not None:
             self.counts["proofs_shared"] += 1
-            return hit.verdict, hit.reason, hit.method, None
+            return self._told(Told(key, None, "proof", (hit.verdict, hit.reason, hit.method, None)))
         same = None if isinstance(answer, RelocateBlock) else _obligation(insn, answer, self.tramp, where)
         seen = None if same is None else self.verdicts.get(same)
         if seen is not None:  # this very obligation was judged before (another tracer, another model version)
             self.counts["proofs_shared"] += 1
-            verdict, reason, method, cex_json = seen
-            return verdict, reason, method, json.loads(cex_json) if cex_json else None
+            return self._told(Told(key, same, "obligation", unfiled(seen)))
+        return self._prove(insn, answer, where, key, same)
+
+    def proof_hit(self, key: bytes | None) -> CachedProof | None:
+        """The proof filed under ``key`` (the cache's, or this audit's), unless it is an unconfirmed
+        counterexample's (proved again: its counterexample goes to the CPU)."""
+        hit = None if key is None else self.proofs.get(key) or self.new_proofs.get(key)
+        return None if hit is not None and hit.reason.startswith(UNCONFIRMED) else hit
+
+    def _prove(self, insn: Instruction, answer, where, key: bytes | None, same: bytes | None) -> tuple:
+        """``verdict`` of an answer no proof and no obligation stands for: composed, or proved (and the CPU asked
+        about an unconfirmed counterexample), then filed under its proof key and its obligation."""
         t0 = time.perf_counter()
-        result = self._composed(answer)
+        result, read = self._composed(answer)
+        composed, replayed = result is not None, False
         if result is None:
             result = prove_answer(insn, answer, self.tramp, self.timeout_s, where)
             self.counts["proofs_made"] += 1
             decided = replay_unconfirmed(insn, answer, result)
             if decided is not result:
                 self.counts["cpu_replays"] += 1
-                result = decided
+                result, replayed = decided, True
         verdict, reason, method = result.verdict.value, result.reason, result.method
+        proof = filed = None
         if key is not None and reusable(key, result) and reusable_here(method):
-            self.new_proofs[key] = CachedProof(verdict, reason, method, max(1, int((time.perf_counter() - t0) * 1e6)))
+            proof = self.new_proofs[key] = CachedProof(verdict, reason, method,
+                                                       max(1, int((time.perf_counter() - t0) * 1e6)))
         cex = result.counterexample.as_json() if result.counterexample is not None \
             and result.verdict is Verdict.REFUTED else None
         if same is not None and result.method not in ("timeout", "error"):
-            self.verdicts[same] = (verdict, reason, method, json.dumps(cex) if cex else "")
-        return verdict, reason, method, cex
+            filed = self.verdicts[same] = (verdict, reason, method, json.dumps(cex) if cex else "")
+        return self._told(Told(key, same, "made", (verdict, reason, method, cex), read, composed, replayed, proof,
+                               filed))
 
-    def _composed(self, answer) -> "ProofResult | None":
+    def _told(self, told: Told) -> tuple:
+        """``told``'s answer, ``told`` kept for the parent when a worker keeps them (``trace``)."""
+        if self.trace is not None:
+            self.trace.append(told)
+        return told.value
+
+    def _composed(self, answer) -> tuple[ProofResult | None, tuple | None]:
         """A block's proof by composition (``proof.block.composed``: the pieces' answers kept for the
         audit's run, so a piece seen in many blocks is proved once), or None: ``prove_answer`` decides.
-        Exactly the result ``prove_block`` gives such a block (its fast path's)."""
+        Exactly the result ``prove_block`` gives such a block (its fast path's).  With it, when a worker keeps
+        what it finds (``trace``), the (piece key, answer) pairs composing read or learned, in order; None for
+        an answer not composed."""
         if not isinstance(answer, RelocateBlock) or answer.entries:
-            return None
+            return None, None
         from ..proof.block import FAST_PATH_REASON, composed
 
         before = len(self.pieces)
-        ok = composed(answer.block, self.pieces)
+        known = self.pieces if self.trace is None else _Reading(self.pieces)
+        ok = composed(answer.block, known)
         self.counts["pieces_proved"] += len(self.pieces) - before
+        read = None if self.trace is None else tuple(known.read)
         if not ok:
-            return None
+            return None, read
         self.counts["blocks_composed"] += 1
-        return ProofResult(Verdict.PROVED, FAST_PATH_REASON, "fast-path")
+        return ProofResult(Verdict.PROVED, FAST_PATH_REASON, "fast-path"), read
 
     def outcome(self, model, key: bytes, stream: bytes, address: int, context: Context, length: int) -> TracerOutcome:
         """``judge`` through the per-key memo (instances that cannot share a key are judged alone)."""
@@ -392,18 +492,34 @@ class Auditor:
     def function_outcomes(self, model, data: bytes, start: int, name: str, rows: list, masks: dict,
                           gaps: frozenset[int], image: ImageFacts) -> list[TracerOutcome]:
         """A per-function model's outcome for every row of one function, remembered whole under
-        what they depend on: the model, the function's bytes and address, the slot, its site
-        masks, the offsets kprobes' ``can_probe`` walk does not reach (``gaps``), and the image's
-        transfers into it."""
+        what they depend on (``function_key``)."""
+        k = self.function_key(model, data, start, rows, masks, gaps, image)
+        hit = self.remembered(model, k)
+        if hit is not None:
+            return hit
+        return self.remember_function(model, k, self.judge_function(model, data, start, name, rows, masks, gaps,
+                                                                    image))
+
+    def function_key(self, model, data: bytes, start: int, rows: list, masks: dict, gaps: frozenset[int],
+                     image: ImageFacts) -> bytes:
+        """What a per-function model's outcomes for a function depend on: the model, the function's bytes and
+        address, the slot, its site masks, the offsets kprobes' ``can_probe`` walk does not reach (``gaps``),
+        and the image's transfers into it."""
         entries = b"" if image.entries_digest is None else image.entries_digest(start, len(data))
-        k = hashlib.blake2b(b"F" + data + start.to_bytes(8, "little") + self.tramp.to_bytes(8, "little") + repr(
+        return hashlib.blake2b(b"F" + data + start.to_bytes(8, "little") + self.tramp.to_bytes(8, "little") + repr(
             (sorted(masks.items()), sorted(gaps), image.thunks, [r[0] for r in rows])).encode() + entries,
             digest_size=20).digest()
+
+    def remembered(self, model, k: bytes) -> list[TracerOutcome] | None:
+        """The outcomes remembered under ``k`` (``function_key``), each with its group's first detail; or None."""
         memo = self.outcomes[model.name]
         details = memo.setdefault(b"details", {})  # group -> the detail of its first instance
         hit = memo.get(k)
-        if hit is not None:
-            return [TracerOutcome(*row, details.get(row[4], "{}")) for row in hit]
+        return None if hit is None else [TracerOutcome(*row, details.get(row[4], "{}")) for row in hit]
+
+    def judge_function(self, model, data: bytes, start: int, name: str, rows: list, masks: dict,
+                       gaps: frozenset[int], image: ImageFacts) -> list[TracerOutcome]:
+        """A per-function model's outcome for every row of one function, judged now, each with its own detail."""
         live = getattr(model, "live_bytes", None)
         if live is not None:  # the text as the kernel reads it after boot, as far as the model's variant says
             data = live(data, {o: site_kinds(m) for o, m in masks.items()})
@@ -417,7 +533,14 @@ class Auditor:
             answer = model.answer_in(walk, data, off, self.tramp, context, extable, sites_at, image.entries)
             ours = walk.ours_at(data, off)
             out.append(self.judged(ours if isinstance(ours, Instruction) else None, answer, machine_of(model)))
-        self.counts["per_instance"] += len(rows)
+        return out
+
+    def remember_function(self, model, k: bytes, out: list[TracerOutcome]) -> list[TracerOutcome]:
+        """``out``, a function's outcomes judged now (``judge_function``), remembered under ``k``; each returned with
+        its group's first detail (a group keeps its first one)."""
+        self.counts["per_instance"] += len(out)
+        memo = self.outcomes[model.name]
+        details = memo.setdefault(b"details", {})
         for o in out:
             details.setdefault(o.group, o.detail)
         memo[k] = tuple(o.row()[:5] for o in out)  # without the detail: a group keeps its first one
@@ -477,61 +600,132 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
     few instances; the second judges each case once per tracer.  Every instruction is in
     exactly one case, so the buckets add up to the instructions by construction, and the
     summary checks that they do.  A per-function model (optprobes) is answered in the first
-    pass, function by function (``Auditor.function_outcomes``), every row once."""
+    pass, function by function (``Auditor.function_outcomes``), every row once.
+
+    This is the audit in one process, function after function: ``audit_pass`` makes the first pass on the
+    run's workers and gives the same summary; this one is its reference (and the audit of ``--jobs 1``)."""
     t0 = time.monotonic()
-    store = Results(store_path)
-    try:
-        image_id = image_id if image_id is not None else store.find_image()
-        store.check_seals(image_id)  # each tracer is judged against relocverify's verdicts: never altered ones
-        functions = list(store.function_verdicts(image_id))
-    finally:
-        store.close()
-    if limit is not None:
-        functions = functions[:limit]
+    functions = stored_functions(store_path, image_id, limit)
+    plan = AuditPlan.of(auditor.models)
     km = KeyMaker(auditor.tramp)
     image = image or ImageFacts()
-    per_function = [m for m in auditor.models if getattr(m, "per_function", False)]
-    per_insn = [m for m in auditor.models if not getattr(m, "per_function", False)]
-    walkers = sorted({m.decoder.split("@", 1)[1] for m in auditor.models
-                      if getattr(m, "needs_boundary", False) and m.decoder})
     tallies = {m.name: Tally() for m in auditor.models}
-    readers = [m.reads_past for m in auditor.models if hasattr(m, "reads_past")]
     total = sum(len(r) for *_, r in functions)
     cases: dict[tuple, list] = {}
     done = 0
     step = max(1, total // 100)
     next_say = step
     for fid, start, name, data, rows in functions:
-        keys = {off: key for off, _, key in km.keys(data, start)}
-        off_walk = tuple(auditor.walk(spec, data, start, [r[0] for r in rows]) for spec in walkers)
-        if per_function:
-            masks = {off: mask for off, _, _, mask in rows if mask}
-            for m in per_function:
-                gaps = off_walk[walkers.index(m.decoder.split("@", 1)[1])]
-                outs = auditor.function_outcomes(m, data, start, name, rows, masks, gaps, image)
-                tally = tallies[m.name]
-                for (off, n, own, _), out in zip(rows, outs):
-                    tally.add(out.bucket(own), out, 1, [((start + off) & MASK64, name, off, data[off:off + n].hex())])
-        for off, n, own, mask in rows:
-            key = keys.get(off)
-            if key is None:
-                key = keys[off] = km.key(data[off:off + n], start + off)
-            bnd = tuple(off not in bad for bad in off_walk)
-            alone = per_instance(key) or False in bnd or any(rp(data[off:off + n]) for rp in readers)
-            case = (key, own, mask, bnd, start + off if alone else None)
-            c = cases.get(case)
-            if c is None:
-                cases[case] = [1, [(start + off, name, off, n)], data[off:off + 15]]
-            else:
-                c[0] += 1
-                if len(c[1]) < EXAMPLES:
-                    c[1].append((start + off, name, off, n))
+        off_walk = walks_of(auditor, plan, data, start, rows)
+        if plan.per_function:
+            masks = masks_of(rows)
+            for m in plan.per_function:
+                outs = auditor.function_outcomes(m, data, start, name, rows, masks, plan.gaps(m, off_walk), image)
+                add_rows(tallies[m.name], outs, start, name, data, rows)
+        add_cases(cases, km, plan, off_walk, start, name, data, rows)
         done += len(rows)
         if progress is not None and done >= next_say:
             progress("survey", done, total)
             next_say = done + step
     t1 = time.monotonic()
-    for m in per_insn:
+    judge_cases(auditor, plan, cases, tallies, progress)
+    return image_summary(auditor, total, len(functions), cases, tallies, (t0, t1))
+
+
+def stored_functions(store_path: str, image_id: int | None, limit: int | None) -> list[tuple]:
+    """The image's functions with stored rows (``Results.function_verdicts``), the first ``limit``; its seals
+    checked first (each tracer is judged against relocverify's verdicts: never altered ones)."""
+    store = Results(store_path)
+    try:
+        image_id = image_id if image_id is not None else store.find_image()
+        store.check_seals(image_id)
+        functions = list(store.function_verdicts(image_id))
+    finally:
+        store.close()
+    return functions if limit is None else functions[:limit]
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """How an auditor's models are asked: ``per_function``, the models answering a whole function at once
+    (optprobes); ``per_insn``, the others, per case; ``walkers``, the decoders whose boundary walk (kprobes'
+    ``can_probe``) a model needs; ``readers``, the models whose answer may read past an instruction (its
+    instances are judged alone)."""
+
+    per_function: tuple
+    per_insn: tuple
+    walkers: tuple[str, ...]
+    readers: tuple
+
+    @classmethod
+    def of(cls, models) -> AuditPlan:
+        return cls(tuple(m for m in models if getattr(m, "per_function", False)),
+                   tuple(m for m in models if not getattr(m, "per_function", False)),
+                   tuple(sorted({m.decoder.split("@", 1)[1] for m in models
+                                 if getattr(m, "needs_boundary", False) and m.decoder})),
+                   tuple(m for m in models if hasattr(m, "reads_past")))
+
+    def gaps(self, model, off_walk: tuple) -> frozenset[int]:
+        """The offsets ``model``'s boundary walk does not reach, of a function's walks (``walks_of``)."""
+        return off_walk[self.walkers.index(model.decoder.split("@", 1)[1])]
+
+    def boundary(self, model, bnd: tuple) -> bool | None:
+        """Whether an instance is on ``model``'s boundary walk, of its case's ``bnd``; None: the model walks none."""
+        return bnd[self.walkers.index(model.decoder.split("@", 1)[1])] if self.walkers and getattr(
+            model, "needs_boundary", False) else None
+
+
+def walks_of(auditor: Auditor, plan: AuditPlan, data: bytes, start: int, rows: list) -> tuple[frozenset[int], ...]:
+    """Per walker of ``plan``, the offsets of the function's rows its boundary walk does not reach."""
+    return tuple(auditor.walk(spec, data, start, [r[0] for r in rows]) for spec in plan.walkers)
+
+
+def masks_of(rows: list) -> dict[int, int]:
+    """A function's site masks by offset, of the rows at a site."""
+    return {off: mask for off, _, _, mask in rows if mask}
+
+
+def add_rows(tally: Tally, outs: list[TracerOutcome], start: int, name: str, data: bytes, rows: list) -> None:
+    """A per-function model's outcomes for a function's rows, one instruction each, into its tally."""
+    for (off, n, own, _), out in zip(rows, outs):
+        tally.add(out.bucket(own), out, 1, [((start + off) & MASK64, name, off, data[off:off + n].hex())])
+
+
+def add_cases(cases: dict, km: KeyMaker, plan: AuditPlan, off_walk: tuple, start: int, name: str, data: bytes,
+              rows: list) -> None:
+    """Each row of a function into its case (instance key, own verdict, site mask, boundary walks, and the
+    address where no key stands for the instance): its count, its first few instances, the first one's bytes."""
+    keys = {off: key for off, _, key in km.keys(data, start)}
+    for off, n, own, mask in rows:
+        key = keys.get(off)
+        if key is None:
+            key = keys[off] = km.key(data[off:off + n], start + off)
+        bnd = tuple(off not in bad for bad in off_walk)
+        alone = per_instance(key) or False in bnd or any(m.reads_past(data[off:off + n]) for m in plan.readers)
+        case = (key, own, mask, bnd, start + off if alone else None)
+        c = cases.get(case)
+        if c is None:
+            cases[case] = [1, [(start + off, name, off, n)], data[off:off + 15]]
+        else:
+            c[0] += 1
+            if len(c[1]) < EXAMPLES:
+                c[1].append((start + off, name, off, n))
+
+
+def merge_cases(cases: dict, more: dict) -> None:
+    """``more``, the cases of the functions after those of ``cases``, added to it as ``add_cases`` would have."""
+    for case, (count, examples, stream) in more.items():
+        c = cases.get(case)
+        if c is None:
+            cases[case] = [count, list(examples), stream]
+        else:
+            c[0] += count
+            c[1].extend(examples[:EXAMPLES - len(c[1])])
+
+
+def judge_cases(auditor: Auditor, plan: AuditPlan, cases: dict, tallies: dict[str, Tally], progress=None) -> None:
+    """The second pass: each case judged once per per-instruction model, in case order, into its tally."""
+    for m in plan.per_insn:
         if hasattr(m, "prefetch"):  # a command answers in batches: ask about every case it lacks
             memo = auditor.outcomes[m.name]
             m.prefetch([((c[1][0][0]) & MASK64, auditor.tramp, c[2][:c[1][0][3]]) for (key, *_), c in cases.items()
@@ -543,16 +737,21 @@ def audit_store(store_path: str, auditor: Auditor, image_id: int | None = None, 
         if sites is None:
             sites = sites_of[mask] = site_kinds(mask)
         address, name = examples[0][0] & MASK64, examples[0][1]
-        for m in per_insn:
-            boundary = bnd[walkers.index(m.decoder.split("@", 1)[1])] if walkers and getattr(
-                m, "needs_boundary", False) else None
-            out = auditor.outcome(m, key, stream, address, Context(boundary, sites, name), examples[0][3])
+        for m in plan.per_insn:
+            out = auditor.outcome(m, key, stream, address, Context(plan.boundary(m, bnd), sites, name), examples[0][3])
             tallies[m.name].add(out.bucket(own), out, count,
                                 [(a & MASK64, fn, off, stream[:n].hex() if j == 0 else "") for j, (a, fn, off, n)
                                  in enumerate(examples)])
         if progress is not None and k % 1000 == 0:
             progress("judge", k, len(cases))
-    return {"instructions": total, "functions": len(functions), "tramp": hex(auditor.tramp), "cases": len(cases),
+
+
+def image_summary(auditor: Auditor, total: int, functions: int, cases: dict, tallies: dict[str, Tally],
+                  times: tuple[float, float]) -> dict:
+    """An image's audit summary: its instructions, functions and cases, each tracer's tally, the auditor's counts
+    so far, and the seconds of the first pass (from ``times[0]`` to ``times[1]``) and of the judging since."""
+    t0, t1 = times
+    return {"instructions": total, "functions": functions, "tramp": hex(auditor.tramp), "cases": len(cases),
             "tracers": {name: t.as_json() | {"source": _source_of(auditor, name)} for name, t in tallies.items()},
             "counts": dict(auditor.counts),
             "phases": {"survey_s": round(t1 - t0, 3), "judge_s": round(time.monotonic() - t1, 3)},

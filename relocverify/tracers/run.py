@@ -6,9 +6,12 @@ laid out in module space, a kernel's vmlinux and every module) and returns an ``
 An audit is the engine's request plus an auditor: the request is verified by ``engine.verify.verify``, as
 the batch commands do (a complete earlier run is reused), which gives relocverify's own verdict for every
 instruction and hands each image over as soon as it is verified (``engine.verify.VerifiedImage``: the
-image, the store, its id there); each image is audited then (``audit.audit_store`` buckets its
-instructions per tracer), by one ``Auditor`` for all the images of a request, at the request's slot, made
-before the first is verified (its proofs and remembered outcomes are shared between them).  Several
+image, the store, its id there).  Each image is audited by one ``Auditor`` for all the images of a request,
+at the request's slot, made before the first is verified (its proofs and remembered outcomes are shared
+between them): on the run's own workers, as a pass of the run after the verdicts (``audit_pass.AuditPass``,
+given in the request's ``stored_passes``: its section of the image's summary), when the request runs on
+local workers (``--jobs`` over 1); else, and for ``--jobs 1``, in this process once the image is handed over
+(``audit.audit_store``, the reference the pass gives the same summary as).  Several
 images' summaries are added up by ``merge``: per tracer, the instructions and the buckets sum, the groups
 merge by name, and ``totals_add_up`` is checked again over the sum.  Nothing here writes to the command's
 output: the command line builds a request, calls ``audit`` and renders the summary.
@@ -17,7 +20,6 @@ output: the command line builds a request, calls ``audit`` and renders the summa
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -27,12 +29,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from ..engine.requests import ElfRequest, ImageRequest, KernelRequest, ModuleRequest, PackageRequest
 from ..engine.verify import VerifiedImage, verify
 from ..errors import InputError
-from ..image.functions import find_functions
-from ..kernel.patch_range import PatchRanges
-from ..kernel.sites import find_sites
 from ..store.confirmations import attach
-from .audit import BUCKETS, EXAMPLES, Auditor, ImageFacts, audit_store
-from .optprobes import entries_of
+from .audit import BUCKETS, EXAMPLES, Auditor, audit_store
+from .audit_pass import AuditPass, image_facts, thunks_of
 
 if TYPE_CHECKING:
     from ..engine.requests import Request
@@ -104,35 +103,26 @@ class AuditSummary:
         return replace(self, document=attach(copy.deepcopy(self.document), confirmations))
 
 
-def image_facts(image, sites: bool, thunks: tuple[int, int] | None = None) -> ImageFacts:
-    """What optprobes reads from an image: the retpoline thunk range (``thunks``, else the image's
-    own ``__indirect_thunk_start..end``), and every transfer into a range (``kernel.patch_range``:
-    one walk over every function, and the site tables when ``sites``)."""
-    ranges = PatchRanges(image, find_functions(image), find_sites(image) if sites else None)
-    if thunks is None:
-        thunks = _thunks(image)
-
-    def digest(start: int, size: int) -> bytes:
-        return hashlib.blake2b(repr(ranges.entries_inside(start - 1, size + 1)).encode(), digest_size=12).digest()
-
-    return ImageFacts(thunks, entries_of(ranges), digest)
-
-
 def _needs_facts(auditor: Auditor) -> bool:
     return any(getattr(m, "per_function", False) for m in auditor.models)
 
 
 def audit_verified(done: VerifiedImage, auditor: Auditor, say: Say = None) -> dict:
-    """The audit summary of one image ``engine.verify`` has verified: ``audit_store``'s, with the image and
-    relocverify's own verdicts added; a module's thunk range is its vmlinux's.  An image with no function
-    (nothing stored): zero instructions, every tracer's tally empty."""
+    """The audit summary of one image ``engine.verify`` has verified: the audit pass's section of its run's
+    summary when the run had the pass, else ``audit_store``'s, made now; with the image and relocverify's own
+    verdicts added; a module's thunk range is its vmlinux's.  An image with no function (nothing stored): zero
+    instructions, every tracer's tally empty."""
     image, options = done.image, done.options
     if done.image_id is None:
         return {"instructions": 0, "functions": 0, "tracers": {m.name: _empty_tally() for m in auditor.models},
                 "image": {"path": image.path, "identity": image.identity, "policy": options.policy}}
-    thunks = None if done.kernel is None else _thunks(done.kernel)
-    facts = image_facts(image, options.with_sites, thunks) if _needs_facts(auditor) else None
-    summary = audit_store(done.store, auditor, done.image_id, options.limit, say, facts)
+    section = done.summary.get("stored_passes", {}).get(AuditPass.name)
+    if section is not None:
+        summary = dict(section)
+    else:
+        thunks = None if done.kernel is None else thunks_of(done.kernel)
+        facts = image_facts(image, options.with_sites, thunks) if _needs_facts(auditor) else None
+        summary = audit_store(done.store, auditor, done.image_id, options.limit, say, facts)
     summary["image"] = {"path": image.path, "identity": image.identity, "policy": options.policy}
     summary["own"] = {"by_verdict": done.summary["by_verdict"], "instructions": done.summary["instructions"]}
     return summary
@@ -143,10 +133,18 @@ class _Audit:
     summary kept by its name (``parts``, in the order verified).  A kernel's audit says its progress; a
     module's is short, and the modules are counted instead."""
 
-    def __init__(self, auditor: Auditor, say: Say):
+    def __init__(self, auditor: Auditor, say: Say, options: RunOptions):
         self.auditor, self.say = auditor, say
         self.parts: dict[str, dict] = {}
         self.kernels = 0  # images handed over that are not modules (a package's vmlinux)
+        self.audit_pass = AuditPass(auditor, options.with_sites, options.cache_dir, say) if _on_workers(options) \
+            else None
+
+    def asked(self, request: Request) -> Request:
+        """``request``, with the audit as a pass of its runs when it has one (``audit_pass``)."""
+        if self.audit_pass is None:
+            return request
+        return replace(request, options=replace(request.options, stored_passes=(self.audit_pass,)))
 
     def __call__(self, done: VerifiedImage) -> None:
         module = done.kernel is not None
@@ -155,6 +153,12 @@ class _Audit:
             self.kernels += 1
         elif self.say is not None:
             self.say("modules", done.number - self.kernels, done.images - self.kernels)
+
+
+def _on_workers(options: RunOptions) -> bool:
+    """Whether the audit runs on the run's own workers (``audit_pass``): more than one, forked here (a Dask worker
+    cannot read the run's store)."""
+    return options.jobs > 1 and options.scheduler is None and options.dask_local is None
 
 
 def _auditor(models: list, options: RunOptions) -> Auditor:
@@ -210,8 +214,8 @@ def audit(request: Request, models: list, say: Say = None, lines: Lines = None) 
     are merged (``merge``; a module without a function counts zero instructions)."""
     way = audit_way(request)
     with closing(_auditor(models, request.options)) as auditor:
-        each = _Audit(auditor, say)
-        verified = verify(request, lines if way.lines else None, on_image=each)
+        each = _Audit(auditor, say, request.options)
+        verified = verify(each.asked(request), lines if way.lines else None, on_image=each)
         if way.merged:
             return merge(each.parts, auditor, verified.store, _source(verified) if way.source else None)
     (document,) = each.parts.values()
@@ -221,11 +225,6 @@ def audit(request: Request, models: list, say: Say = None, lines: Lines = None) 
 def _source(verified: RunSummary) -> str:
     """A package's line saying which parts were used (``image.debian.KernelParts.used``)."""
     return verified.document["source"]["used"]
-
-
-def _thunks(vmlinux) -> tuple[int, int] | None:
-    lo, hi = vmlinux.symbol_address("__indirect_thunk_start"), vmlinux.symbol_address("__indirect_thunk_end")
-    return None if lo is None or hi is None else (lo, hi)
 
 
 def _empty_tally() -> dict:
