@@ -72,16 +72,22 @@ class TracerOutcome:
     detail: str  # JSON: the answer, the source it cites, and a counterexample if refuted
 
     def bucket(self, own: str) -> str:
-        if self.kind == "refuse":
-            return "tracer-refuses-provable" if own == "proved" else "both-refuse"
-        if self.verdict == "proved":
-            return "agree"
-        if self.verdict == "refuted":
-            return "tracer-wrong"
-        return "unknown"
+        return bucket_of(self.kind, self.verdict, own)
 
     def row(self) -> tuple:
         return (self.kind, self.verdict, self.reason, self.method, self.group, self.detail)
+
+
+def bucket_of(kind: str, verdict: str, own: str) -> str:
+    """The bucket of a tracer's outcome (its ``kind`` and ``verdict``) for an instruction relocverify's own verdict
+    on is ``own``."""
+    if kind == "refuse":
+        return "tracer-refuses-provable" if own == "proved" else "both-refuse"
+    if verdict == "proved":
+        return "agree"
+    if verdict == "refuted":
+        return "tracer-wrong"
+    return "unknown"
 
 
 #: Bucketing (one process, or a pass of the run) and the registry: no outcome depends on them.
@@ -199,6 +205,24 @@ class Tally:
             g = self.groups[(bucket, outcome.group)] = [0, outcome.detail, []]
         g[0] += count
         g[2].extend(examples[:EXAMPLES - len(g[2])])
+
+    def add_remembered(self, found: tuple, details: dict, start: int, name: str, data: bytes, rows: list) -> None:
+        """``add_rows`` of a function's outcomes as a per-function model's memo holds them (``found``: (kind, verdict,
+        reason, method, group) per row; each group's detail in ``details``), one instruction each, without making
+        each outcome, and an instance's bytes only while its group keeps instances."""
+        buckets, groups, cpu = self.buckets, self.groups, self.cpu
+        for (off, n, own, _), (kind, verdict, _, method, group) in zip(rows, found):
+            bucket = bucket_of(kind, verdict, own)
+            self.instructions += 1
+            buckets[bucket] += 1
+            if method in cpu:
+                cpu[method] += 1
+            g = groups.get((bucket, group))
+            if g is None:
+                g = groups[(bucket, group)] = [0, details.get(group, "{}"), []]
+            g[0] += 1
+            if len(g[2]) < EXAMPLES:
+                g[2].append(((start + off) & MASK64, name, off, data[off:off + n].hex()))
 
     def merge(self, other: Tally) -> None:
         """``other``'s adds made here after this tally's own, as if one by one: counts summed, a group first seen
@@ -696,12 +720,15 @@ def add_cases(cases: dict, km: KeyMaker, plan: AuditPlan, off_walk: tuple, start
     """Each row of a function into its case (instance key, own verdict, site mask, boundary walks, and the
     address where no key stands for the instance): its count, its first few instances, the first one's bytes."""
     keys = {off: key for off, _, key in km.keys(data, start)}
+    walked = tuple(True for _ in off_walk) if not any(off_walk) else None  # every instance on every walk
+    readers = plan.readers
     for off, n, own, mask in rows:
         key = keys.get(off)
         if key is None:
             key = keys[off] = km.key(data[off:off + n], start + off)
-        bnd = tuple(off not in bad for bad in off_walk)
-        alone = per_instance(key) or False in bnd or any(m.reads_past(data[off:off + n]) for m in plan.readers)
+        bnd = walked if walked is not None else tuple([off not in bad for bad in off_walk])
+        alone = per_instance(key) or False in bnd or (readers and any(m.reads_past(data[off:off + n])
+                                                                      for m in readers))
         case = (key, own, mask, bnd, start + off if alone else None)
         c = cases.get(case)
         if c is None:

@@ -28,6 +28,15 @@ one process would.  A function whose outcomes the worker remembered from before 
 too (never changed once filed), and is tallied in the worker (``Tallied``).
 
 Outside the audit's summary: each proof filed from a worker's replay keeps the worker's proof time.
+
+What one process does not give the same twice, neither does this: the values of a counterexample z3 finds
+for a proof made during the audit.  z3's model for the same obligation depends on what the process proved
+before it (``audit_store`` after a ``--jobs 1`` verification, which proves in the parent, and after a
+``--jobs 2`` one give different ones for the AVX instructions of ``blake2s_compress_avx512``, whose replays
+on unicorn and on this CPU then differ too: the group's name, ``confirmed on CPU`` or not, and
+``counts.cpu_replays``).  Here the parent's judging comes after no per-function model's proofs (they were
+made in the workers), so those values are those of yet another history.  A warm audit proves nothing, and
+gives ``audit_store``'s summary byte for byte.
 """
 
 from __future__ import annotations
@@ -165,13 +174,14 @@ class WorkerAudit:
         a = self.auditor
         k = a.function_key(m, f.data, f.start, f.rows, masks, gaps, facts)
         if k not in self.own[m.name]:
-            outs = a.remembered(m, k)
-            if outs is not None:  # remembered before this worker started: the parent has the same outcomes
+            memo = a.outcomes[m.name]
+            found = memo.get(k)
+            if found is not None:  # remembered before this worker started: the parent has the same outcomes
                 tally = tallying.get(i)
                 if tally is None:
                     tally = tallying[i] = Tally()
                     steps.append(Tallied(i, tally))
-                add_rows(tally, outs, f.start, f.name, f.data, f.rows)
+                tally.add_remembered(found, memo.get(b"details", {}), f.start, f.name, f.data, f.rows)
                 return
             a.trace = told = []
             try:
