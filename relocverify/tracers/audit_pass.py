@@ -34,9 +34,9 @@ for a proof made during the audit.  z3's model for the same obligation depends o
 before it (``audit_store`` after a ``--jobs 1`` verification, which proves in the parent, and after a
 ``--jobs 2`` one give different ones for the AVX instructions of ``blake2s_compress_avx512``, whose replays
 on unicorn and on this CPU then differ too: the group's name, ``confirmed on CPU`` or not, and
-``counts.cpu_replays``).  Here the parent's judging comes after no per-function model's proofs (they were
-made in the workers), so those values are those of yet another history.  A warm audit proves nothing, and
-gives ``audit_store``'s summary byte for byte.
+``counts.cpu_replays``).  Here the per-function models' proofs are made in the workers, each after its own
+earlier ones, and the parent judges after none of them: other histories, and there other values.  A warm
+audit proves nothing: from the same remembered outcomes it gives ``audit_store``'s summary byte for byte.
 """
 
 from __future__ import annotations
