@@ -86,7 +86,8 @@ SECTIONS {
 }
 """
 
-#: One audit in a process of its own: ``mode`` "serial" is ``audit_store`` after the run (the pass left out), else
+#: One audit in a process of its own, of ``image``: a kernel's path, or ``modules:VMLINUX|KO,KO...`` (modules against
+#: their vmlinux), or ``package:DIR``; ``mode`` "serial" is ``audit_store`` after the run (the pass left out), else
 #: the pass; a chunk of ``chunk`` functions; ``kill``: a worker killed the first time it meets that function (the
 #: marker file says it was); ``slow``: the chunk of the first function comes back last; ``limit``: the first functions
 #: (0: all).
@@ -96,7 +97,7 @@ from dataclasses import replace
 import relocverify.engine.phases.sizes as sizes
 import relocverify.tracers.audit_pass as audit_pass
 import relocverify.tracers.run as tracers_run
-from relocverify.engine.requests import KernelRequest
+from relocverify.engine.requests import KernelRequest, ModuleRequest, PackageRequest
 from relocverify.engine.run import RunOptions
 from relocverify.tracers import get_model
 
@@ -126,7 +127,15 @@ def chunk_of(self, image, functions):
 audit_pass.AuditPass.__init__ = init
 audit_pass.WorkerAudit.chunk = chunk_of
 options = RunOptions({tramp}, 2, 10.0, int(limit) or None, cache_dir=cache)
-summary = tracers_run.audit(KernelRequest(image, options, db),
+kind, _, what = image.partition(":") if image.startswith(("modules:", "package:")) else ("kernel", "", image)
+if kind == "modules":
+    vmlinux, _, kos = what.partition("|")
+    request = ModuleRequest(kos.split(","), vmlinux, options, db)
+elif kind == "package":
+    request = PackageRequest(what, options, db)
+else:
+    request = KernelRequest(what, options, db)
+summary = tracers_run.audit(request,
                             [get_model(t) for t in tracers.split(",")])
 print(json.dumps({{"document": summary.document, "judged_here": [p.judged_here for p in made]}}))
 """
@@ -194,6 +203,44 @@ def test_chunks_back_out_of_order_are_merged_in_function_order(image, serial, tm
 def test_the_whole_image_in_one_chunk(image, serial, tmp_path):
     got = _audit(tmp_path, image, "one", chunk=128)
     assert _timeless(got["document"]) == _timeless(serial[0])
+
+
+@pytest.fixture(scope="module")
+def modules(image, tmp_path_factory):
+    """Three modules built for the image (``test_audit_summary``'s, one of data alone, and a copy of its other one),
+    and a package directory of the image and them."""
+    import shutil
+
+    import test_audit_summary
+
+    tmp = tmp_path_factory.mktemp("modules")
+    out = []
+    code = test_audit_summary.MODULE_ASM.replace("call f_b", "call g_b")
+    for name, asm in (("a_data.ko", test_audit_summary.DATA_ASM), ("b_mod.ko", code),
+                      ("c_mod.ko", code.replace("m_a", "n_a").replace("m_b", "n_b"))):
+        (tmp / f"{name}.s").write_text(asm)
+        subprocess.run(["gcc", "-c", "-o", str(tmp / name), str(tmp / f"{name}.s")], check=True)
+        out.append(tmp / name)
+    package = tmp / "pkg"
+    package.mkdir()
+    for f in [image, *out]:
+        shutil.copy(f, package / f.name)
+    return out, package
+
+
+@pytest.mark.parametrize("kind", ["modules", "package"])
+def test_modules_and_a_package_audited_by_the_pass_are_audit_store_s(image, modules, tmp_path, kind):
+    """Modules (their optprobes facts with their vmlinux's thunk range: ``audit_pass.facts_of``); a package, whose
+    modules are verified on workers forked after the vmlinux's audit, which the next module's job is sent to (the
+    pass pickled without its auditor: the workers keep the state they made)."""
+    kos, package = modules
+    what = f"modules:{image}|{','.join(map(str, kos))}" if kind == "modules" else f"package:{package}"
+    serial = _audit(tmp_path, what, "s", "serial")
+    got = _audit(tmp_path, what, "p")
+    assert _timeless(got["document"]) == _timeless(serial["document"])
+    assert got["document"]["instructions"] > 0 and got["judged_here"] == [0]
+    assert set(got["document"]["images"]) == ({str(k) for k in kos} if kind == "modules" else
+                                              {"vmlinux", "a_data.ko", "b_mod.ko", "c_mod.ko"})
 
 
 # -- the engine's phase, with a pass of its own -------------------------------------------------------------
@@ -362,6 +409,30 @@ def test_replayed_keeps_nothing_of_a_function_whose_answers_differ(auditor):
     assert auditor.counts == before and b"o1" not in auditor.verdicts and auditor.pieces == {b"p9": False}
     told_more = Told(b"copy|unknown", None, "proof", ("proved", "r", "copy", None))  # a proof the parent lacks
     assert not replayed(auditor, (told_more,)) and auditor.counts == before
+
+
+def test_the_pass_sent_to_a_worker_carries_no_auditor(tmp_path):
+    """Pickled (a worker that lives on is sent each image's job), the pass leaves out the parent's auditor and the
+    models a worker does not ask; started there, or in the parent's own process, it reads its memos from the cache
+    directory, without the cache's proofs (the parent read them before the run, which may have added some)."""
+    import pickle
+
+    from relocverify.tracers.audit_pass import AuditPass
+
+    models = [get_model(t) for t in TRACERS]
+    auditor = Auditor(models, TRAMP, 10.0, str(tmp_path / "cache"))
+    try:
+        p = AuditPass(auditor, True, str(tmp_path / "cache"))
+        sent = pickle.loads(pickle.dumps(p))
+        assert sent.auditor is None and sent.say is None
+        assert [m.name for m in sent.plan.per_function] == ["optprobes@6.1", "optprobes@6.1+ret"]
+        assert sent.plan.per_insn == () and [m.name for m in sent.plan.readers] == ["fasttrap"]
+        for state in (sent.start(), p.start()):  # there, and in this process (one worker, in process)
+            assert state.auditor is not auditor and state.auditor.proofs == {}
+            assert set(state.auditor.outcomes) == {"optprobes@6.1", "optprobes@6.1+ret"}
+            state.auditor.cache.close()
+    finally:
+        auditor.cache.close()
 
 
 # -- the real kernel (slow) ----------------------------------------------------------------------------------
