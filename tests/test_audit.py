@@ -480,3 +480,47 @@ def test_an_external_tracer_is_remembered_by_its_content(tmp_path):
     assert content_tag(command) == before
     script.write_text("print('refuse two')\n")
     assert content_tag(command) != before
+
+
+def _fn(name: str, body: str) -> str:
+    return f"""
+    .globl {name}
+    .type {name}, @function
+{name}:
+{body}
+    .size {name}, .-{name}
+"""
+
+
+_XEN_CPUID = _fn("f_xen", '    ud2\n    .ascii "xen"\n    cpuid\n    ret')  # Xen's emulate prefix, then cpuid
+_BUG = _fn("f_bug", "    ud2\n    nop\n    nop\n    nop\n    ret")  # a BUG()'s ud2: the same instance key
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_ud2_the_kernel_decoder_reads_with_the_bytes_after_it_is_judged_by_them(tmp_path, jobs):
+    """Linux's decoder reads "ud2; .ascii xen" (or "kvm") as an emulate prefix of the next instruction
+    (``linux_facts.EMULATE_PREFIXES``): such a ud2 shares its instance key with every other ud2, yet the Linux
+    tracers answer it otherwise.  Each is judged by its own bytes, whichever the audit meets first (the two
+    functions in both orders)."""
+    import elfbuild
+
+    answers = {}
+    for order, body in (("xen-first", _XEN_CPUID + _BUG), ("bug-first", _BUG + _XEN_CPUID)):
+        d = tmp_path / order
+        d.mkdir()
+        image = elfbuild.build_elf(d, '    .section .text, "ax"\n' + body, AUDIT_LDS)
+        out = d / "s.json"
+        args = ["audit", str(image), "--db", str(d / "s.sqlite"), "--summary-json", str(out), "--no-progress",
+                "--jobs", jobs, "--cache-dir", str(d / "cache"), "--tracer", "kprobes@6.1", "--tracer", "kprobes@6.12"]
+        main(args, out=open(os.devnull, "w"), err=sys.stderr)
+        for tracer, tally in json.loads(out.read_text())["tracers"].items():
+            for bucket, groups in tally["groups"].items():
+                for g in groups:
+                    for e in g["examples"]:
+                        if e["function"] in ("f_xen+0x0", "f_bug+0x0"):
+                            answers.setdefault((tracer, e["function"]), set()).add((order, bucket, g["group"]))
+    for tracer in ("kprobes@6.1", "kprobes@6.12"):
+        xen = {(b, g) for _, b, g in answers[(tracer, "f_xen+0x0")]}
+        bug = {(b, g) for _, b, g in answers[(tracer, "f_bug+0x0")]}
+        assert len(xen) == 1 and len(bug) == 1, (tracer, answers)  # the same in both orders
+        assert "force-emulate prefixed" in next(iter(xen))[1] and xen != bug, (tracer, xen, bug)

@@ -492,16 +492,18 @@ class Auditor:
             key = b"B" + address.to_bytes(8, "little") + key
         elif per_instance(key):  # a target at A or A+len: no key stands for its instances
             key = b"I" + address.to_bytes(8, "little") + key
+        elif linux_facts.emulate_prefixed(stream) and self._length_differs(model, stream, address):
+            key = b"L" + stream + key  # a ud2 the tracer's decoder reads with the bytes after it: judged by them
         row = memo.get(key)
         if row is not None:
             return TracerOutcome(*row)
         reads_past = getattr(model, "reads_past", None)
-        if key[:1] not in (b"B", b"I") and reads_past is not None and reads_past(stream[:length]):
+        if key[:1] not in (b"B", b"I", b"L") and reads_past is not None and reads_past(stream[:length]):
             key = b"P" + address.to_bytes(8, "little") + stream + key  # an answer from the bytes after it
             row = memo.get(key)
             if row is not None:
                 return TracerOutcome(*row)
-        elif key[:1] not in (b"B", b"I") and self._length_differs(model, stream, address):
+        elif key[:1] not in (b"B", b"I", b"L") and self._length_differs(model, stream, address):
             # the tracer's decoder reads another length: its answer may depend on the bytes after ours
             key = b"L" + stream + key
             row = memo.get(key)
@@ -728,7 +730,8 @@ def add_cases(cases: dict, km: KeyMaker, plan: AuditPlan, off_walk: tuple, start
             key = keys[off] = km.key(data[off:off + n], start + off)
         bnd = walked if walked is not None else tuple([off not in bad for bad in off_walk])
         alone = per_instance(key) or False in bnd or (readers and any(m.reads_past(data[off:off + n])
-                                                                      for m in readers))
+                                                                      for m in readers)) or (
+            data[off] == 0x0F and linux_facts.emulate_prefixed(data[off:off + 5]))  # read with the bytes after it
         case = (key, own, mask, bnd, start + off if alone else None)
         c = cases.get(case)
         if c is None:

@@ -17,6 +17,16 @@ from functools import lru_cache
 from ..x86.decoders import linux_insn
 
 MAX_INSN = 15
+#: What Linux's decoder takes as an emulate prefix (arch/x86/lib/insn.c, ``insn_get_emulate_prefix``, called first
+#: by ``insn_get_prefixes``: Xen's ``__XEN_EMULATE_PREFIX``, "ud2; .ascii \"xen\"", and KVM's, "ud2; .ascii
+#: \"kvm\""): at these five bytes it skips them and reads the instruction after them as one instruction with the
+#: prefix (``ud2; 'xen'; cpuid``, 7 bytes, a cpuid).  So its reading of a ud2 depends on the bytes after it.
+EMULATE_PREFIXES = (b"\x0f\x0bxen", b"\x0f\x0bkvm")
+
+
+def emulate_prefixed(stream: bytes) -> bool:
+    """Whether Linux's decoder reads ``stream`` from an emulate prefix (``EMULATE_PREFIXES``)."""
+    return bytes(stream[:5]) in EMULATE_PREFIXES
 
 
 @lru_cache(maxsize=4)
