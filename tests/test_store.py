@@ -96,11 +96,6 @@ def test_queries_by_address_function_verdict_and_the_function_table(small_store)
                 (r.address - r.function_start, r.length, r.verdict, site_mask(r.sites) if r.sites else None))
         assert [((start, name), rs) for _, start, name, _, rs in store.function_verdicts(iid)] == \
             list(by_function.items())  # the packed and the full rows, as iter_rows gives them
-        order = store.functions_with_rows(iid)
-        assert order == [fid for fid, *_ in store.function_verdicts(iid)]
-        for size in (1, 2, 3):  # a stored pass's chunks, each read alone, are the whole read in pieces
-            assert [f for i in range(0, len(order), size) for f in store.function_verdicts(iid, order[i:i + size])] \
-                == list(store.function_verdicts(iid))
         assert sorted(store.counts(iid)) == sorted(
             (r[0],) + r[1] + (n,) for r, n in Counter(
                 (row.section, (row.verdict.value, row.method, row.plan_kind, row.rule, row.klass, row.reason_key))

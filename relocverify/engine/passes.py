@@ -13,8 +13,8 @@ where a killed run stopped.  A pass is named in ``RunOptions.passes``; it must p
 sent it), so it is an instance of a module-level class.
 
 A ``StoredPass`` (named in ``RunOptions.stored_passes``) reads, in a worker, the functions at a range of
-positions of the image's stored rows in function order (``StoredReader``: ``Results.function_verdicts`` of
-those functions alone), each as a ``StoredFunction``; keeps what it learns from chunk to chunk and
+positions of the image's stored rows in function order (``StoredReader``: ``Results.function_verdicts``, read
+on from one range to the next), each as a ``StoredFunction``; keeps what it learns from chunk to chunk and
 image to image in a state of its own (``start``: once per worker); and makes one value per chunk
 (``chunk``).  In the parent, a ``StoredMerge`` per image (``merger``) takes the chunks' values in function
 order, whatever order they come back in, and makes the pass's section (``section``).  The phase that runs
@@ -124,25 +124,33 @@ class StoredPass(ABC):
 
 class StoredReader:
     """A worker's reading of one image's stored rows (``Results.function_verdicts``, in function order): the
-    functions at positions ``lo`` to ``hi`` of ``Results.functions_with_rows``, read alone (each worker reads
-    its own chunks, not the whole image).  The store stays open until ``close``."""
+    functions at positions ``lo`` to ``hi``, read on from where the last range ended; a range behind that, or of
+    another image or store, reads the image anew.  The store stays open until ``close``."""
 
     def __init__(self):
         self._results: Results | None = None
         self._key: tuple[str, int] | None = None
-        self._order: list[int] = []  # the image's functions with rows, in function order
+        self._rows = None
+        self._at = 0  # the position of the next function ``_rows`` yields
 
     def functions(self, path: str, image_id: int, lo: int, hi: int) -> list[StoredFunction]:
         if hi <= lo:
             return []
-        if self._key != (path, image_id):
+        if self._key != (path, image_id) or lo < self._at:
             self.close()
             self._results = Results(path)
-            self._key, self._order = (path, image_id), self._results.functions_with_rows(image_id)
-        return [StoredFunction(*found) for found in self._results.function_verdicts(image_id, self._order[lo:hi])]
+            self._key, self._rows, self._at = (path, image_id), self._results.function_verdicts(image_id), 0
+        out = []
+        for found in self._rows:
+            if self._at >= lo:
+                out.append(StoredFunction(*found))
+            self._at += 1
+            if self._at >= hi:
+                break
+        return out
 
     def close(self) -> None:
-        results, self._results, self._key, self._order = self._results, None, None, []
+        results, self._results, self._key, self._rows = self._results, None, None, None
         if results is not None:
             results.close()
 

@@ -395,39 +395,27 @@ class RowReads:
             yield from self._rows_of(unsigned(start), name, section, bytes(code),
                                      None if outcomes is None else (outcomes, sites, data), full.get(fid, []), only)
 
-    def function_verdicts(self, image: int, fids: list[int] | None = None
-                          ) -> Iterator[tuple[int, int, str, bytes, list[tuple]]]:
+    def function_verdicts(self, image: int) -> Iterator[tuple[int, int, str, bytes, list[tuple]]]:
         """Per function of the image with stored rows, in (start, name) order: (id, start, name, bytes,
         [(offset, length, verdict, site mask or None)] by offset): what a pass over a whole image needs,
-        without an ``InstructionRow`` per instruction.  ``fids``: only those functions (a chunk of
-        ``functions_with_rows``), read alone."""
+        without an ``InstructionRow`` per instruction."""
         verdict_of = {oid: o[0] for oid, o in self._outcome_fields().items()}
         full: dict[int, list[tuple]] = {}
-        for part in ([None] if fids is None else [fids[i:i + 500] for i in range(0, len(fids), 500)]):
-            which = "f.image=?" if part is None else f"f.image=? AND f.id IN ({','.join('?' * len(part))})"
-            args = (image,) if part is None else (image, *part)
-            for fid, off, n, oid, sites in self.db.execute(
-                    "SELECT i.function, i.offset, i.length, i.outcome, i.sites FROM instructions i "
-                    f"JOIN functions f ON f.id = i.function WHERE {which}", args):
-                full.setdefault(fid, []).append((off, n, verdict_of[oid], sites))
-            for fid, start, name, code, outcomes, sites, data in self.db.execute(
-                    "SELECT f.id, f.start, f.name, f.bytes, p.outcomes, p.sites, p.data FROM functions f "
-                    f"LEFT JOIN packed p ON p.function = f.id WHERE {which} ORDER BY f.start, f.name", args):
-                if outcomes is None and fid not in full:
-                    continue
-                verdicts = [verdict_of[oid] for oid in unpack_ids(outcomes)]
-                masks = site_masks(sites)
-                rows = [(off, word & LENGTH_MASK, verdicts[word >> K_SHIFT], masks.get(off))
-                        for off, word, _ in struct.iter_unpack(PACKED_ROW, data or b"")] + full.pop(fid, [])
-                rows.sort(key=lambda r: r[0])
-                yield fid, unsigned(start), name, bytes(code), rows
-
-    def functions_with_rows(self, image: int) -> list[int]:
-        """The ids of the image's functions with stored rows, in (start, name) order: ``function_verdicts``'
-        order, whose chunks ``function_verdicts(image, fids)`` reads."""
-        return [fid for (fid,) in self.db.execute(
-            "SELECT f.id FROM functions f WHERE f.image=? AND (EXISTS (SELECT 1 FROM packed p WHERE p.function = f.id) "
-            "OR EXISTS (SELECT 1 FROM instructions i WHERE i.function = f.id)) ORDER BY f.start, f.name", (image,))]
+        for fid, off, n, oid, sites in self.db.execute(
+                "SELECT i.function, i.offset, i.length, i.outcome, i.sites FROM instructions i "
+                "JOIN functions f ON f.id = i.function WHERE f.image=?", (image,)):
+            full.setdefault(fid, []).append((off, n, verdict_of[oid], sites))
+        for fid, start, name, code, outcomes, sites, data in self.db.execute(
+                "SELECT f.id, f.start, f.name, f.bytes, p.outcomes, p.sites, p.data FROM functions f "
+                "LEFT JOIN packed p ON p.function = f.id WHERE f.image=? ORDER BY f.start, f.name", (image,)):
+            if outcomes is None and fid not in full:
+                continue
+            verdicts = [verdict_of[oid] for oid in unpack_ids(outcomes)]
+            masks = site_masks(sites)
+            rows = [(off, word & LENGTH_MASK, verdicts[word >> K_SHIFT], masks.get(off))
+                    for off, word, _ in struct.iter_unpack(PACKED_ROW, data or b"")] + full.get(fid, [])
+            rows.sort(key=lambda r: r[0])
+            yield fid, unsigned(start), name, bytes(code), rows
 
     def instruction_at(self, image: int, address: int) -> InstructionRow | None:
         """The instruction starting at ``address``: the functions that may hold it (the functions table's
