@@ -679,10 +679,10 @@ class ProbeTasks:
         at positions ``lo`` to ``hi`` of its stored rows, read from the store here; the pass's state is made the
         first time this worker runs it and kept for the session (its images)."""
         p = self.job.stored[index]
-        states = self.__dict__.setdefault("_stored_states", {})
+        states = self._stored_states
         if p.name not in states:
             states[p.name] = p.start()
-        reader = self.__dict__.get("_stored_reader")
+        reader = self._stored_reader
         if reader is None:
             reader = self._stored_reader = StoredReader()
         return p.chunk(states[p.name], self.job.image, self._handed(reader.functions(self.job.store_path,
@@ -699,9 +699,8 @@ class ProbeTasks:
 
     def stored_rows_done(self) -> None:
         """The end of a stored pass's phase: the store this worker read is closed (the run's own close is last)."""
-        reader = self.__dict__.get("_stored_reader")
-        if reader is not None:
-            reader.close()
+        if self._stored_reader is not None:
+            self._stored_reader.close()
 
     # -- alternative replacements ----------------------------------------------------
     def replacements(self, indexes: list[int]) -> list[tuple]:
@@ -751,6 +750,8 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
         self._shards = 0
         self.progress = None  # a callable(n) told of instructions done, if any
         self.current = None  # a callable(i) told of the item in hand, if any
+        self._stored_states: dict[str, object] = {}  # stored pass name -> its state here (``stored_rows``)
+        self._stored_reader: StoredReader | None = None  # the stored rows this worker reads, once it reads some
 
     def reset(self, job: Job) -> None:
         """Take the next image of a session.  What this worker learned stays (instance keys are
