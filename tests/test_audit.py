@@ -492,12 +492,16 @@ def _fn(name: str, body: str) -> str:
 """
 
 
-_XEN_CPUID = _fn("f_xen", '    ud2\n    .ascii "xen"\n    cpuid\n    ret')  # Xen's emulate prefix, then cpuid
+
+def _emulated_cpuid(prefix: str) -> str:
+    return _fn("f_xen", f'    ud2\n    .ascii "{prefix}"\n    cpuid\n    ret')  # an emulate prefix, then cpuid
+
+
 _BUG = _fn("f_bug", "    ud2\n    nop\n    nop\n    nop\n    ret")  # a BUG()'s ud2: the same instance key
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_a_ud2_the_kernel_decoder_reads_with_the_bytes_after_it_is_judged_by_them(tmp_path, jobs):
+@pytest.mark.parametrize("jobs,prefix", [("1", "xen"), ("2", "xen"), ("1", "kvm"), ("2", "kvm")])
+def test_a_ud2_the_kernel_decoder_reads_with_the_bytes_after_it_is_judged_by_them(tmp_path, jobs, prefix):
     """Linux's decoder reads "ud2; .ascii xen" (or "kvm") as an emulate prefix of the next instruction
     (``linux_facts.EMULATE_PREFIXES``): such a ud2 shares its instance key with every other ud2, yet the Linux
     tracers answer it otherwise.  Each is judged by its own bytes, whichever the audit meets first (the two
@@ -505,7 +509,8 @@ def test_a_ud2_the_kernel_decoder_reads_with_the_bytes_after_it_is_judged_by_the
     import elfbuild
 
     answers = {}
-    for order, body in (("xen-first", _XEN_CPUID + _BUG), ("bug-first", _BUG + _XEN_CPUID)):
+    emulated = _emulated_cpuid(prefix)
+    for order, body in (("emulated-first", emulated + _BUG), ("bug-first", _BUG + emulated)):
         d = tmp_path / order
         d.mkdir()
         image = elfbuild.build_elf(d, '    .section .text, "ax"\n' + body, AUDIT_LDS)

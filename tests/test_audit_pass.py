@@ -209,23 +209,13 @@ def test_the_whole_image_in_one_chunk(image, serial, tmp_path):
 def modules(image, tmp_path_factory):
     """Three modules built for the image (``test_audit_summary``'s, one of data alone, and a copy of its other one),
     and a package directory of the image and them."""
-    import shutil
-
     import test_audit_summary
 
     tmp = tmp_path_factory.mktemp("modules")
-    out = []
     code = test_audit_summary.MODULE_ASM.replace("call f_b", "call g_b")
-    for name, asm in (("a_data.ko", test_audit_summary.DATA_ASM), ("b_mod.ko", code),
-                      ("c_mod.ko", code.replace("m_a", "n_a").replace("m_b", "n_b"))):
-        (tmp / f"{name}.s").write_text(asm)
-        subprocess.run(["gcc", "-c", "-o", str(tmp / name), str(tmp / f"{name}.s")], check=True)
-        out.append(tmp / name)
-    package = tmp / "pkg"
-    package.mkdir()
-    for f in [image, *out]:
-        shutil.copy(f, package / f.name)
-    return out, package
+    out = test_audit_summary.build_modules(tmp, [("a_data.ko", test_audit_summary.DATA_ASM), ("b_mod.ko", code),
+                                                 ("c_mod.ko", code.replace("m_a", "n_a").replace("m_b", "n_b"))])
+    return out, test_audit_summary.package_of(tmp, [image, *out])
 
 
 @pytest.mark.parametrize("kind", ["modules", "package"])

@@ -58,16 +58,27 @@ def inputs(tmp_path):
     import test_audit
 
     vmlinux = elfbuild.build_elf(tmp_path, test_audit.AUDIT_ASM, test_audit.AUDIT_LDS)
-    modules = []
-    for name, asm in (("a_data.ko", DATA_ASM), ("b_mod.ko", MODULE_ASM)):
-        (tmp_path / f"{name}.s").write_text(asm)
-        subprocess.run(["gcc", "-c", "-o", str(tmp_path / name), str(tmp_path / f"{name}.s")], check=True)
-        modules.append(tmp_path / name)
-    package = tmp_path / "pkg"
+    modules = build_modules(tmp_path, [("a_data.ko", DATA_ASM), ("b_mod.ko", MODULE_ASM)])
+    return vmlinux, modules, package_of(tmp_path, [vmlinux, *modules])
+
+
+def build_modules(directory, sources: list[tuple[str, str]]) -> list:
+    """Each (file name, assembly) assembled into a module in ``directory``: their paths."""
+    out = []
+    for name, asm in sources:
+        (directory / f"{name}.s").write_text(asm)
+        subprocess.run(["gcc", "-c", "-o", str(directory / name), str(directory / f"{name}.s")], check=True)
+        out.append(directory / name)
+    return out
+
+
+def package_of(directory, files: list):
+    """A package directory (``directory/pkg``) holding copies of ``files``."""
+    package = directory / "pkg"
     package.mkdir()
-    for f in [vmlinux, *modules]:
+    for f in files:
         shutil.copy(f, package / f.name)
-    return vmlinux, modules, package
+    return package
 
 
 def _audit(tmp_path, monkeypatch, kind: type, argv: list[str]) -> tuple[int, str, AuditSummary]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections import Counter
 
@@ -273,14 +274,33 @@ def _merges_seen(monkeypatch) -> list[bool]:
     return threads
 
 
+def _run_failing_merges_behind(monkeypatch, image, path) -> None:
+    """A run into ``path`` whose merges behind the workers fail (``store.shard.merge`` made to raise off the main
+    thread), as a killed run's do not happen: it raises, its workers' shards left beside the store.  The merge is
+    itself again afterwards."""
+    import threading
+
+    from relocverify.store import shard as shard_module
+
+    real_merge = shard_module.merge
+
+    def fail_behind(con, paths):
+        if threading.current_thread() is not threading.main_thread():
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_merge(con, paths)
+
+    monkeypatch.setattr(shard_module, "merge", fail_behind)
+    with pytest.raises(sqlite3.OperationalError, match="injected"):
+        run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))
+    monkeypatch.setattr(shard_module, "merge", real_merge)
+
+
 def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses_nothing(tmp_path, small_store,
                                                                                          monkeypatch):
     """The rows phase closes its workers' shards in rounds and merges each round on a thread of its own
     (``Store.merge_shards_behind``) while the workers go on: the store holds what one merge at the end gives.
     A merge that fails behind is raised by the run's next merge; its shards stay beside the store, and the
     next run merges them, with the same results."""
-    import threading
-
     from relocverify.engine.phases import sizes
     from relocverify.store import shard as shard_module
 
@@ -297,15 +317,8 @@ def test_shards_merged_behind_round_by_round_equal_one_merge_and_a_failure_loses
         digests.append(_checked_digest(path))
     assert digests[0] == digests[1]
 
-    def fail_behind(con, paths):
-        if threading.current_thread() is not threading.main_thread():
-            raise sqlite3.OperationalError("disk I/O error (injected)")
-        return real_merge(con, paths)
-
-    monkeypatch.setattr(shard_module, "merge", fail_behind)
     broken = tmp_path / "broken.sqlite"
-    with pytest.raises(sqlite3.OperationalError, match="injected"):
-        run(image, str(broken), RunOptions(TRAMP, 2, 10.0, None, True, None))
+    _run_failing_merges_behind(monkeypatch, image, broken)
     from relocverify.store.shard import leftover_shards
 
     assert leftover_shards(str(broken))  # the round's shards were kept
@@ -320,43 +333,23 @@ def test_a_killed_run_s_shard_is_merged_only_when_written_in_this_boot(tmp_path,
     """Shards are written without waiting for the disk (``store.shard``): a process's end cannot tear one, the
     system's end can.  A shard an earlier run left is merged when its name says it was written in this boot
     (or says no boot), and deleted unread when it names another; either way the store ends as a clean run's."""
-    import threading
-
     from relocverify.engine.phases import sizes
-    from relocverify.store import shard as shard_module
-    from relocverify.store.shard import BOOT, leftover_shards
+    from relocverify.store.shard import BOOT, FILES, leftover_shards
 
     assert BOOT, "this Linux has a boot id"
     image, db = small_store
     monkeypatch.setattr(sizes, "CHUNK_FUNCTIONS", 1)
     monkeypatch.setattr(sizes, "ROWS_ROUNDS", 2)
-    real_merge = shard_module.merge
-
-    def fail_behind(con, paths):  # a run that ends with its workers' shards beside the store, as a killed one does
-        if threading.current_thread() is not threading.main_thread():
-            raise sqlite3.OperationalError("disk I/O error (injected)")
-        return real_merge(con, paths)
-
-    monkeypatch.setattr(shard_module, "merge", fail_behind)
     path = tmp_path / "left.sqlite"
-    with pytest.raises(sqlite3.OperationalError, match="injected"):
-        run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))
-    monkeypatch.setattr(shard_module, "merge", real_merge)
+    _run_failing_merges_behind(monkeypatch, image, path)  # its workers' shards left beside the store
     left = leftover_shards(str(path))
     assert left and all(p.endswith("." + BOOT) for p in left)
     if boot != "this":
         for p in left:
-            for suffix in ("", "-wal", "-shm"):
-                if __import__("os").path.exists(p + suffix):
-                    new = p[:-len(BOOT)] + ("0" * 16 if boot == "another" else "")
-                    __import__("os").rename(p + suffix, (new.rstrip(".") if boot == "none" else new) + suffix)
-    found = Counter()
-
-    def merge_and_count(con, paths):
-        found["shards"] += len(paths)
-        return real_merge(con, paths)
-
-    monkeypatch.setattr(shard_module, "merge", merge_and_count)
+            renamed = p[:-len(BOOT) - 1] + ("." + "0" * 16 if boot == "another" else "")
+            for suffix in FILES:
+                if os.path.exists(p + suffix):
+                    os.rename(p + suffix, renamed + suffix)
     summary = run(image, str(path), RunOptions(TRAMP, 2, 10.0, None, True, None))
     assert summary["totals_add_up"] and not leftover_shards(str(path))
     assert (summary["run"]["resumed"] > 0) == (boot != "another")

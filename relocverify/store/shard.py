@@ -211,9 +211,13 @@ def merge(db: sqlite3.Connection, paths: list[str]) -> tuple[int, dict[int, int]
     return total, final
 
 
+#: A shard's files: the database and what SQLite keeps beside it (the rollback journal; a log from before it).
+FILES = ("", "-journal", "-wal", "-shm")
+
+
 def _remove(path: str) -> None:
     """A shard's files deleted."""
-    for suffix in ("", "-journal", "-wal", "-shm"):
+    for suffix in FILES:
         try:
             os.remove(path + suffix)
         except FileNotFoundError:
