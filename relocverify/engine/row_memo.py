@@ -45,16 +45,12 @@ from __future__ import annotations
 import hashlib
 import marshal
 import struct
-from operator import attrgetter
 
 import zstandard
 
 from ..errors import ImageError
-from ..kernel.sites import Site
 from ..store.packed_rows import FRESH_BIT, K_SHIFT, pack_u32, site_masks, unpack_u32
 
-_SITE_FIELDS = Site._fields  # every field: a new one enters the key by itself
-_SITE_VALUES = attrgetter(*_SITE_FIELDS)
 #: zstd level -1: a kernel's 53 MB of marshalled rows in 33 MB, packed in 0.25 s of CPU and unpacked in 0.08 s
 #: (level 1: 28 MB in 0.48 s and 0.21 s; zlib at level 1 took 2.76 s to pack, a sixth of a cold run's rows phase).
 _PACK = zstandard.ZstdCompressor(level=-1)
@@ -85,7 +81,7 @@ def function_key(context: bytes, start: int, size: int, data: bytes, skip, sites
     if sites is not None:
         described = []
         for s in sites:
-            described.append(_SITE_VALUES(s))
+            described.append(tuple(s))  # every field of the site (a Site is its values): a new one enters the key
             if s.kind == "alternative" and s.target is not None and s.target_length:
                 try:
                     described.append(image.read(s.target, s.target_length))

@@ -87,7 +87,6 @@ class Site(NamedTuple):
         return f"{self.kind} at {self.address:#x}+{self.length}" + (f": {self.detail}" if self.detail else "")
 
 
-_SITE_VALUES = tuple  # a site as the tuple ``Site._make`` takes: its values
 _ADDRESS, _ADDRESS_LENGTH = itemgetter(1), itemgetter(1, 2)  # a site's address; its (address, length)
 
 
@@ -309,7 +308,7 @@ class SiteIndex:
     def as_data(self) -> tuple:
         """What the index is made of, as tuples, dicts and strings (``from_data`` makes it again):
         what a cache keeps (``engine.site_memo``)."""
-        return ({kind: [_SITE_VALUES(site) for site in found] for kind, found in self._sites.items()},
+        return ({kind: [tuple(site) for site in found] for kind, found in self._sites.items()},
                 list(self.missing), list(self.notes), dict(self._stray))
 
     @classmethod
