@@ -492,7 +492,6 @@ def _fn(name: str, body: str) -> str:
 """
 
 
-
 def _emulated_cpuid(prefix: str) -> str:
     return _fn("f_xen", f'    ud2\n    .ascii "{prefix}"\n    cpuid\n    ret')  # an emulate prefix, then cpuid
 
