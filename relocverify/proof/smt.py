@@ -18,7 +18,7 @@ from ..x86.registers import MASK64
 from . import lift as L
 from . import semantics as S
 from .reachable import reachable
-from .solvers import timed_solver
+from .solvers import timed_solver, unsatisfiable
 from .verdict import Counterexample
 
 
@@ -188,10 +188,13 @@ def clobbered_flags(world, orig_outs, at: int, unaffected: int, timeout_ms: int)
     for iced_bit, bit in bits.items():
         if not unaffected & iced_bit:
             continue
+        differs = after[bit] != before[bit]
+        if unsatisfiable(world.constraints() + [differs], timeout_ms):
+            continue
         solver = timed_solver(timeout_ms)
         for c in world.constraints():
             solver.add(c)
-        solver.add(after[bit] != before[bit])
+        solver.add(differs)
         if solver.satisfiable():
             clobbered |= iced_bit
     return clobbered
@@ -206,10 +209,12 @@ def first_satisfiable(world, conditions, timeout_ms, precondition=()):
     """The first of ``conditions`` ((condition, what it means), ...) some input satisfies, as (solver with a
     model, what it means), or None."""
     for condition, why in conditions:
+        constraints = world.constraints() + list(precondition) + [condition]
+        if unsatisfiable(constraints, timeout_ms):
+            continue
         solver = timed_solver(timeout_ms)
-        for c in world.constraints() + list(precondition):
+        for c in constraints:
             solver.add(c)
-        solver.add(condition)
         if solver.satisfiable():
             return solver, why
     return None
@@ -225,10 +230,13 @@ def solve(world, items, read_conds, x, timeout_ms, extra=(), precondition=()):
     for stage in ([it.orig != it.reloc for it in items], read_conds):
         if not stage:
             continue
+        negated = claripy.Or(*stage)
+        if unsatisfiable(base + [negated], timeout_ms):
+            continue
         solver = timed_solver(timeout_ms)
         for c in base:
             solver.add(c)
-        solver.add(claripy.Or(*stage))
+        solver.add(negated)
         if solver.satisfiable():
             return solver
     return None
