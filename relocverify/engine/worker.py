@@ -499,7 +499,8 @@ class RowTasks:
         live = ()
         if how == _VARIANTS:
             finding, live = site_finding(finding, sites, address, data[off:off + n], self.variants,
-                                         lambda other: self.finding(other, address, self.keys.key(other, address)))
+                                         lambda other: self.finding(other, address, self.keys.key(other, address)),
+                                         self._variant_made)
             ids = self.ids.outcome(finding)
         elif how == _REJECT:
             got = self._rejected.get((id(finding), kinds))
@@ -745,6 +746,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self._rejected: dict[tuple[int, tuple[str, ...]], tuple[Finding, Finding]] = {}  # (finding, kinds) at reject sites
+        self._variant_made: dict = {}  # findings made from variants' (``site_verdicts.site_finding``'s ``made``)
         self._forget_plain()
         self.shard: ShardWriter | None = None
         self._shards = 0
@@ -784,6 +786,7 @@ class Worker(SurveyTasks, RowTasks, ProbeTasks):
         self.variants = VariantFinder(job.image) if job.sites is not None else None
         self.ids = OutcomeIds(job.outcomes)
         self._rejected = {}
+        self._variant_made = {}
         self._forget_plain()
         self.__dict__.pop("_alts", None)
         self.__dict__.pop("_jumps", None)  # the answers it learned stay (``_jump_memory``)

@@ -21,8 +21,11 @@ VerifyBytes = Callable[[bytes], Finding]  # the finding for other bytes at the s
 
 
 def site_finding(finding: Finding, found: Sequence[Site], address: int, raw: bytes, variants: VariantFinder,
-                 verify: VerifyBytes) -> tuple[Finding, tuple[tuple[str, Finding], ...]]:
-    """(the instruction's finding over every site in ``found``, (variant name, its finding) per live variant)."""
+                 verify: VerifyBytes, made: dict | None = None) -> tuple[Finding, tuple[tuple[str, Finding], ...]]:
+    """(the instruction's finding over every site in ``found``, (variant name, its finding) per live variant).
+    ``made``: a memo of the findings this makes from a variant's, kept by the caller across calls, so that equal
+    ones are one object (a kernel's 48 k return sites make the same one; its outcome fields are then computed
+    once)."""
     worst = finding
     live: list[tuple[str, Finding]] = []
     for site in found:
@@ -49,8 +52,20 @@ def site_finding(finding: Finding, found: Sequence[Site], address: int, raw: byt
                     vf = verify(v.raw)
                     live.append((name, vf))
                     if vf.weaker_than(cand):
-                        cand = replace(vf, reason=f"site {site.kind}, variant {v.name}: {vf.reason}",
-                                       klass=finding.klass)
+                        cand = _of_variant(vf, site.kind, v.name, finding.klass, made)
         if cand.weaker_than(worst):
             worst = cand
     return worst, tuple(live)
+
+
+def _of_variant(vf: Finding, kind: str, name: str, klass: str, made: dict | None) -> Finding:
+    """The instruction's finding made from its variant's: by ``made`` when it holds one (keyed by the variant
+    finding's identity, which its value keeps alive)."""
+    key = (id(vf), kind, name, klass)
+    got = None if made is None else made.get(key)
+    if got is not None and got[0] is vf:
+        return got[1]
+    out = replace(vf, reason=f"site {kind}, variant {name}: {vf.reason}", klass=klass)
+    if made is not None:
+        made[key] = (vf, out)
+    return out
