@@ -42,6 +42,7 @@ offsets, plus the alignment of data addresses).
 from __future__ import annotations
 
 import struct
+from itertools import accumulate
 
 from iced_x86 import Code, Decoder, EncodingKind, FlowControl, Instruction, Mnemonic, OpCodeInfo, OpKind
 
@@ -113,7 +114,13 @@ class KeyMaker:
         self._rel_size: dict[tuple[int, int], int] = {}  # (iced code, length) -> its branch offset's size, 0: other
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
-        """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them:
+        """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them
+        (``walk``)."""
+        lengths, keys = self.walk(data, start)
+        return list(zip(accumulate(lengths, initial=0), lengths, keys))
+
+    def walk(self, data: bytes, start: int) -> tuple[bytes, list[bytes]]:
+        """(the lengths, the keys) of every instruction of a function's bytes, as iced-x86 walks them:
         for each, the key ``key`` gives it (``tests/test_cache.py`` compares them), with the commonest
         cases taken here without a call: a key of kind b or d remembered by its bytes, a new one of
         kind b, and a relative branch whose target is near (the most common key a kernel has)."""
@@ -123,6 +130,8 @@ class KeyMaker:
         memo = self._by_bytes[_NEAR]
         rel_size = self._rel_size
         dec = Decoder(64, data, ip=start & MASK64)
+        lengths = bytearray()
+        length = lengths.append
         out = []
         append = out.append
         pos = 0
@@ -153,9 +162,10 @@ class KeyMaker:
                         key = self._key(dec, ins, raw, start + pos, back_all)
                         if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
                             memo[raw] = key
-            append((pos, n, key))
+            length(n)
+            append(key)
             pos += n
-        return out
+        return bytes(lengths), out
 
     def forget(self) -> None:
         """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""

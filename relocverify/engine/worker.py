@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from bisect import bisect_right
 from itertools import accumulate
-from operator import itemgetter
 
 from ..image.functions import Function
 from ..image.image import Image
@@ -187,9 +186,11 @@ class SurveyTasks:
         self.key_number = _Numbering()
         self.key_table: list[bytes] = []  # number -> key, made when first wanted
 
-    def _keys(self, fid: int):
-        """(offset, length, key) of each instruction of a function: as its survey kept them, or walked again."""
-        got = self.surveyed.pop(fid, None)
+    def _keys(self, fid: int, got: tuple[bytes, array] | None = None):
+        """(offset, length, key) of each instruction of a function: as given (its lengths and key numbers), as
+        its survey kept them, or walked again."""
+        if got is None:
+            got = self.surveyed.pop(fid, None)
         if got is None:
             fn = self.job.functions[fid]
             return self.keys.keys(self._function_bytes(fn), fn.start)
@@ -215,7 +216,6 @@ class SurveyTasks:
         misses: dict[bytes, tuple[bytes, int]] = {}
         hits: set[bytes] = set()
         waiting: list[int] = []
-        cached, learned = self.job.cached, self.learned
         total = 0
         batch = _Batch()
         context = self.kept.context(self.job, self.variants)
@@ -233,31 +233,42 @@ class SurveyTasks:
                     total += n
                     self._tell(n)
                     continue
-            ks = self.keys.keys(data, fn.start)
-            skip = self.job.skip.get(fid, ())
-            complete = True
-            for off, n, key in ks:
-                if skip and fn.start + off in skip:
-                    continue
-                total += 1
-                if key in cached or key in learned:
-                    hits.add(key)
-                else:
-                    complete = False
-                    if key not in misses:
-                        misses[key] = (data[off:off + n], fn.start + off)
+            lengths, keys = self.keys.walk(data, fn.start)
+            complete, n = self._survey_keys(fn.start, data, lengths, keys, self.job.skip.get(fid), misses, hits)
+            total += n
+            numbered = (lengths, array("I", map(self.key_number.__getitem__, keys)))
             if complete:
-                self.function_rows(fid, batch, ks, here, fkey)
+                self.function_rows(fid, batch, numbered, here, fkey)
             else:
-                self._wait(fid, ks, here, fkey)
+                self._wait(fid, numbered, here, fkey)
                 waiting.append(fid)
-            self._tell(len(ks))
+            self._tell(len(keys))
         written = batch.n
         self.write(batch.done(self.ids))
         if gather:
             self._gathered.update(misses)
             misses = {}
         return misses, total, hits, waiting, written, self.kept.reused - reused
+
+    def _survey_keys(self, start: int, data: bytes, lengths: bytes, keys: list[bytes], skip: frozenset[int] | None,
+                     misses: dict[bytes, tuple[bytes, int]], hits: set[bytes]) -> tuple[bool, int]:
+        """Whether every key of a function is known, and how many instructions it owns (those at ``skip``
+        another function owns); the known keys added to ``hits``, the others to ``misses`` with their first
+        instance (in address order) as its representative."""
+        cached, learned = self.job.cached, self.learned
+        complete = True
+        total = 0
+        for off, n, key in zip(accumulate(lengths, initial=0), lengths, keys):
+            if skip and start + off in skip:
+                continue
+            total += 1
+            if key in cached or key in learned:
+                hits.add(key)
+            else:
+                complete = False
+                if key not in misses:
+                    misses[key] = (data[off:off + n], start + off)
+        return complete, total
 
     def _prepared(self, fid: int, context: bytes | None) -> tuple:
         """(id, function, its bytes, the sites over it, its function key): the sites are found here only for its
@@ -270,10 +281,10 @@ class SurveyTasks:
             fkey = function_key(context, fn.start, fn.size, data, self.job.skip.get(fid), here, self.job.image)
         return fid, fn, data, here, fkey
 
-    def _wait(self, fid: int, ks: list[tuple[int, int, bytes]], here, fkey: bytes | None) -> None:
-        """Keep a function until the proofs are in, compactly (``_forget_survey``), with its key and the sites
-        found for it."""
-        self.surveyed[fid] = (bytes(map(_SECOND, ks)), array("I", map(self.key_number.__getitem__, map(_THIRD, ks))))
+    def _wait(self, fid: int, numbered: tuple[bytes, array], here, fkey: bytes | None) -> None:
+        """Keep a function until the proofs are in, compactly (its lengths and key numbers: ``_forget_survey``),
+        with its key and the sites found for it."""
+        self.surveyed[fid] = numbered
         if fkey is not None:
             self.function_keys[fid] = fkey
         if here is not _UNSET:  # found for its key: its rows need them too
@@ -336,7 +347,7 @@ class RowTasks:
         self.shard = None
         return path
 
-    def function_rows(self, fid: int, batch: _Batch, keys: list[tuple[int, int, bytes]] | None = None,
+    def function_rows(self, fid: int, batch: _Batch, numbered: tuple[bytes, array] | None = None,
                       here: list | None | object = _UNSET, fkey: bytes | None | object = _UNSET) -> None:
         """Every instruction of a function, with its finding, its kernel sites and their live variants,
         added to ``batch``; kept for the proof cache under its function key (``row_memo``) when no finding
@@ -348,10 +359,10 @@ class RowTasks:
         address order, exactly as ``_walk_rows`` does; ``row_pack.pack`` then numbers the outcomes and writes
         the row as that walk would."""
         if ROW_PACK is None:
-            return self._walk_rows(fid, batch, keys, here, fkey)
+            return self._walk_rows(fid, batch, numbered, here, fkey)
         fn = self.job.functions[fid]
         start = fn.start
-        lengths, numbers = self._numbers(fid, keys)
+        lengths, numbers = self._numbers(fid, numbered)
         skip = self.job.skip.get(fid)
         here, fkey = self._sites_and_key(fid, fn, here, fkey)
         offs = list(accumulate(lengths, initial=0))
@@ -511,21 +522,18 @@ class RowTasks:
             ids = self.ids.outcome(finding)
         return finding, ids, live, mask
 
-    def _numbers(self, fid: int, keys) -> tuple[bytes, array]:
-        """A function's instruction lengths and key numbers: from the keys given, as its survey kept them,
-        or walked again."""
-        if keys is None:
-            got = self.surveyed.pop(fid, None)
-            if got is None:
-                fn = self.job.functions[fid]
-                keys = self.keys.keys(self._function_bytes(fn), fn.start)
-        if keys is not None:
-            got = (bytes(map(_SECOND, keys)), array("I", map(self.key_number.__getitem__, map(_THIRD, keys))))
+    def _numbers(self, fid: int, numbered: tuple[bytes, array] | None) -> tuple[bytes, array]:
+        """A function's instruction lengths and key numbers: as given, as its survey kept them, or walked again."""
+        got = numbered if numbered is not None else self.surveyed.pop(fid, None)
+        if got is None:
+            fn = self.job.functions[fid]
+            lengths, keys = self.keys.walk(self._function_bytes(fn), fn.start)
+            got = (lengths, array("I", map(self.key_number.__getitem__, keys)))
         if len(self.key_table) != len(self.key_number):
             self.key_table = list(self.key_number)  # a dict keeps insertion order: the numbers'
         return got
 
-    def _walk_rows(self, fid: int, batch: _Batch, keys: list[tuple[int, int, bytes]] | None = None,
+    def _walk_rows(self, fid: int, batch: _Batch, numbered: tuple[bytes, array] | None = None,
                    here: list | None | object = _UNSET, fkey: bytes | None | object = _UNSET) -> None:
         """``function_rows`` as one walk in address order, every instruction by the per-instruction path:
         what serves when ``engine.row_pack`` is not built, and the reference ``tests/test_row_pack.py``
@@ -533,7 +541,7 @@ class RowTasks:
         fn = self.job.functions[fid]
         start = fn.start
         data = self._function_bytes(fn)
-        keys = self._keys(fid) if keys is None else keys
+        keys = self._keys(fid, numbered)
         skip = self.job.skip.get(fid)
         here, fkey = self._sites_and_key(fid, fn, here, fkey)
         sweep = _SiteSweep(here) if here is not None else None
@@ -1147,7 +1155,6 @@ class _Numbering(dict):
         return n
 
 
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
 
 class _SiteSweep:
