@@ -41,7 +41,7 @@ def test_a_build_is_stale_when_its_source_or_its_own_header_changes(tmp_path):
     assert build_digest(native_rows.__file__.replace("native_rows.py", "row_pack.c")) == row_pack.SOURCE_SHA256
 
 
-def _model(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants):
+def _model(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants, marks):
     """``row_pack.pack`` in Python: the bookkeeping of ``Worker._walk_rows``."""
     kmap, order, counts, plain, sites, out_variants = {}, [], [], [], [], []
     by_special = {p: (s_oid[k], s_us[k], s_flags[k], s_mask[k], k) for k, p in enumerate(specials)}
@@ -50,7 +50,7 @@ def _model(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, va
         if i in by_special:
             ident, time, flags, mask, k_special = by_special[i]
         else:
-            ident, time, flags, mask, k_special = oid[numbers[i]], us[numbers[i]], 0, 0, None
+            ident, time, flags, mask, k_special = oid[numbers[i]], us[numbers[i]], 0, marks.get(i, 0), None
         if not flags & 1:
             if ident not in kmap:
                 kmap[ident] = len(order)
@@ -90,17 +90,23 @@ def rows(draw):
     s_mask = [draw(st.integers(0, 1 << 20)) for _ in specials]
     variants = sorted(draw(st.lists(st.tuples(st.integers(0, max(len(specials) - 1, 0)), ids, st.integers(-1, 5)),
                                     max_size=8)) if specials else [], key=lambda v: v[0])
-    return lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants
+    # positions at sites that only mark them: special ones among them too (the special's own mask wins)
+    marks = draw(st.dictionaries(st.integers(0, n - 1), st.integers(0, 1 << 20), max_size=n)) if n else {}
+    return lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants, marks
+
+
+def _marks(marks: dict) -> array:
+    return array("I", [x for p in sorted(marks.items()) for x in p])
 
 
 @settings(max_examples=400, deadline=None)
 @given(rows())
 def test_pack_does_what_the_walk_does(case):
-    lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants = case
+    lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, variants, marks = case
     got = row_pack.pack(lengths, array("I", numbers), array("q", oid), array("I", us), array("I", specials),
                         array("q", s_oid), array("I", s_us), bytes(s_flags), array("I", s_mask),
                         array("I", [v[0] for v in variants]), array("q", [v[1] for v in variants]),
-                        array("i", [v[2] for v in variants]))
+                        array("i", [v[2] for v in variants]), _marks(marks))
     order, counts, plain, sites, out_variants = _model(*case)
     assert got[0] == order
     assert list(unpack_u32(got[1])) == counts
@@ -128,10 +134,14 @@ def test_scan_finds_every_position_the_tables_cannot_serve(lengths, start, data)
 def test_mismatched_arrays_are_refused():
     with pytest.raises(ValueError):
         row_pack.pack(b"\x01", array("I", [0, 0]), array("q", [1]), array("I", [0]), array("I"), array("q"),
-                      array("I"), b"", array("I"), array("I"), array("q"), array("i"))
+                      array("I"), b"", array("I"), array("I"), array("q"), array("i"), array("I"))
     with pytest.raises(ValueError):  # a position with no outcome that is not special: a caller's bug
         row_pack.pack(b"\x01", array("I", [0]), array("q", [0]), array("I", [0]), array("I"), array("q"),
-                      array("I"), b"", array("I"), array("I"), array("q"), array("i"))
+                      array("I"), b"", array("I"), array("I"), array("q"), array("i"), array("I"))
+    for marks in ([1, 5], [0, 5, 0, 6], [0, 5, 1]):  # past the end, twice the same position, half a pair
+        with pytest.raises(ValueError):
+            row_pack.pack(b"\x01", array("I", [0]), array("q", [1]), array("I", [0]), array("I"), array("q"),
+                          array("I"), b"", array("I"), array("I"), array("q"), array("i"), array("I", marks))
 
 
 def _rows_of(batch, ids):

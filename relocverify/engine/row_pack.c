@@ -11,6 +11,8 @@
    ``k`` (a variant alone counts 0); a 12-byte record (offset, length | fresh << 4 | k << 5, proof µs) for
    every instruction that is not a full row; (offset, site mask) for those at sites; (offset, j, k) for
    each variant with no reason of its own.  Every value is a little-endian u32, as the store keeps them.
+   A position at sites that only mark it (``marks``: position, mask) keeps its key's finding, so the tables
+   serve it unless it is special for another reason; its mask is the mark's.
 
    It is a second implementation of that Python walk's bookkeeping, not of any decision:
    ``tests/test_row_pack.py`` holds the two alike, and the whole-kernel test compares every reader's
@@ -146,22 +148,22 @@ done:
     return result;
 }
 
-/* pack(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j)
+/* pack(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j, marks)
    -> (outcome ids by k (a list), counts, plain, at_sites, variants) */
 static PyObject *pack(PyObject *self, PyObject *args) {
-    PyObject *o[12];
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                          &o[9], &o[10], &o[11]))
+    PyObject *o[13];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11], &o[12]))
         return NULL;
-    static const Py_ssize_t sizes[12] = {1, 4, 8, 4, 4, 8, 4, 1, 4, 4, 8, 4};
-    static const char *names[12] = {"lengths", "numbers", "oid", "us", "specials", "s_oid", "s_us", "s_flags",
-                                    "s_mask", "v_special", "v_vid", "v_j"};
-    Buf b[12] = {{0}};
+    static const Py_ssize_t sizes[13] = {1, 4, 8, 4, 4, 8, 4, 1, 4, 4, 8, 4, 4};
+    static const char *names[13] = {"lengths", "numbers", "oid", "us", "specials", "s_oid", "s_us", "s_flags",
+                                    "s_mask", "v_special", "v_vid", "v_j", "marks"};
+    Buf b[13] = {{0}};
     Kmap m = {0};
     U32s counts = {0}, plain = {0}, sites = {0}, variants = {0};
     int64_t *order = NULL;
     PyObject *result = NULL;
-    for (int k = 0; k < 12; k++)
+    for (int k = 0; k < 13; k++)
         if (get(o[k], &b[k], sizes[k], names[k]) < 0)
             goto done;
     const unsigned char *lengths = b[0].b.buf;
@@ -170,12 +172,20 @@ static PyObject *pack(PyObject *self, PyObject *args) {
     const int64_t *oid = b[2].b.buf, *s_oid = b[5].b.buf, *v_vid = b[10].b.buf;
     const unsigned char *s_flags = b[7].b.buf;
     const int32_t *v_j = b[11].b.buf;
+    const uint32_t *marks = b[12].b.buf;
     Py_ssize_t n = b[0].b.len, tab = b[2].b.len / 8, ns = b[4].b.len / 4, nv = b[9].b.len / 4;
+    Py_ssize_t nm = b[12].b.len / 8, mk = 0;
     if (b[1].b.len / 4 != n || b[3].b.len / 4 != tab || b[5].b.len / 8 != ns || b[6].b.len / 4 != ns ||
-        b[7].b.len != ns || b[8].b.len / 4 != ns || b[10].b.len / 8 != nv || b[11].b.len / 4 != nv) {
+        b[7].b.len != ns || b[8].b.len / 4 != ns || b[10].b.len / 8 != nv || b[11].b.len / 4 != nv ||
+        b[12].b.len % 8) {
         PyErr_SetString(PyExc_ValueError, "pack: arrays of one table differ in length");
         goto done;
     }
+    for (Py_ssize_t k = 0; k < nm; k++)
+        if (marks[2 * k] >= (uint32_t)n || (k && marks[2 * k] <= marks[2 * k - 2])) {
+            PyErr_SetString(PyExc_ValueError, "pack: marks out of order or out of range");
+            goto done;
+        }
     if (kmap_init(&m, n + nv) < 0 || (order = PyMem_Malloc(sizeof(int64_t) * (n + nv + 1))) == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -186,6 +196,9 @@ static PyObject *pack(PyObject *self, PyObject *args) {
         int64_t id;
         uint32_t time, flags = 0, mask = 0;
         int special = s < ns && specials[s] == (uint32_t)i;
+        for (; mk < nm && marks[2 * mk] < (uint32_t)i; mk++)
+            ;
+        int marked = mk < nm && marks[2 * mk] == (uint32_t)i;
         if (special) {
             flags = s_flags[s];
             id = s_oid[s];
@@ -199,6 +212,8 @@ static PyObject *pack(PyObject *self, PyObject *args) {
             }
             id = oid[j];
             time = us[j];
+            if (marked)
+                mask = marks[2 * mk + 1];
         }
         if (!(flags & DROPPED)) {
             Py_ssize_t slot = kmap_slot(&m, id), k = m.vals[slot];
@@ -260,7 +275,7 @@ static PyObject *pack(PyObject *self, PyObject *args) {
 nomem:
     PyErr_NoMemory();
 done:
-    release(b, 12);
+    release(b, 13);
     kmap_free(&m);
     PyMem_Free(order);
     PyMem_Free(counts.data);
@@ -274,7 +289,7 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(lengths, numbers, start, oid, rep, forced) -> the positions the per-instruction path takes (u32s)"},
     {"pack", pack, METH_VARARGS,
-     "pack(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j)"
+     "pack(lengths, numbers, oid, us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j, marks)"
      " -> (outcome ids by k, counts, plain, at_sites, variants)"},
     {NULL, NULL, 0, NULL}};
 

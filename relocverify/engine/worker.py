@@ -367,7 +367,8 @@ class RowTasks:
         here, fkey = self._sites_and_key(fid, fn, here, fkey)
         offs = list(accumulate(lengths, initial=0))
         at_site = _site_positions(here, offs, lengths, start) if here else {}
-        specials = self._specials(start, lengths, numbers, offs, at_site, skip)
+        forced, marks = _site_split(at_site)
+        specials = self._specials(start, lengths, numbers, offs, forced, skip)
         n0, f0, v0 = batch.n, len(batch.full), len(batch.variants)
         s_oid, s_us, s_flags, s_mask = array("q"), array("I"), bytearray(), array("I")
         v_special, v_vid, v_j = array("I"), array("q"), array("i")
@@ -399,7 +400,7 @@ class RowTasks:
             if live:
                 unkept = self._packed_variants(live, s, fid, off, names, (v_special, v_vid, v_j), batch) or unkept
         order, counts, plain, at_sites, variants = ROW_PACK.pack(
-            lengths, numbers, self._oid, self._us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j)
+            lengths, numbers, self._oid, self._us, specials, s_oid, s_us, s_flags, s_mask, v_special, v_vid, v_j, marks)
         batch.end_packed(fid, order, counts, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             kmap = dict(zip(order, range(len(order))))
@@ -416,11 +417,10 @@ class RowTasks:
             fkey = self.function_keys.pop(fid, None)
         return here, fkey
 
-    def _specials(self, start: int, lengths: bytes, numbers: array, offs: list[int], at_site: dict,
+    def _specials(self, start: int, lengths: bytes, numbers: array, offs: list[int], forced: set[int],
                   skip) -> array:
         """The positions ``row_pack.scan`` leaves to the per-instruction path: those its tables cannot serve,
-        those at kernel sites and those another function owns (``skip``)."""
-        forced = set(at_site)
+        those ``forced`` (at kernel sites that do more than mark) and those another function owns (``skip``)."""
         if skip:
             forced.update(i for i, off in enumerate(offs[:-1]) if start + off in skip)
         grown = len(self.key_number) - len(self._oid)
@@ -1132,6 +1132,27 @@ def _site_positions(here, offs: list[int], lengths: bytes, start: int) -> dict[i
         if len(found) > 1:
             found.sort(key=lambda s: kind_key(s.kind))
     return out
+
+
+def _site_split(at_site: dict[int, list]) -> tuple[set[int], array]:
+    """The positions at sites split: those whose sites do more than mark them (the per-instruction path takes
+    them), and (position, mask) of those the sites only mark, ascending (``row_pack.pack`` gives them their
+    key's row with the mask, unless the per-instruction path takes them for another reason)."""
+    forced: set[int] = set()
+    marked: list[tuple[int, int]] = []
+    for i, sites in at_site.items():
+        kinds = tuple([site.kind for site in sites])
+        effect = _SITE_EFFECTS.get(kinds)
+        if effect is None:
+            effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
+        if effect[0] == _MARK:
+            marked.append((i, effect[1] or 0))
+        else:
+            forced.add(i)
+    marks = array("I")
+    for pair in sorted(marked):
+        marks.extend(pair)
+    return forced, marks
 
 
 _MARK, _REJECT, _VARIANTS = 0, 1, 2
