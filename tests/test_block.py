@@ -286,7 +286,11 @@ def test_block_key_is_position_independent_and_tells_shapes_apart():
     assert block_key(short) not in (None, block_key(b))  # an exit to A_2 instead of A+L
     mid = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 3)])
     assert block_key(mid) is None  # an exit to A+3, a role nothing in the original has
-    assert block_key(block("488b0560000000 4801c3")) != block_key(here)  # another alignment
+    # another alignment mod 64: the same key for a mov, blind to it (``cache_key.alignment_blind``); another for a
+    # locked add, which is not
+    assert block_key(block("488b0560000000 4801c3")) == block_key(here)
+    locked = block("f048010510000000 4801c3")
+    assert block_key(locked) is not None and block_key(block("f048010560000000 4801c3")) != block_key(locked)
 
 
 # --- composition: a block proved piece by piece (engine.jumps keeps each piece's answer) -----------
@@ -439,7 +443,9 @@ def test_piece_keys_tell_roles_apart():
     here = block("488b0510000000 4801c3")
     there = plan_block(decode_run("488b0510000000 4801c3", A + 0x1000), T + 0x2040)
     assert piece_key(here, 0) is not None and piece_key(here, 0) == piece_key(there, 0)
-    assert piece_key(block("488b0560000000 4801c3"), 0) != piece_key(here, 0)  # another alignment mod 64
+    assert piece_key(block("488b0560000000 4801c3"), 0) == piece_key(here, 0)  # another alignment: a mov is blind
+    locked = block("f048010510000000 4801c3")  # to it, a locked add is not
+    assert piece_key(locked, 0) is not None and piece_key(block("f048010560000000 4801c3"), 0) != piece_key(locked, 0)
     b = block("55 4889e5 53")
     raws = [i.raw for i in b.instructions]
     short = relink(b, [copy_of(raws[0]), copy_of(raws[1]), copy_of(raws[2], A + 4)])

@@ -2,14 +2,16 @@
 
 proof.cache_key reuses a verdict across instances on two grounds, both
 tested here: (1) the VEX lifter's output for the same bytes depends on the
-address only through PC constants (A, A+len, A+len+field); (2) instances
-with equal keys get equal verdicts when proved afresh.
+address only through PC constants (A, A+len, A+len+field) and, for an
+instruction that is not blind to it, a data address's alignment; (2)
+instances with equal keys get equal verdicts when proved afresh.
 """
 
 from __future__ import annotations
 
 import struct
 
+import iced_x86
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from relocverify.proof import semantics as S
 from relocverify.x86.decode import decode
 from relocverify.plan.plan import make_plan
-from relocverify.proof.cache_key import cache_key, pc_fields
+from relocverify.proof.cache_key import alignment_blind, cache_key, pc_fields
 from relocverify.proof.canonical import canon_block
 from relocverify.proof.prove import prove_plan, prove_relocation
 from relocverify.proof.verdict import Verdict
@@ -52,12 +54,20 @@ def _role_ir(raw: bytes, at: int):
     return tuple(sorted(values.values())), _roles(canon_block(S.lift(raw, at, max_inst=1), lambda v: v), values)
 
 
+def _moved(raw: bytes, at: int, k: int, j: int) -> int:
+    """``at`` moved by 64*k bytes, and by ``j`` more when no data address of the instruction there keeps its
+    alignment in its role (``cache_key.alignment_blind``): an address with the same roles."""
+    fields = pc_fields(raw, at) or []
+    return (at + 64 * k + (0 if any(f.data for f in fields) else j)) & MASK64
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(SAMPLES), kernel_text, st.integers(-(1 << 20), 1 << 20))
-def test_lifter_depends_on_the_address_only_through_pc_constants(hexes, a1, k):
-    """Same roles (data addresses with the same alignment mod 64) => same IR."""
+@given(st.sampled_from(SAMPLES), kernel_text, st.integers(-(1 << 20), 1 << 20), st.integers(1, 63))
+def test_lifter_depends_on_the_address_only_through_pc_constants(hexes, a1, k, j):
+    """Same roles (data addresses with the same alignment mod 64, unless the instruction is blind to it) =>
+    same IR."""
     raw = bytes.fromhex(hexes)
-    a2 = (a1 + 64 * k) & MASK64
+    a2 = _moved(raw, a1, k, j)
     roles1, ir1 = _role_ir(raw, a1)
     roles2, ir2 = _role_ir(raw, a2)
     assert roles1 == roles2 and ir1 == ir2
@@ -69,6 +79,44 @@ def test_vex_checks_alignment_at_lift_time():
     raw = bytes.fromhex("c5 f9 6f 05 20 00 00 00")
     aligned, misaligned = 0xFFFFFFFF81000000 - 8, 0xFFFFFFFF81000000
     assert _role_ir(raw, aligned)[1] != _role_ir(raw, misaligned)[1]
+
+
+@pytest.mark.parametrize("hexes, blind", [
+    ("48 8b 05 10 00 00 00", True), ("0f b6 05 01 00 00 00", True), ("48 81 3d 10 00 00 00 78 56 34 12", True),
+    ("66 89 3d 10 00 00 00", True), ("48 8d 05 f0 ff ff ff", True), ("48 0f ab 05 10 00 00 00", True),
+    ("f0 ff 05 10 00 00 00", False),  # LOCK: a split lock is another event than an aligned one
+    ("48 87 15 10 00 00 00", False),  # xchg with memory: locked without the prefix
+    ("c5 f9 6f 05 20 00 00 00", False), ("66 0f 6f 05 20 00 00 00", False), ("0f 28 05 20 00 00 00", False),
+    ("48 0f c7 0d 10 00 00 00", False),  # cmpxchg16b: #GP when misaligned
+    ("0f ae 05 10 00 00 00", False),  # fxsave
+    ("ff 15 10 00 00 00", False), ("ff 35 10 00 00 00", False),  # an indirect call, a push: not in the list
+    ("8c 05 10 00 00 00", False),  # mov from a segment register
+    ("66 0f 7e 05 10 00 00 00", False),  # movd from an xmm register
+])
+def test_which_instructions_are_blind_to_their_operand_alignment(hexes, blind):
+    raw = bytes.fromhex(hexes)
+    ins = iced_x86.Decoder(64, raw, ip=0xFFFFFFFF81000000).decode()
+    assert alignment_blind(ins) is blind
+    assert [f.data for f in pc_fields(raw, 0xFFFFFFFF81000000)] == [not blind]  # the operand's role keeps its alignment
+
+
+BLIND_CHECKED = list(dict.fromkeys(SAMPLES + ["48 0f c7 0d 10 00 00 00", "0f ae 05 10 00 00 00",
+                                               "48 0f ab 05 10 00 00 00", "f0 48 0f b1 0d 10 00 00 00"]))
+
+
+@pytest.mark.parametrize("hexes", BLIND_CHECKED)
+def test_an_instruction_keyed_without_alignment_lifts_alike_at_every_alignment(hexes):
+    """Every instruction of the samples whose data address keeps no alignment in its role lifts to the same IR
+    (roles substituted) at each of 64 consecutive addresses; and some that keep it do not (movdqa,
+    cmpxchg16b), which is why they keep it."""
+    raw = bytes.fromhex(hexes)
+    base = 0xFFFFFFFF81000000
+    irs = {repr(_role_ir(raw, base + j)[1]) for j in range(64)} if all(
+        not f.data for f in pc_fields(raw, base)) else None
+    assert irs is None or len(irs) == 1, hexes
+    if hexes in ("66 0f 6f 05 20 00 00 00", "48 0f c7 0d 10 00 00 00"):
+        assert irs is None and len({repr(_role_ir(raw, base + j)[1]) for j in range(0, 64, 4)}) > 1
+
 
 
 @settings(max_examples=60, deadline=None)
@@ -119,7 +167,8 @@ def test_copies_are_keyed_by_bytes_and_jump_form(hexes):
 @pytest.mark.slow
 def test_lifter_invariance_on_real_kernel_instructions():
     """The invariance the shape cache relies on, over address-dependent
-    instructions of the real Debian kernel, each also lifted 64*k bytes away."""
+    instructions of the real Debian kernel, each also lifted 64*k bytes away, and a few bytes more when no
+    data address of it keeps its alignment (``cache_key.alignment_blind``)."""
     import random
 
     from relocverify.image.fetch import fetch
@@ -138,7 +187,7 @@ def test_lifter_invariance_on_real_kernel_instructions():
                 continue  # an immediate equal to a PC value: the test's substitution by value would conflate them
             try:
                 roles1, ir1 = _role_ir(raw, at)
-                roles2, ir2 = _role_ir(raw, (at + 64 * rng.randint(-4096, 4096)) & MASK64)
+                roles2, ir2 = _role_ir(raw, _moved(raw, at, rng.randint(-4096, 4096), rng.randint(1, 63)))
             except S.Gap:
                 continue
             assert roles1 == roles2 and ir1 == ir2, (hex(at), raw.hex())

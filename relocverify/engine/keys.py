@@ -17,7 +17,9 @@ RIP-relative or branch target), in a few µs:
   r  rip          a RIP-relative operand: the bytes with the displacement
                   zeroed (kept when the target is out of reach: the scratch
                   plan copies it), where the target lies from T (``_where``),
-                  whether it is A or A+len, its alignment mod 64, and T mod 64
+                  whether it is A or A+len, its alignment mod 64 (0xff for an
+                  instruction blind to it: ``cache_key.alignment_blind``), and
+                  T mod 64
   j  branch       a relative branch, call, loop or xbegin: the bytes with
                   the offset zeroed, where the target lies from T, and
                   whether it is A or A+len
@@ -46,7 +48,7 @@ from itertools import accumulate
 
 from iced_x86 import Code, Decoder, EncodingKind, FlowControl, Instruction, Mnemonic, OpCodeInfo, OpKind
 
-from ..proof.cache_key import IMMEDIATE_OPERANDS
+from ..proof.cache_key import IMMEDIATE_OPERANDS, alignment_blind
 from ..x86.registers import MASK64
 
 EXACT = 256
@@ -211,7 +213,8 @@ class KeyMaker:
             where = _where(target - t)
             # out of reach, the scratch plan keeps the displacement verbatim (scratch = A+len): part of the key
             body = raw if where == _FAR else _zeroed(raw, co.displacement_offset, co.displacement_size)
-            return b"r" + back + where + _eq(target, a, n) + bytes([target & 63]) + self._t63 + body
+            align = 0xFF if alignment_blind(ins) else target & 63  # as ``cache_key.pc_fields`` marks it
+            return b"r" + back + where + _eq(target, a, n) + bytes([align]) + self._t63 + body
         if fc in _REL_FLOWS and co.has_immediate and ins.op0_kind in _NEAR_BRANCH:
             target = ins.near_branch_target & MASK64
             return (b"j" + back + _where(target - t) + _eq(target, a, n)

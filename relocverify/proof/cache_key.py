@@ -25,7 +25,40 @@ class PcField(NamedTuple):
     offset: int
     size: int
     value: int  # the address the field denotes
-    data: bool = False  # a RIP-relative operand (addresses data), not a control-flow target
+    data: bool = False  # a RIP-relative operand whose data address's alignment is part of its role (``role_of``)
+
+
+#: Instructions whose memory operand may sit at any address, whatever its alignment, when they carry no LOCK
+#: prefix and only general-purpose registers: integer loads, stores, read-modify-writes and ``lea`` (which
+#: accesses nothing).  The SDM requires no alignment of them (Vol. 1 §4.1.1; #AC applies only at CPL 3 with
+#: RFLAGS.AC and CR0.AM, and there an original's access and its relocated copy's are the same access), and
+#: libVEX lifts them with no alignment check (it checks only the aligned SSE/AVX moves, ``cmpxchg16b`` and the
+#: state saves: ``test_vex_checks_alignment_at_lift_time``).  A RIP-relative operand of one of them is keyed
+#: without its alignment, so its instances at every alignment share one proof; every other instruction's keeps
+#: it (``tests/test_cache.py`` lifts both kinds at every alignment).
+ALIGNMENT_BLIND = frozenset(getattr(iced_x86.Mnemonic, m) for m in (
+    "MOV", "MOVZX", "MOVSX", "MOVSXD", "LEA", "ADD", "ADC", "SUB", "SBB", "AND", "OR", "XOR", "CMP", "TEST",
+    "INC", "DEC", "NEG", "NOT", "IMUL", "MUL", "DIV", "IDIV", "BT", "BTS", "BTR", "BTC", "SHL", "SHR", "SAR",
+    "ROL", "ROR", "CMOVO", "CMOVNO", "CMOVB", "CMOVAE", "CMOVE", "CMOVNE", "CMOVBE", "CMOVA", "CMOVS", "CMOVNS",
+    "CMOVP", "CMOVNP", "CMOVL", "CMOVGE", "CMOVLE", "CMOVG", "SETO", "SETNO", "SETB", "SETAE", "SETE", "SETNE",
+    "SETBE", "SETA", "SETS", "SETNS", "SETP", "SETNP", "SETL", "SETGE", "SETLE", "SETG"))
+_GPR_OPERANDS = frozenset({iced_x86.OpKind.REGISTER, iced_x86.OpKind.MEMORY, iced_x86.OpKind.IMMEDIATE8,
+                           iced_x86.OpKind.IMMEDIATE16, iced_x86.OpKind.IMMEDIATE32, iced_x86.OpKind.IMMEDIATE8TO16,
+                           iced_x86.OpKind.IMMEDIATE8TO32, iced_x86.OpKind.IMMEDIATE8TO64,
+                           iced_x86.OpKind.IMMEDIATE32TO64})
+
+
+def alignment_blind(ins: iced_x86.Instruction) -> bool:
+    """Whether nothing ``ins`` does depends on its memory operand's alignment (``ALIGNMENT_BLIND``)."""
+    if ins.mnemonic not in ALIGNMENT_BLIND or ins.has_lock_prefix or ins.encoding != iced_x86.EncodingKind.LEGACY:
+        return False
+    for k in range(ins.op_count):
+        kind = ins.op_kind(k)
+        if kind not in _GPR_OPERANDS:
+            return False
+        if kind == iced_x86.OpKind.REGISTER and not iced_x86.RegisterExt.is_gpr(ins.op_register(k)):
+            return False
+    return True
 
 
 def pc_fields(code: bytes, base: int) -> list[PcField] | None:
@@ -47,7 +80,7 @@ def pc_fields(code: bytes, base: int) -> list[PcField] | None:
         co = dec.get_constant_offsets(ins)
         if ins.is_ip_rel_memory_operand:
             fields.append(PcField(off + co.displacement_offset, co.displacement_size, ins.ip_rel_memory_address,
-                                  True))
+                                  not alignment_blind(ins)))
         if ins.flow_control in (1, 3, 5, 8) and ins.near_branch_target and co.has_immediate:
             fields.append(PcField(off + co.immediate_offset, co.immediate_size, ins.near_branch_target & MASK64))
         if ins.code == iced_x86.Code.MOV_R64_IMM64:
