@@ -457,4 +457,6 @@ def test_a_warm_cache_answers_jump_probes_from_the_pieces_it_kept(cloud, tmp_pat
     assert first["totals_add_up"] and first["eligible"] > 1000 and rows1 == rows2
     # what is proved again: the blocks no fast path proves (here each one's answer is unknown)
     assert second["block_proofs"] == sum(n for bucket, n in first["refused"].items() if bucket.startswith("proof:"))
-    assert first["block_proofs"] > 10 * max(1, second["block_proofs"])
+    # most of the first run's proofs are not made again (336 against 40 on this slice; 10 times as many before an
+    # operand blind to its alignment was keyed without it, when each alignment of a piece was proved on its own)
+    assert first["block_proofs"] > 5 * max(1, second["block_proofs"])
