@@ -363,7 +363,8 @@ def _verdicts(w: Work) -> tuple[PhaseCounts, int]:
         board = Board(w.pool, w.job, w.store, w.cache, w.tag, w.config)
         w.seconds["survey_s"] = drive(w.pool, Survey(board, list(w.scope.todo)), w.progress)
         misses = board.misses()
-        w.seconds["proofs_s"] = drive(w.pool, Proofs(board, misses), w.progress)
+        with paused():  # the findings coming back live on, with no reference cycles: no full pass over them
+            w.seconds["proofs_s"] = drive(w.pool, Proofs(board, misses), w.progress)
         w.seconds["rows_s"] = drive(w.pool, Rows(board), w.progress)
         counts = board.counts(len(misses))
     stored = StoredCount(sorted(w.scope.done))

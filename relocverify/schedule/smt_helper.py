@@ -29,6 +29,7 @@ import socket
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from ..collector import paused
 from ..errors import RelocverifyError
 from .watchdog import ProofTimeout, own_alarm, watchdog
 
@@ -121,7 +122,8 @@ def _serve(address: str, parent: int, margin_s: float, told: Connection, first: 
         except OSError:
             pass
         first_end.close()
-    from ..proof.smt_check import check_by_smt  # the import this process exists for
+    with paused():  # angr's import makes a few hundred thousand objects that live on: no full pass over them
+        from ..proof.smt_check import check_by_smt  # the import this process exists for
 
     own_alarm()
     selector = selectors.DefaultSelector()
