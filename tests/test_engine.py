@@ -121,6 +121,42 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(cloud, tmp_path):
     assert statuses == ["killed", "complete"], "the killed run is marked so by the next run"
 
 
+@pytest.mark.slow
+def test_rows_made_by_a_worker_that_did_not_survey_them_are_the_same(cloud, tmp_path, monkeypatch):
+    """The rows phase's tasks are stealable (``local_pool._Dispatch.steal``): a worker may make the rows of
+    functions another surveyed, walking their keys again and making their function keys itself.  Here the first
+    worker is given every rows task and the second takes from the end of its queue: the rows, and the
+    functions kept for the proof cache, are those of a run in which no task moves."""
+    import sqlite3
+
+    from relocverify.engine.phases import rows as rows_phase
+    from relocverify.schedule import local_pool
+
+    image = load_image(cloud.vmlinux)
+    monkeypatch.setattr(local_pool._Dispatch, "steal", lambda self, i: None)
+    _run(image, tmp_path / "a.sqlite", limit=1500, cache=tmp_path / "ca")
+    monkeypatch.undo()
+    queues = rows_phase.Rows.queues
+
+    def all_on_the_first(self, pool):
+        got = queues(self, pool)
+        moved = [t for q in got[1:] for t in q if t.method == "rows"]
+        return [got[0] + moved] + [[t for t in q if t.method != "rows"] for q in got[1:]]
+
+    monkeypatch.setattr(rows_phase.Rows, "queues", all_on_the_first)
+    _run(image, tmp_path / "b.sqlite", limit=1500, cache=tmp_path / "cb")
+    assert _rows(tmp_path / "a.sqlite") == _rows(tmp_path / "b.sqlite")
+
+    def kept(cache):
+        db = sqlite3.connect(str(cache / "proofs.sqlite"))
+        try:
+            return {k for (k,) in db.execute("SELECT key FROM function_rows")}
+        finally:
+            db.close()
+
+    assert kept(tmp_path / "ca") == kept(tmp_path / "cb") and len(kept(tmp_path / "ca")) > 1000
+
+
 def _finished_functions(db) -> int:
     """Functions written so far: in the store, and in the workers' shards next to it."""
     from relocverify.store.shard import leftover_shards

@@ -81,6 +81,45 @@ def test_every_item_is_answered_or_crashed_exactly_once_when_workers_die(countin
     assert tags == ({0, 1} if shared else {"a", "b"})  # shared: the worker that ran it
 
 
+@pytest.mark.parametrize("stealable", [True, False])
+def test_a_worker_done_with_its_queue_takes_the_stealable_end_of_another(counting, monkeypatch, stealable):
+    """A pinned run whose first queue is twenty times the second: the second worker, done with its own, takes
+    tasks from the end of the first when they are ``stealable`` (and none otherwise); a queue ending in a task
+    that is not stealable keeps all of its tasks; every item is answered once (no item here kills its worker)."""
+    count = Worker.count
+    monkeypatch.setattr(Worker, "count", lambda self, items: (os.getpid(), count(self, items)))
+    ran: dict[int, list[int]] = {}
+    results: list[int] = []
+    crashed: list[int] = []
+
+    def on_result(task, value):
+        pid, items = value
+        ran.setdefault(pid, []).extend(items)
+        results.extend(items)
+
+    def on_crash(task, at, pid):
+        results.extend(task.args[0][:at])
+        crashed.append(task.args[0][at])
+        rest = task.args[0][at + 1:]
+        return [Task("count", (rest,), task.tag, stealable=task.stealable)] if rest else []
+
+    def tasks(items, stealable):
+        return [Task("count", (items[i:i + 2],), None, stealable=stealable) for i in range(0, len(items), 2)]
+
+    pool = LocalPool(ENGINE_WORKERS, _job(), 2)
+    try:
+        pool.run([tasks(list(range(200, 240)), stealable), tasks([240, 241], False)], on_result, on_crash)
+        stolen_first = sum(1 for items in ran.values() if set(items) & set(range(200, 240)))
+        ran.clear()
+        pool.run([tasks(list(range(300, 340)), True) + [Task("count", ([340],))], tasks([341], False)], on_result,
+                 on_crash)
+    finally:
+        pool.close()
+    assert not crashed and sorted(results) == list(range(200, 242)) + list(range(300, 342))  # none lost, none twice
+    assert stolen_first == (2 if stealable else 1)  # both workers ran tasks of the first queue, or one did
+    assert any(set(range(300, 341)) <= set(items) for items in ran.values())  # a fixed end: nothing taken
+
+
 def test_a_big_message_waits_until_its_worker_is_free(counting, monkeypatch):
     """A message over ``PIPE_SAFE`` is not put behind a task in hand, so neither side blocks on a full
     socket; the answers are the same."""

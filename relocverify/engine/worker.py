@@ -408,13 +408,17 @@ class RowTasks:
 
     def _sites_and_key(self, fid: int, fn: Function, here, fkey) -> tuple[list | None, bytes | None]:
         """The sites over a function and its function key (``row_memo``): as given, as its survey kept them,
-        or found now."""
+        or found now (a function another worker surveyed: its rows task taken from that worker's queue)."""
         if here is _UNSET:
             here = self.function_sites.pop(fid, _UNSET)
         if here is _UNSET:
             here = self.job.sites.sites_at(fn.start, fn.size) if self.job.sites is not None else None
         if fkey is _UNSET:
-            fkey = self.function_keys.pop(fid, None)
+            fkey = self.function_keys.pop(fid, _UNSET)
+        if fkey is _UNSET:
+            context = self.kept.context(self.job, self.variants)
+            fkey = None if context is None else function_key(context, fn.start, fn.size, self._function_bytes(fn),
+                                                             self.job.skip.get(fid), here, self.job.image)
         return here, fkey
 
     def _specials(self, start: int, lengths: bytes, numbers: array, offs: list[int], forced: set[int],

@@ -45,6 +45,8 @@ class Task:
     tag: object = None  # the caller's own label, handed back with the result
     # more arguments, made when the task is sent to its worker (what other workers learned meanwhile)
     late: Callable[[], tuple] | None = None
+    # another worker may run it when its own queue is empty (a pinned pool: ``_Dispatch.steal``)
+    stealable: bool = False
 
     def call_args(self) -> tuple:
         return self.args + self.late() if self.late is not None else self.args
@@ -287,9 +289,9 @@ class _Dispatch:
         q, flight, held = self.queue_of(i), self.flight[i], self.held
         while len(flight) < IN_FLIGHT:
             if held[i] is None:
-                if not q:
+                task = q.popleft() if q else None if self.shared else self.steal(i)
+                if task is None:
                     return
-                task = q.popleft()
                 held[i] = (task, bytes(ForkingPickler.dumps((task.method, task.call_args()))))
             task, message = held[i]
             if flight and len(message) > PIPE_SAFE:
@@ -301,6 +303,12 @@ class _Dispatch:
             except OSError:  # the worker died (a broken pipe): the loop below finds it dead
                 self.lost.add(id(task))
                 return
+
+    def steal(self, i: int) -> Task | None:
+        """For worker i, whose own queue is empty: the last task of the longest other queue, when that task is
+        ``stealable`` (the workers of a pinned pool then end a phase together, not one waiting on the other)."""
+        queues = [q for j, q in enumerate(self.queues) if j != i and q and q[-1].stealable]
+        return max(queues, key=len).pop() if queues else None
 
     def run(self, on_result, on_crash, tick, tick_s: float) -> None:
         pool, flight = self.pool, self.flight

@@ -33,7 +33,8 @@ class Rows(Phase):
             pool.broadcast("accept", lambda w: (b.sent(w),))
             queues = [[] for _ in range(pool.n)]
         pool.remember("accept", (b.learned,))  # a worker forked in a dead one's place is given every finding
-        tasks = [[Task("rows", (c,), w) for c in sizes.chunks(b.waiting[w], sizes.CHUNK_FUNCTIONS)]
+        # a worker with no rows of its own left takes another's last (its surveyed keys are walked again there)
+        tasks = [[Task("rows", (c,), w, stealable=True) for c in sizes.chunks(b.waiting[w], sizes.CHUNK_FUNCTIONS)]
                  for w in range(pool.n)]
         return [q + cut for q, cut in zip(queues, self.rounds.cut(pool, tasks))]
 
