@@ -213,6 +213,24 @@ def test_bzimage_each_compressor(tiny, tmp_path, compression):
     assert image.symbol_source == "elf"
 
 
+@pytest.mark.parametrize("told", ["right", "short", "none"])
+def test_the_identity_is_the_hash_of_the_elf_however_its_extent_was_first_read(tiny, tmp_path, monkeypatch, told):
+    """The content hash is made on a thread over the extent the section headers give (``loader._Hashing``),
+    while the symbols are parsed; an extent read otherwise from the headers (here a byte short), or none, is
+    hashed again over the extent the parse found."""
+    from relocverify.image import loader
+
+    true_extent = loader._header_extent(tiny.read_bytes())
+    fake = {"right": lambda buffer: true_extent, "short": lambda buffer: true_extent - 1,
+            "none": lambda buffer: None}[told]
+    monkeypatch.setenv("RELOCVERIFY_CACHE", str(tmp_path / "home"))  # nothing remembered
+    monkeypatch.setattr(loader, "_header_extent", fake)
+    path = tmp_path / "vmlinux"
+    path.write_bytes(tiny.read_bytes() + b"trailing bytes past the ELF")
+    assert load_image(path).identity == hashlib.sha256(tiny.read_bytes()).hexdigest()
+    assert load_image(path).identity == hashlib.sha256(tiny.read_bytes()).hexdigest()  # remembered
+
+
 def test_lz4_legacy_multi_block(tmp_path, tiny):
     """A payload over 8 MiB spans two lz4 legacy blocks."""
     elf = tiny.read_bytes()

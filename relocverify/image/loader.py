@@ -33,6 +33,7 @@ import mmap
 import os
 import stat
 import struct
+import threading
 
 from ..collector import paused
 from ..environment import default_cache_dir
@@ -72,14 +73,18 @@ def _load_image(path: str, system_map: str | os.PathLike | None) -> Image:
         except (OSError, ValueError) as exc:  # /proc files, special files, an empty file to mmap
             raise ImageError(f"{path}: cannot read as a kernel image: {exc}") from None
     try:
-        elf = read_elf(path, buffer, from_payload=format_ == "bzimage", memo=SymbolFiles())
-        symbols, source = elf.symbols, elf.symbol_table
-        notes: list[str] = []
-        if system_map is not None:
-            symbols, map_notes = load_system_map(system_map, elf.sections)
-            source = "system.map"
-            notes.extend(map_notes)
-        identity = _content_hash(opened, buffer, elf.extent)
+        hashing = _Hashing(opened, buffer)
+        try:
+            elf = read_elf(path, buffer, from_payload=format_ == "bzimage", memo=SymbolFiles())
+            symbols, source = elf.symbols, elf.symbol_table
+            notes: list[str] = []
+            if system_map is not None:
+                symbols, map_notes = load_system_map(system_map, elf.sections)
+                source = "system.map"
+                notes.extend(map_notes)
+        finally:
+            hashing.join()
+        identity = hashing.digest(elf.extent)
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
@@ -96,26 +101,75 @@ def _load_image(path: str, system_map: str | os.PathLike | None) -> Image:
 HASH_MEMO_ENTRIES = 256
 
 
-def _content_hash(st: os.stat_result, buffer, extent: int) -> str:
+class _Hashing:
     """SHA-256 of the image's bytes (``buffer[:extent]``): the identity a store keys its rows by.
 
-    A whole debug vmlinux (about 600 MB) takes about 0.8 s to hash, most of a repeated run: the
-    hash is remembered in ``<cache>/index/sha256.json`` under the open file's device, inode,
-    size, modification *and change* time (the change time cannot be set back by a user: any
-    write to the file moves it), and recomputed whenever any of them differs."""
-    key = _memo_key(st, extent)
-    memo = _hash_memo()
-    known = memo.get(key)
-    if isinstance(known, str) and len(known) == 64:
-        return known
-    digest = hashlib.sha256(memoryview(buffer)[:extent]).hexdigest()
-    memo[key] = digest
-    try:
-        os.makedirs(os.path.dirname(_memo_path()), exist_ok=True)
-        write_atomic(_memo_path(), json.dumps(dict(list(memo.items())[-HASH_MEMO_ENTRIES:])))
-    except Exception:  # noqa: BLE001 - a cache that cannot be written only costs the next run the hash
-        pass
-    return digest
+    A whole debug vmlinux (about 600 MB) takes about 0.35 s to hash: the hash is remembered in
+    ``<cache>/index/sha256.json`` under the open file's device, inode, size, modification *and change*
+    time (the change time cannot be set back by a user: any write to the file moves it), and recomputed
+    whenever any of them differs.  A hash not remembered is made on a thread of its own while the caller
+    parses the symbols (hashlib lets go of the interpreter's lock over a large buffer), over the extent the
+    section headers give (``_header_extent``); ``digest`` checks it against the extent the parse found, and
+    hashes again in the rare case they differ."""
+
+    def __init__(self, st: os.stat_result, buffer):
+        self.st, self.buffer, self.memo = st, buffer, _hash_memo()
+        self.extent = _header_extent(buffer)
+        self.made: str | None = None
+        self.thread = None
+        if self.extent is not None and self._known(self.extent) is None:
+            self.thread = threading.Thread(target=self._hash, name="relocverify-image-hash", daemon=True)
+            self.thread.start()
+
+    def _known(self, extent: int) -> str | None:
+        known = self.memo.get(_memo_key(self.st, extent))
+        return known if isinstance(known, str) and len(known) == 64 else None
+
+    def _hash(self) -> None:
+        self.made = hashlib.sha256(memoryview(self.buffer)[:self.extent]).hexdigest()
+
+    def join(self) -> None:
+        """The thread ended (before the buffer is closed)."""
+        if self.thread is not None:
+            self.thread.join()
+
+    def digest(self, extent: int) -> str:
+        known = self._known(extent)
+        if known is not None:
+            return known
+        digest = self.made if extent == self.extent and self.made is not None else \
+            hashlib.sha256(memoryview(self.buffer)[:extent]).hexdigest()
+        self._remember(_memo_key(self.st, extent), digest)
+        return digest
+
+    def _remember(self, key: str, digest: str) -> None:
+        memo = self.memo
+        memo[key] = digest
+        try:
+            os.makedirs(os.path.dirname(_memo_path()), exist_ok=True)
+            write_atomic(_memo_path(), json.dumps(dict(list(memo.items())[-HASH_MEMO_ENTRIES:])))
+        except Exception:  # noqa: BLE001 - a cache that cannot be written only costs the next run the hash
+            pass
+
+
+def _header_extent(buffer) -> int | None:
+    """``elf.elf_extent`` of an ELF64 in ``buffer`` from its section header table alone, or None when that
+    cannot be read so (not ELF64, extended numbering, a table past the end)."""
+    head = bytes(buffer[:64])
+    if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+        return None
+    shoff = struct.unpack_from("<Q", head, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
+    if shentsize != _SHDR_SIZE or not shoff or not shnum or shoff + shnum * _SHDR_SIZE > len(buffer):
+        return None
+    table = bytes(buffer[shoff:shoff + shnum * _SHDR_SIZE])
+    return elf_extent(shoff, shnum * shentsize, _section_extents(table))
+
+
+def _section_extents(table: bytes) -> list[tuple[int, int, int]]:
+    """(type, offset, size) of each section of a section header table."""
+    return [struct.unpack_from("<I", table, at + 4) + struct.unpack_from("<QQ", table, at + 0x18)
+            for at in range(0, len(table), _SHDR_SIZE)]
 
 
 def remembered_identity(path: str | os.PathLike) -> str | None:
@@ -141,9 +195,7 @@ def remembered_identity(path: str | os.PathLike) -> str | None:
         return None
     if len(table) != shnum * _SHDR_SIZE:
         return None
-    headers = [struct.unpack_from("<I", table, at + 4) + struct.unpack_from("<QQ", table, at + 0x18)
-               for at in range(0, len(table), _SHDR_SIZE)]  # (type, offset, size) of each section
-    extent = elf_extent(shoff, shnum * shentsize, headers)
+    extent = elf_extent(shoff, shnum * shentsize, _section_extents(table))
     if extent > st.st_size:
         return None  # truncated: loading it says so
     known = _hash_memo().get(_memo_key(st, extent))
