@@ -32,6 +32,8 @@ def test_a_contradiction_does_not_outlive_its_check():
     assert unsatisfiable([claripy.BoolV(False)], 10_000)
     assert not unsatisfiable([claripy.BoolV(True)], 10_000)
     assert not unsatisfiable([], 10_000)
+    assert not unsatisfiable([True], 10_000)  # no expression: claripy's to answer
+    assert unsatisfiable([x == 1, False], 10_000) and not unsatisfiable([x == 1, True], 10_000)
 
 
 def test_a_timeout_is_not_an_answer():

@@ -36,15 +36,18 @@ def unsatisfiable(constraints, timeout_ms: int) -> bool:
     in a scope of its own (push, check, pop) on this thread's kept solver, in claripy's z3 context for the thread.
     False for sat and for unknown alike: the caller asks a claripy solver then (``timed_solver``)."""
     exprs = claripy.backends.z3.convert_list(list(constraints))
-    if not exprs:
+    context = next((e.ctx for e in exprs if isinstance(e, z3.AstRef)), None)
+    if context is None:  # no expression (none, or Python booleans only): claripy's to answer
         return False
     _timer_ready(os.getpid())
-    solver = _kept_solver(os.getpid(), threading.get_ident(), exprs[0].ctx)
-    solver.set("timeout", timeout_ms)
+    solver = _kept_solver(os.getpid(), threading.get_ident(), context)
     solver.push()
     try:
+        solver.set("timeout", timeout_ms)
         solver.add(*exprs)
         return solver.check() == z3.unsat
+    except z3.Z3Exception:  # whatever z3 refuses here, claripy meets and reports as before
+        return False
     finally:
         solver.pop()
 
