@@ -24,6 +24,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from bisect import bisect_right
+from functools import lru_cache
 from itertools import accumulate
 
 from ..image.functions import Function
@@ -507,10 +508,7 @@ class RowTasks:
         rejection depends on the finding and the sites' kinds alone, so it is made once per pair; otherwise
         every variant that can run there is verified (``site_verdicts.site_finding``)."""
         kinds = tuple([site.kind for site in sites])
-        effect = _SITE_EFFECTS.get(kinds)
-        if effect is None:
-            effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
-        how, mask = effect
+        how, mask = _site_effect(kinds)
         live = ()
         if how == _VARIANTS:
             finding, live = site_finding(finding, sites, address, data[off:off + n], self.variants,
@@ -1145,12 +1143,9 @@ def _site_split(at_site: dict[int, list]) -> tuple[set[int], array]:
     forced: set[int] = set()
     marked: list[tuple[int, int]] = []
     for i, sites in at_site.items():
-        kinds = tuple([site.kind for site in sites])
-        effect = _SITE_EFFECTS.get(kinds)
-        if effect is None:
-            effect = _SITE_EFFECTS[kinds] = _site_effect(kinds)
-        if effect[0] == _MARK:
-            marked.append((i, effect[1] or 0))
+        how, mask = _site_effect(tuple([site.kind for site in sites]))
+        if how == _MARK:
+            marked.append((i, mask or 0))
         else:
             forced.add(i)
     marks = array("I")
@@ -1160,13 +1155,14 @@ def _site_split(at_site: dict[int, list]) -> tuple[set[int], array]:
 
 
 _MARK, _REJECT, _VARIANTS = 0, 1, 2
-_SITE_EFFECTS: dict[tuple[str, ...], tuple[int, int | None]] = {}  # site kinds -> (what they do, their mask)
 
 
+@lru_cache(maxsize=None)
 def _site_effect(kinds: tuple[str, ...]) -> tuple[int, int | None]:
     """What a set of sites over an instruction does to its finding (``site_verdicts.site_finding``): nothing
     (every kind marks: ``.init.text``, entry points), a rejection that depends on the finding and the kinds
-    alone, or variants to verify; and the mask the store keeps of them."""
+    alone, or variants to verify; and the mask the store keeps of them.  Remembered by kinds (a kernel has a
+    few dozen combinations)."""
     consequences = {POLICY_BY_KIND[k].consequence if k in POLICY_BY_KIND else "mark" for k in kinds}
     how = _VARIANTS if consequences - {"mark", "reject"} else _REJECT if "reject" in consequences else _MARK
     return how, site_mask(kinds)

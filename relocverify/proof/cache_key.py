@@ -42,7 +42,7 @@ ALIGNMENT_BLIND = frozenset(getattr(iced_x86.Mnemonic, m) for m in (
     "ROL", "ROR", "CMOVO", "CMOVNO", "CMOVB", "CMOVAE", "CMOVE", "CMOVNE", "CMOVBE", "CMOVA", "CMOVS", "CMOVNS",
     "CMOVP", "CMOVNP", "CMOVL", "CMOVGE", "CMOVLE", "CMOVG", "SETO", "SETNO", "SETB", "SETAE", "SETE", "SETNE",
     "SETBE", "SETA", "SETS", "SETNS", "SETP", "SETNP", "SETL", "SETGE", "SETLE", "SETG"))
-_GPR_OPERANDS = frozenset({iced_x86.OpKind.REGISTER, iced_x86.OpKind.MEMORY, iced_x86.OpKind.IMMEDIATE8,
+_BLIND_OPERAND_KINDS = frozenset({iced_x86.OpKind.REGISTER, iced_x86.OpKind.MEMORY, iced_x86.OpKind.IMMEDIATE8,
                            iced_x86.OpKind.IMMEDIATE16, iced_x86.OpKind.IMMEDIATE32, iced_x86.OpKind.IMMEDIATE8TO16,
                            iced_x86.OpKind.IMMEDIATE8TO32, iced_x86.OpKind.IMMEDIATE8TO64,
                            iced_x86.OpKind.IMMEDIATE32TO64})
@@ -54,7 +54,7 @@ def alignment_blind(ins: iced_x86.Instruction) -> bool:
         return False
     for k in range(ins.op_count):
         kind = ins.op_kind(k)
-        if kind not in _GPR_OPERANDS:
+        if kind not in _BLIND_OPERAND_KINDS:
             return False
         if kind == iced_x86.OpKind.REGISTER and not iced_x86.RegisterExt.is_gpr(ins.op_register(k)):
             return False
