@@ -386,3 +386,43 @@ def test_a_tracer_slot_written_before_a_boundary_is_no_stack():
                          bytes.fromhex("4c891df9ffff004989c3411b234c8b1decffff00e9e90000ff"), 0x31000000,
                          tracer_memory=((0x32000000, 0x100),))
     assert r.method != "machine-model", r.render()
+
+
+@SETTINGS
+@given(st.integers(0, 2**47), st.integers(-2**31, 2**31 - 1), st.sampled_from([
+    "488b05{}", "48c705{}01000000", "ff35{}", "0fb605{}",  # RIP-relative: the address is where the bytes are
+    "48a1{}{}", "65488b0425{}"]),  # movabs from an absolute address; %gs: with no base or index
+       st.lists(st.booleans(), min_size=2, max_size=6))
+def test_machine_classes_see_where_the_bytes_are_when_an_address_is_absolute(at, disp, pattern, inside):
+    """``machine_classes`` remembers its answers by the bytes alone only for bytes that access no absolute
+    address: an operand at one (RIP-relative or not) is tracer memory at one place and not at another.
+    Each query puts the operand's address in the tracer ranges or just outside them, in turn, with the
+    same bytes: an answer remembered from the other case would be caught."""
+    from relocverify.proof.machine_model import machine_classes
+    from relocverify.x86.registers import MASK64
+
+    d32 = struct.pack("<i", disp).hex()
+    raw = bytes.fromhex(pattern.format(d32, d32) if pattern.startswith("48a1") else pattern.format(d32))
+    for k, hit in enumerate(inside):
+        a = (at + k * 0x1000) & MASK64
+        ins = decode(raw, a)
+        m = ins.memory
+        target = ins.rip_target if ins.rip_relative else (int.from_bytes(raw[2:10], "little") if raw[:2] == b"\x48\xa1"
+                                                           else m.displacement & MASK64)
+        ranges = ((target, 8),) if hit else (((target + 64) & MASK64, 8),)
+        c = machine_classes(raw, a, ranges)
+        assert bool(c.tracer_accesses) == hit, (raw.hex(), hex(a), hex(target), c)
+        stack = 1 if raw[:1] == b"\xff" else 0  # push also writes the stack
+        assert len(c.accesses) == stack + (not hit), (raw.hex(), hex(a), c)
+
+
+@SETTINGS
+@given(st.integers(0, 2**47), st.integers(0, 2**47), st.sampled_from(["488b4310", "4c8b642408", "f0480fb1570c",
+                                                                      "c3", "ff5510", "e8{}", "0f1f440000"]))
+def test_machine_classes_of_bytes_with_no_absolute_address_are_the_same_anywhere(a, b, pattern):
+    """Bytes with no absolute memory operand have one answer wherever they are (what lets ``machine_classes``
+    remember it by the bytes), with or without tracer ranges."""
+    from relocverify.proof.machine_model import machine_classes
+
+    raw = bytes.fromhex(pattern.format("10203040"))
+    assert machine_classes(raw, a) == machine_classes(raw, b, ((b, 64),)) == machine_classes(raw, a, ((b, 16),))

@@ -273,15 +273,43 @@ def _decoded(raw: bytes, address: int):
 
 
 def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, int], ...] = ()) -> MachineClasses:
+    """The classes of ``raw`` at ``address``.  Remembered (a ``MachineClasses`` is frozen): by the bytes alone
+    when they access no memory at an absolute address (no base, no index: RIP-relative operands are such
+    addresses, as iced-x86 reports them), since only such an address, through ``tracer_ranges``, depends on
+    where the bytes are; else the last few by bytes, address and ranges (``check_machine`` and ``one_step``
+    both read a relocation's)."""
+    raw = bytes(raw)
+    hit = _ADDRESS_FREE.get(raw)
+    if hit is not None:
+        return hit
+    classes, free = _machine_classes(raw, address, tuple(tracer_ranges))
+    if free:
+        if len(_ADDRESS_FREE) >= ADDRESS_FREE_LIMIT:
+            _ADDRESS_FREE.clear()
+        _ADDRESS_FREE[raw] = classes
+    return classes
+
+
+#: ``machine_classes`` remembered by bytes, up to this many.
+ADDRESS_FREE_LIMIT = 65536
+_ADDRESS_FREE: dict[bytes, MachineClasses] = {}
+
+
+@lru_cache(maxsize=256)
+def _machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, int], ...]
+                     ) -> tuple[MachineClasses, bool]:
+    """(the classes, whether no access is at an absolute address)."""
     ins = _decoded(raw, address)
     name = MNEMONIC_NAMES.get(ins.mnemonic, "")
     accesses, tracer = [], []
+    free = True
     for m in _INFO.info(ins).used_memory():
         kind = _KIND.get(m.access)
         if kind is None:
             continue
         size = iced.MemorySizeExt.size(m.memory_size)
         if m.base == iced.Register.NONE and m.index == iced.Register.NONE:
+            free = False
             addr = m.displacement & ((1 << 64) - 1)
             if any(lo <= addr < lo + n for lo, n in tracer_ranges):
                 tracer.append((addr, size))
@@ -308,7 +336,7 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
         if ins.segment_prefix == iced.Register.DS:
             indirect += " notrack"
     return MachineClasses(tuple(sorted(accesses, key=lambda a: (a.segment, a.kind, a.size))), deferred, shadow,
-                          indirect, tuple(tracer), _vector_writes(ins))
+                          indirect, tuple(tracer), _vector_writes(ins)), free
 
 
 def _vector_writes(ins) -> frozenset[str]:

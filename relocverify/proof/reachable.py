@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import iced_x86 as iced
 
@@ -38,6 +39,13 @@ class Reachable:
 
 
 def reachable(code: bytes, base: int) -> Reachable:
+    """The walk of ``code`` at ``base``.  The last few are remembered: one relocation's walk is read by
+    admission, atomicity, the machine model and its one-step test in turn (a ``Reachable`` is frozen)."""
+    return _reachable(bytes(code), base)
+
+
+@lru_cache(maxsize=64)
+def _reachable(code: bytes, base: int) -> Reachable:
     end = base + len(code)
     seen: dict[int, bytes] = {}
     work = [base]
