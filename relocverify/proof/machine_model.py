@@ -76,7 +76,10 @@ class Machine:
 
     @classmethod
     def at(cls, address: int) -> "Machine":
-        return cls(Context.of(address))
+        """The machine code at ``address`` runs in: the context of its half (one value per context)."""
+        if cls is not Machine:
+            return cls(Context.of(address))
+        return _AT[Context.of(address)]
 
     @property
     def key(self) -> bytes:
@@ -88,6 +91,7 @@ class Machine:
 
 USER = Machine(Context.USER)
 KERNEL_WITHOUT_IBT = Machine(Context.KERNEL, kernel_ibt=False)
+_AT = {Context.KERNEL: Machine(Context.KERNEL), Context.USER: USER}  # ``Machine.at``'s answers
 
 
 class Treatment(str, Enum):
@@ -431,6 +435,12 @@ def check_machine(raw: bytes, at: int, code: bytes | None, effects: tuple[Effect
         return found
     if context is Context.KERNEL:
         assumes.append(ROWS["stack-room"].reason)
+    return _holds(tuple(assumes))
+
+
+@lru_cache(maxsize=64)
+def _holds(assumes: tuple[str, ...]) -> MachineCheck:
+    """The answer that every row holds, under ``assumes`` (each once, in order); a few lists recur."""
     return MachineCheck(assumes=tuple(dict.fromkeys(assumes)))
 
 

@@ -91,7 +91,10 @@ def _check(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...]
         return result  # the semantics' reason for no proof stands whatever the machine model cannot decide
     if machine.problem is not None:
         return ProofResult(Verdict.UNKNOWN, machine.problem, "machine-model", seconds=time.perf_counter() - t0)
-    return replace(result, assumes=machine.assumes) if machine.assumes else result
+    if not machine.assumes:
+        return result
+    return ProofResult(result.verdict, result.reason, result.method, result.counterexample, result.seconds,
+                       result.obligations, machine.assumes)  # ``replace`` with its field checks cost 3 µs a proof
 
 
 def _check_semantics(decoded: Instruction, code: bytes | None, effects: tuple[Effect, ...], tramp: int,
