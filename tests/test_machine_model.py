@@ -426,3 +426,21 @@ def test_machine_classes_of_bytes_with_no_absolute_address_are_the_same_anywhere
 
     raw = bytes.fromhex(pattern.format("10203040"))
     assert machine_classes(raw, a) == machine_classes(raw, b, ((b, 64),)) == machine_classes(raw, a, ((b, 16),))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from([
+    "e9{}", "e8{}", "eb{b}", "74{b}", "0f85{}", "2ee9{}", "3eff25{}", "ff15{}", "488b05{}", "48a1{}{}",
+    "65488b0425{}", "488b4310", "c3", "50", "f0480fb1570c", "0f1f440000"]),
+    st.integers(-2**31, 2**31 - 1), st.integers(0, 2**64 - 1), st.booleans()), min_size=1, max_size=12))
+def test_machine_classes_remembered_are_the_classes_made_afresh(queries):
+    """Whatever ``machine_classes`` remembers (by bytes, by a direct branch's opcode, by bytes, address and
+    ranges), each answer is the one ``classes_of`` makes afresh: the same bytes at other addresses and with
+    other ranges, and branches with other offsets, asked in any order."""
+    from relocverify.proof.machine_model import classes_of, machine_classes
+
+    for pattern, disp, at, near in queries:
+        d32 = struct.pack("<i", disp).hex()
+        raw = bytes.fromhex(pattern.replace("{b}", d32[:2]).format(d32, d32))
+        ranges = (((at + disp) % 2**64, 64),) if near else ()
+        assert machine_classes(raw, at, ranges) == classes_of(raw, at, ranges), (raw.hex(), hex(at), ranges)

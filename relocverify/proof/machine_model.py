@@ -286,6 +286,12 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
     hit = _ADDRESS_FREE.get(raw)
     if hit is not None:
         return hit
+    opcode = _direct_branch_opcode(raw)
+    if opcode is not None:  # a jump back, a jcc, a call: the same classes whatever its offset
+        hit = _BRANCHES.get(opcode)
+        if hit is None:
+            hit = _BRANCHES[opcode] = _machine_classes(raw, address, tuple(tracer_ranges))[0]
+        return hit
     classes, free = _machine_classes(raw, address, tuple(tracer_ranges))
     if free:
         if len(_ADDRESS_FREE) >= ADDRESS_FREE_LIMIT:
@@ -297,11 +303,28 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
 #: ``machine_classes`` remembered by bytes, up to this many.
 ADDRESS_FREE_LIMIT = 65536
 _ADDRESS_FREE: dict[bytes, MachineClasses] = {}
+_BRANCHES: dict[bytes, MachineClasses] = {}  # by the opcode bytes of a direct branch (``_direct_branch_opcode``)
+#: The unprefixed direct relative branches by their first byte, with their length: call, jmp rel32 and
+#: rel8, jcc rel8 (jcc rel32 is 0f 80-8f, six bytes).  None reads memory or names a register beyond rip and,
+#: for call, the stack: its offset changes only its target, which no class holds.
+_DIRECT_BRANCHES = {0xE8: 5, 0xE9: 5, 0xEB: 2, **{0x70 + cc: 2 for cc in range(16)}}
 
 
-@lru_cache(maxsize=256)
-def _machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, int], ...]
-                     ) -> tuple[MachineClasses, bool]:
+def _direct_branch_opcode(raw: bytes) -> bytes | None:
+    """The opcode bytes of ``raw`` when it is exactly one unprefixed direct relative branch, else None."""
+    if len(raw) == _DIRECT_BRANCHES.get(raw[0] if raw else -1):
+        return raw[:1]
+    if len(raw) == 6 and raw[0] == 0x0F and 0x80 <= raw[1] <= 0x8F:
+        return raw[:2]
+    return None
+
+
+def classes_of(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, int], ...] = ()) -> MachineClasses:
+    """``machine_classes`` made afresh, with nothing remembered: the reference its memos are tested against."""
+    return _classes(bytes(raw), address, tuple(tracer_ranges))[0]
+
+
+def _classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, int], ...]) -> tuple[MachineClasses, bool]:
     """(the classes, whether no access is at an absolute address)."""
     ins = _decoded(raw, address)
     name = MNEMONIC_NAMES.get(ins.mnemonic, "")
@@ -341,6 +364,9 @@ def _machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, i
             indirect += " notrack"
     return MachineClasses(tuple(sorted(accesses, key=lambda a: (a.segment, a.kind, a.size))), deferred, shadow,
                           indirect, tuple(tracer), _vector_writes(ins)), free
+
+
+_machine_classes = lru_cache(maxsize=256)(_classes)
 
 
 def _vector_writes(ins) -> frozenset[str]:
