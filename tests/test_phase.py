@@ -118,19 +118,31 @@ class _Pinned:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=3), rounds=st.integers(1, 5))
-def test_round_merges_hand_each_round_over_once_when_every_worker_closed_it(lengths, rounds):
+@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=3), rounds=st.integers(1, 5),
+       last_share=st.one_of(st.none(), st.floats(0.01, 0.9)))
+def test_round_merges_hand_each_round_over_once_when_every_worker_closed_it(lengths, rounds, last_share):
     """``schedule.rounds``: every worker's tasks kept in order, the same number of ``close_shard`` tasks in each
-    queue (at most a round per task of the shortest), and each round's shards merged once, when its last came."""
+    queue (at most a round per task of the shortest), no round empty, and each round's shards merged once, when
+    its last came; with a ``last_share`` no larger than an equal round's, a last round no larger than the others."""
     from relocverify.schedule.rounds import RoundMerges
 
     merged: list[list[str]] = []
-    rm = RoundMerges(merged.append, len(lengths), rounds)
+    rm = RoundMerges(merged.append, len(lengths), rounds, last_share)
     tasks = [[Task("count", ((w, i),), w) for i in range(n)] for w, n in enumerate(lengths)]
     queues = rm.cut(_Pinned(), tasks)
     closes = [[t for t in q if t.method == "close_shard"] for q in queues]
     assert [[t for t in q if t.method != "close_shard"] for q in queues] == tasks
     assert len({len(c) for c in closes}) == 1 and len(closes[0]) == max(1, min(rounds, *lengths)) - 1
+    for q in queues:
+        parts = [0]
+        for t in q:
+            if t.method == "close_shard":
+                parts.append(0)
+            else:
+                parts[-1] += 1
+        assert len(parts) == 1 or min(parts) >= 1, parts
+        if last_share is not None and last_share <= 1 / len(parts) and len(parts) > 1:
+            assert parts[-1] <= max(parts[:-1]), parts
     for w, c in enumerate(closes):  # the workers' shards come back, every worker's round r before r + 1
         for t in c:
             rm.arrived(t, f"shard-{w}-{t.tag[1]}")

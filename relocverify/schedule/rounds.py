@@ -16,8 +16,11 @@ class RoundMerges:
     """Each worker's tasks with a ``close_shard`` task after each round but the last (``cut``), and each round's
     shards handed to ``merge`` once every worker's came back (``arrived``); at most ``rounds`` rounds."""
 
-    def __init__(self, merge: Callable[[list[str]], None], workers: int, rounds: int):
-        self.merge, self.workers, self.rounds = merge, workers, rounds
+    def __init__(self, merge: Callable[[list[str]], None], workers: int, rounds: int, last_share: float | None = None):
+        """``last_share``: the part of each queue the last round takes (None: an equal part), the rest cut into
+        equal rounds.  The last round's merge is the one the workers do not run beside: the smaller it is, the
+        sooner the phase ends."""
+        self.merge, self.workers, self.rounds, self.last_share = merge, workers, rounds, last_share
         self.closed: dict[int, list[str]] = {}  # round -> the shards closed in it
         self.came: list[int] = []  # round -> workers whose shards of it came back
 
@@ -26,7 +29,7 @@ class RoundMerges:
         modules, a task or two each, merge once), one round when any worker may take any task."""
         rounds = max(1, min(self.rounds, *map(len, tasks))) if pool.pinned else 1
         self.came = [0] * rounds
-        return [in_rounds(tasks[w], rounds, w) for w in range(len(tasks))]
+        return [in_rounds(tasks[w], rounds, w, self.last_share) for w in range(len(tasks))]
 
     def arrived(self, task: Task, value) -> None:
         """A ``close_shard`` task's value: its shard (or None); the round merged when it is the round's last."""
@@ -38,16 +41,18 @@ class RoundMerges:
             self.merge(self.closed.pop(r))
 
 
-def in_rounds(tasks: list[Task], rounds: int, w: int) -> list[Task]:
+def in_rounds(tasks: list[Task], rounds: int, w: int, last_share: float | None = None) -> list[Task]:
     """Worker ``w``'s tasks with a ``close_shard`` task (tagged (w, round)) after each of the first ``rounds - 1``
-    of ``rounds`` equal parts.  Every worker's queue is cut at the same fractions, so a round's shards hold
-    neighbouring functions (the workers' chunks alternate), and the round's merge appends to the store's
-    B-trees as one merge at the end did."""
+    of ``rounds`` parts: equal parts, or the last ``last_share`` of the queue (at least one task) and the rest cut
+    equally.  Every worker's queue is cut at the same fractions, so a round's shards hold neighbouring functions
+    (the workers' chunks alternate), and the round's merge appends to the store's B-trees as one merge at the
+    end did."""
     out: list[Task] = []
     n = len(tasks)
+    head = n if last_share is None or rounds < 2 else max(rounds - 1, min(n - 1, round(n * (1 - last_share))))
     cut = 0
     for r in range(1, rounds):
-        end = n * r // rounds
+        end = n * r // rounds if last_share is None else head * r // (rounds - 1)
         out += tasks[cut:end]
         out.append(Task("close_shard", (), (w, r - 1)))
         cut = end

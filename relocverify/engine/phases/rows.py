@@ -20,7 +20,8 @@ class Rows(Phase):
 
     def __init__(self, board: Board):
         self.board = board
-        self.rounds = RoundMerges(board.store.merge_shards_behind, board.pool.n, sizes.ROWS_ROUNDS)
+        self.rounds = RoundMerges(board.store.merge_shards_behind, board.pool.n, sizes.ROWS_ROUNDS,
+                                  sizes.ROWS_LAST_SHARE)
         self.keeping: list[Behind | None] = []  # the cache's writer, once started
 
     def queues(self, pool) -> list[list[Task]]:
