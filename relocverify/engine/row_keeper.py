@@ -29,6 +29,7 @@ class RowKeeper:
         self.new_bytes = 0  # the size of ``new_rows``
         self.reused = 0  # functions whose rows were copied from the cache
         self._digests: dict[int, bytes] = {}  # outcome id -> its digest (``row_memo.outcome_digest``)
+        self._joined: dict[tuple[int, ...], bytes] = {}  # a list of outcome ids -> their digests joined
         self._row_outcomes: dict[bytes, tuple[tuple, str]] | None = None  # the cache's digests, once read
         # A copied function's outcome digests -> their ids in ``_ids`` and those packed (None: they do not fit
         # the store), and its variant names -> their packed ids: a kernel's 46 thousand functions have about 15
@@ -48,6 +49,7 @@ class RowKeeper:
         anew), and the cache may hold more outcome digests since."""
         self._context = _UNSET
         self._digests = {}
+        self._joined = {}
         self._row_outcomes = None
         self._fields = {}
         self.forget_ids()
@@ -189,22 +191,33 @@ class RowKeeper:
         return oids, pack_wide_ids(oids), fields, b"\0".join(fields), {o: d[1] for o, d in zip(oids, described)}
 
     def keep(self, fkey: bytes, batch, n: int, f0: int, v0: int, kmap: dict[int, int],
-             names: dict[int, int], fresh: bool, ids) -> None:
+             names: dict[int, int], fresh: bool, ids, order=None) -> None:
         """The function just added to ``batch`` (its packed row last, its full rows from ``f0``, variants
         with reasons from ``v0``), kept for the cache under ``fkey`` as a run on a warm cache would write
-        it (``row_memo.kept_rows``)."""
+        it (``row_memo.kept_rows``).  ``order``: its outcome ids by ``kmap``'s index, when the caller has them."""
         if not kmap:  # no instruction of its own (another function owns them all): no packed row
             counts = variants = sites = None
             data = b""
         else:
             _, _, counts, _, variants, sites, data = batch.packed[-1]
-        order = sorted(kmap, key=kmap.__getitem__)
+        if order is None:
+            order = sorted(kmap, key=kmap.__getitem__)
         full = [(r[1], r[2], kmap[r[3]], r[4], r[5], r[7], r[8], r[9] is not None) for r in batch.full[f0:]]
         text = ids.name_text
-        value = kept_rows(n, b"".join(self.digest(o, ids) for o in order), counts, [text(i) for i in names], variants,
+        value = kept_rows(n, self.digests(order, ids), counts, [text(i) for i in names], variants,
                           sites, data, fresh, full, [(r[1], r[2], kmap[r[3]], r[4]) for r in batch.variants[v0:]])
         self.new_rows[fkey] = (self._context, value)
         self.new_bytes += len(value)
+
+    def digests(self, order, ids) -> bytes:
+        """The ``digest`` of each outcome of ``order``, joined: remembered by the list, since functions repeat
+        lists (a kernel's 46 thousand functions have about 15 thousand, 616 thousand outcomes in all)."""
+        order = tuple(order)
+        joined = self._joined.get(order)
+        if joined is None:
+            known = self._digests
+            joined = self._joined[order] = b"".join([known.get(o) or self.digest(o, ids) for o in order])
+        return joined
 
     def digest(self, oid: int, ids) -> bytes:
         """An outcome's ``row_memo.outcome_digest``, what it stands for noted for the cache."""

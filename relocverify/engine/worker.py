@@ -405,7 +405,7 @@ class RowTasks:
         batch.end_packed(fid, order, counts, plain, at_sites, names, variants)
         if fkey is not None and not unkept:
             kmap = dict(zip(order, range(len(order))))
-            self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids)
+            self.kept.keep(fkey, batch, batch.n - n0, f0, v0, kmap, names, made, self.ids, order)
 
     def _sites_and_key(self, fid: int, fn: Function, here, fkey) -> tuple[list | None, bytes | None]:
         """The sites over a function and its function key (``row_memo``): as given, as its survey kept them,
