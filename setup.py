@@ -54,4 +54,5 @@ setup(ext_modules=[_extension("relocverify.proof.irsb_walk", "relocverify/proof/
                               depends=["relocverify/engine/buffers.h"]),
                    _extension("relocverify.engine.jump_walk", "relocverify/engine/jump_walk.c",
                               depends=["relocverify/engine/buffers.h"]),
+                   _extension("relocverify.engine.key_walk", "relocverify/engine/key_walk.c"),
                    _extension("relocverify.store.tally", "relocverify/store/tally.c")])

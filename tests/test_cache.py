@@ -9,6 +9,8 @@ instances with equal keys get equal verdicts when proved afresh.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import struct
 
 import iced_x86
@@ -351,16 +353,56 @@ def test_the_walk_gives_each_instruction_the_key_of_its_case_analysis(parts, t, 
     keys of kind b, near relative branches); every key it gives is the one ``KeyMaker._key`` makes
     for the instruction alone.  Functions in kernel text, within a few hundred bytes of T, at the
     edge of rel32 reach from T and beyond it (where no jump back is near and nothing is taken
-    early), each walked twice (the second time from remembered keys)."""
+    early), each walked twice (the second time from remembered keys), by ``key_walk`` (C) and by
+    the walk's Python loop."""
     data = b"".join(parts)
     start = {"kernel": 0xFFFFFFFF81000000 + jitter, "near T": t - 128 + jitter % 256,
              "rel32 edge": t + (1 << 31) - 300 + jitter % 512, "far": t - (1 << 40) + jitter}[where] & MASK64
     from relocverify.engine.keys import KeyMaker
 
-    maker = KeyMaker(t)
     expected = _reference_keys(t, data, start)
-    assert maker.keys(data, start) == expected
-    assert maker.keys(data, start) == expected
+    for native in (True, False):
+        with _key_walk(native):
+            maker = KeyMaker(t)
+            assert maker.keys(data, start) == expected
+            assert maker.keys(data, start) == expected
+
+
+@contextmanager
+def _key_walk(native: bool):
+    """``KeyMaker.walk`` with ``key_walk`` (C) or with its Python loop alone."""
+    from relocverify.engine import keys
+
+    kept = keys.KEY_WALK
+    if native:
+        assert kept is not None, "key_walk is not built"
+    else:
+        keys.KEY_WALK = None
+    try:
+        yield
+    finally:
+        keys.KEY_WALK = kept
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(SAMPLES + IMMEDIATE_SAMPLES + _BRANCHY).map(bytes.fromhex),
+                          st.binary(min_size=1, max_size=6)), min_size=1, max_size=16),
+       st.lists(st.binary(min_size=1, max_size=20), max_size=6), st.integers(0, 1 << 20))
+def test_key_walk_takes_only_whole_instructions_iced_decoded(parts, asked, jitter):
+    """``key_walk`` takes bytes it finds remembered as a whole instruction.  Remembered: whatever ``key`` was
+    asked of first (bytes longer or shorter than an instruction, invalid bytes) and functions cut short
+    (their last instruction truncated); walked after them, every key is still the case analysis' one."""
+    from relocverify.engine.keys import KeyMaker
+
+    t, start = 0xFFFFFFFFC0001000, (0xFFFFFFFF81000000 + jitter) & MASK64
+    data = b"".join(parts)
+    maker = KeyMaker(t)
+    for raw in asked:
+        maker.key(raw, start)
+    for cut in range(1, min(len(data), 12)):
+        maker.keys(data[:cut], start)
+        maker.keys(data[-cut:], start)
+    assert maker.keys(data, start) == _reference_keys(t, data, start)
 
 
 @settings(max_examples=150, deadline=None)
@@ -372,9 +414,11 @@ def test_the_walk_keys_branches_aimed_where_the_keys_tell_distances_apart(parts,
     T, at the edge of rel32 reach) and at their own A and A+len: the walk's near-branch case must
     leave them to the case analysis."""
     t, start = 0xFFFFFFFFC0001000, 0xFFFFFFFF81000000 + 0x40000
-    prefix = b"".join(parts)
     op = bytes.fromhex(opcode)
     width = 1 if opcode in ("eb", "74", "e2") else 4
+    # first the same branch aimed a little ahead in kernel text: its near key makes its head known to key_walk,
+    # which then meets the branch under test with the head known
+    prefix = op + (16).to_bytes(width, "little") + b"".join(parts)
     a = start + len(prefix)
     n = len(op) + width
     target = {"T": t + delta, "near T": t + 256 + delta, "rel32 edge": a + n + (1 << 31) - 1 - abs(delta),
@@ -385,10 +429,12 @@ def test_the_walk_keys_branches_aimed_where_the_keys_tell_distances_apart(parts,
     data = prefix + op + rel.to_bytes(width, "little", signed=True) + bytes.fromhex("c3")
     from relocverify.engine.keys import KeyMaker
 
-    maker = KeyMaker(t)
     expected = _reference_keys(t, data, start)
-    assert maker.keys(data, start) == expected
-    assert maker.keys(data, start) == expected
+    for native in (True, False):
+        with _key_walk(native):
+            maker = KeyMaker(t)
+            assert maker.keys(data, start) == expected
+            assert maker.keys(data, start) == expected
 
 
 @pytest.mark.slow
@@ -405,11 +451,13 @@ def test_the_walk_gives_the_case_analysis_keys_on_real_kernel_functions():
     image = load_image(fetch("debian-6.1-cloud").vmlinux)
     functions = random.Random(5).sample(find_functions(image), 1500)
     for t in (0xFFFFFFFFC0001000, 0xFFFFFFFF81800000):
-        maker, kinds = KeyMaker(t), set()
-        for f in functions:
-            section = image.get_section(f.section)
-            data = section.data[f.start - section.address:f.start - section.address + f.size]
-            got = maker.keys(data, f.start)
-            assert got == _reference_keys(t, data, f.start), f.name
-            kinds.update(key[:2] for _, _, key in got)
-        assert {b"bn", b"dn", b"jn", b"rn"} <= kinds, kinds
+        for native in (True, False):
+            with _key_walk(native):
+                maker, kinds = KeyMaker(t), set()
+                for f in functions:
+                    section = image.get_section(f.section)
+                    data = section.data[f.start - section.address:f.start - section.address + f.size]
+                    got = maker.keys(data, f.start)
+                    assert got == _reference_keys(t, data, f.start), f.name
+                    kinds.update(key[:2] for _, _, key in got)
+                assert {b"bn", b"dn", b"jn", b"rn"} <= kinds, kinds

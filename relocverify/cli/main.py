@@ -123,6 +123,7 @@ def cmd_vmlinux(args, out: TextIO) -> int:
 
 def _versions() -> str:
     from ..engine.native_rows import JUMP_STATUS as JUMPS
+    from ..engine.native_rows import KEY_STATUS as KEYS
     from ..engine.native_rows import STATUS as ROWS
     from ..proof.native_walk import STATUS as WALK
     from ..store.native_tally import STATUS as TALLY
@@ -131,7 +132,7 @@ def _versions() -> str:
     v = tool_versions()
     return (f"relocverify {v['relocverify']} (capstone {v['capstone']}, iced-x86 {v['iced']}, pyvex {v['pyvex']}, "
             f"angr {v['angr']}, claripy {v['claripy']}, z3 {v['z3']}, unicorn {v['unicorn']}; IR walk: {WALK}; "
-            f"packed rows: {ROWS}; jump-probe walk: {JUMPS}; packed counts' tally: {TALLY})")
+            f"packed rows: {ROWS}; jump-probe walk: {JUMPS}; key walk: {KEYS}; packed counts' tally: {TALLY})")
 
 
 class _Version(argparse.Action):

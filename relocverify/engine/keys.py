@@ -50,6 +50,7 @@ from iced_x86 import Code, Decoder, EncodingKind, FlowControl, Instruction, Mnem
 
 from ..proof.cache_key import IMMEDIATE_OPERANDS, alignment_blind
 from ..x86.registers import MASK64
+from .native_rows import KEY_WALK
 
 EXACT = 256
 _R = 1 << 31
@@ -61,6 +62,7 @@ _NO_REG = 0  # iced Register.NONE
 _NEAR, _FAR = b"n", b"f"
 _BY_BYTES = frozenset(b"bd")  # the kinds whose key the bytes and the jump back's place determine
 BY_BYTES_LIMIT = 250_000  # keys remembered by bytes, per place of the jump back (a kernel has 187 k)
+HEADS_LIMIT = 4096  # relative branches' heads remembered (a kernel has a few dozen)
 
 
 def _operand_immediate_codes() -> frozenset[int]:
@@ -114,6 +116,9 @@ class KeyMaker:
         # of 187 k such strings), so each is made once.
         self._by_bytes: dict[bytes, dict[bytes, bytes]] = {_NEAR: {}, _FAR: {}}
         self._rel_size: dict[tuple[int, int], int] = {}  # (iced code, length) -> its branch offset's size, 0: other
+        # A relative branch's bytes before its offset -> the offset's size, for those ``walk`` keys without a
+        # call (its target near); read by ``key_walk``, with ``_by_bytes[_NEAR]``.
+        self._heads: dict[bytes, int] = {}
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
         """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them
@@ -125,13 +130,23 @@ class KeyMaker:
         """(the lengths, the keys) of every instruction of a function's bytes, as iced-x86 walks them:
         for each, the key ``key`` gives it (``tests/test_cache.py`` compares them), with the commonest
         cases taken here without a call: a key of kind b or d remembered by its bytes, a new one of
-        kind b, and a relative branch whose target is near (the most common key a kernel has)."""
+        kind b, and a relative branch whose target is near (the most common key a kernel has).  When every
+        jump back of the function is near, ``key_walk`` (C) finds the instructions met before and asks this
+        walk's own steps (``_walked``) for the others."""
         t = self.tramp
         near = _where(start - t) == _NEAR and _where(start + len(data) + 16 - t) == _NEAR
         back_all = _NEAR if near else None  # every jump back of the function is near: no need to ask each
         memo = self._by_bytes[_NEAR]
-        rel_size = self._rel_size
         dec = Decoder(64, data, ip=start & MASK64)
+        if back_all is not None and KEY_WALK is not None:
+            def at(pos: int) -> tuple[int, bytes]:
+                dec.position = pos
+                dec.ip = (start + pos) & MASK64
+                ins = dec.decode()
+                n = ins.len
+                return n, self._walked(dec, ins, data[pos:pos + n], start + pos, back_all)
+
+            return KEY_WALK.walk(data, start & MASK64, t, memo, self._heads, at)
         lengths = bytearray()
         length = lengths.append
         out = []
@@ -143,31 +158,41 @@ class KeyMaker:
             # with one place for every jump back, a key of kind b or d is the bytes' alone: looked up first
             key = None if back_all is None else memo.get(raw)
             if key is None:
-                fc = ins.flow_control
-                if fc == _NEXT:
-                    if ins.memory_displ_size == 0 and not ins.is_invalid and ins.code not in _IMM_CODES:
-                        key = b"b" + (back_all or _where(start + pos + n - t)) + raw
-                    else:
-                        key = self._key(dec, ins, raw, start + pos, back_all)
-                    if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
-                        memo[raw] = key
-                else:
-                    size = rel_size.get((ins.code, n)) if back_all is not None and fc in _REL_FLOWS \
-                        and ins.op0_kind in _NEAR_BRANCH else None
-                    target = ins.near_branch_target if size else 0
-                    if size and (target - t + _NEAR_LOW) & MASK64 < _NEAR_SPAN and \
-                            (target - t + EXACT) & MASK64 >= 2 * EXACT and not ins.is_ip_rel_memory_operand:
-                        a = start + pos  # _key's first case, its target near: the same bytes
-                        key = b"jn" + _NEAR + (b"A" if target == a else b"N" if target == (a + n) & MASK64
-                                               else b"-") + raw[:n - size] + _ZEROS[size]
-                    else:
-                        key = self._key(dec, ins, raw, start + pos, back_all)
-                        if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
-                            memo[raw] = key
+                key = self._walked(dec, ins, raw, start + pos, back_all)
             length(n)
             append(key)
             pos += n
         return bytes(lengths), out
+
+    def _walked(self, dec: Decoder, ins: Instruction, raw: bytes, a: int, back_all: bytes | None) -> bytes:
+        """``walk``'s key of the instruction ``ins`` (its bytes ``raw``, at ``a``) when no key remembered by its
+        bytes serves: a new one of kind b made here, a relative branch whose target is near made here (its head
+        remembered for ``key_walk``), any other from ``_key``; one of kind b or d remembered by its bytes when
+        the instruction is valid (``key_walk`` takes the bytes it finds there as a whole instruction)."""
+        n = len(raw)
+        memo = self._by_bytes[_NEAR]
+        fc = ins.flow_control
+        if fc == _NEXT:
+            if ins.memory_displ_size == 0 and not ins.is_invalid and ins.code not in _IMM_CODES:
+                key = b"b" + (back_all or _where(a + n - self.tramp)) + raw
+            else:
+                key = self._key(dec, ins, raw, a, back_all)
+        else:
+            t = self.tramp
+            size = self._rel_size.get((ins.code, n)) if back_all is not None and fc in _REL_FLOWS \
+                and ins.op0_kind in _NEAR_BRANCH else None
+            target = ins.near_branch_target if size else 0
+            if size and (target - t + _NEAR_LOW) & MASK64 < _NEAR_SPAN and \
+                    (target - t + EXACT) & MASK64 >= 2 * EXACT and not ins.is_ip_rel_memory_operand:
+                # _key's first case, its target near: the same bytes
+                if len(self._heads) < HEADS_LIMIT:
+                    self._heads[raw[:n - size]] = size
+                return b"jn" + _NEAR + (b"A" if target == a else b"N" if target == (a + n) & MASK64
+                                        else b"-") + raw[:n - size] + _ZEROS[size]
+            key = self._key(dec, ins, raw, a, back_all)
+        if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT and not ins.is_invalid:
+            memo[raw] = key
+        return key
 
     def forget(self) -> None:
         """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""
@@ -186,7 +211,8 @@ class KeyMaker:
         ins = Instruction()
         dec.decode_out(ins)
         key = self._key(dec, ins, raw[:ins.len], address, None)
-        if memo is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+        if memo is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT and len(raw) == ins.len \
+                and not ins.is_invalid:  # whole, valid instructions only: what ``key_walk`` takes a hit to be
             memo[raw] = key
         return key
 
