@@ -368,6 +368,32 @@ def test_the_walk_gives_each_instruction_the_key_of_its_case_analysis(parts, t, 
             assert maker.keys(data, start) == expected
 
 
+#: Instructions with a displacement and an immediate: some immediates the keys leave out (``IMMEDIATE_OPERANDS``:
+#: add, mov, imul, test, shl, bt), some they keep (shld, palignr, pshufw select another operation).
+_FIELDS = ["4883443d{d}{i}", "48c7443d{d}{i}{i}{i}{i}", "486b443d{d}{i}", "f6443d{d}{i}", "c1643d{d}{i}",
+           "480fba643d{d}{i}", "0fa4443d{d}{i}", "660f3a0f443d{d}{i}", "0f70443d{d}{i}", "c6443d{d}{i}",
+           "8b05{d}{d}{d}{d}", "48c705{d}{d}{d}{d}{i}{i}{i}{i}", "833d{d}{d}{d}{d}{i}", "0f1805{d}{d}{d}{d}"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_FIELDS), st.sampled_from([0, 1, 0x40, 0xF8]), st.sampled_from([0, 1, 7, 0x80])),
+                min_size=2, max_size=12), st.integers(0, 1 << 20))
+def test_key_walk_keys_the_fields_of_a_shape_as_the_case_analysis(instances, jitter):
+    """Instances of one shape with other displacements and immediates (zero among them): the C walk keys each
+    from the shape it met, the immediates the keys keep kept, and RIP-relative operands with their own
+    alignment; as the case analysis does, walked twice."""
+    from relocverify.engine.keys import KeyMaker
+
+    t, start = 0xFFFFFFFFC0001000, (0xFFFFFFFF81000000 + jitter) & MASK64
+    data = b"".join(bytes.fromhex(f.format(d=f"{d:02x}", i=f"{i:02x}")) for f, d, i in instances)
+    expected = _reference_keys(t, data, start)
+    for native in (True, False):
+        with _key_walk(native):
+            maker = KeyMaker(t)
+            assert maker.keys(data, start) == expected
+            assert maker.keys(data, start) == expected
+
+
 @contextmanager
 def _key_walk(native: bool):
     """``KeyMaker.walk`` with ``key_walk`` (C) or with its Python loop alone."""

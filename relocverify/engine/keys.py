@@ -119,6 +119,10 @@ class KeyMaker:
         # A relative branch's bytes before its offset -> the offset's size, for those ``walk`` keys without a
         # call (its target near); read by ``key_walk``, with ``_by_bytes[_NEAR]``.
         self._heads: dict[bytes, int] = {}
+        # A key of kind d by its shape (the bytes with the fields ``_key`` zeroed, and their places and sizes), and
+        # whether a RIP-relative operand's alignment is blind by its shape (the displacement zeroed): for key_walk.
+        self._shapes: dict[bytes, bytes] = {}
+        self._rips: dict[bytes, bool] = {}
 
     def keys(self, data: bytes, start: int) -> list[tuple[int, int, bytes]]:
         """(offset, length, key) of every instruction of a function's bytes, as iced-x86 walks them
@@ -146,7 +150,7 @@ class KeyMaker:
                 n = ins.len
                 return n, self._walked(dec, ins, data[pos:pos + n], start + pos, back_all)
 
-            return KEY_WALK.walk(data, start & MASK64, t, memo, self._heads, at)
+            return KEY_WALK.walk(data, start & MASK64, t, memo, self._heads, self._shapes, self._rips, at)
         lengths = bytearray()
         length = lengths.append
         out = []
@@ -190,9 +194,25 @@ class KeyMaker:
                 return b"jn" + _NEAR + (b"A" if target == a else b"N" if target == (a + n) & MASK64
                                         else b"-") + raw[:n - size] + _ZEROS[size]
             key = self._key(dec, ins, raw, a, back_all)
-        if back_all is not None and key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT and not ins.is_invalid:
-            memo[raw] = key
+        if back_all is not None and not ins.is_invalid:
+            if key[0] in _BY_BYTES and len(memo) < BY_BYTES_LIMIT:
+                memo[raw] = key
+            if key[0] in b"dr" and len(self._shapes) + len(self._rips) < BY_BYTES_LIMIT:
+                self._remember_shape(dec, ins, raw, key)
         return key
+
+    def _remember_shape(self, dec: Decoder, ins: Instruction, raw: bytes, key: bytes) -> None:
+        """For ``key_walk``: a key of kind d whose alignment byte is 0xff (its address has a base or an index, or it
+        has none) by its shape; whether a RIP-relative operand's alignment is blind by its shape."""
+        co = dec.get_constant_offsets(ins)
+        disp = (co.displacement_offset, co.displacement_size) if co.has_displacement else (0, 0)
+        if key[0] == 0x64:  # d: the body after b"d", the jump back's place and the alignment byte
+            if key[2] != 0xFF:
+                return
+            imm = ins.code in _IMM_CODES and co.has_immediate and not co.has_immediate2
+            self._shapes[key[3:] + bytes([*disp, *((co.immediate_offset, co.immediate_size) if imm else (0, 0))])] = key
+        elif ins.is_ip_rel_memory_operand and disp[1] == 4:
+            self._rips[_zeroed(raw, *disp) + bytes([*disp, 0, 0])] = alignment_blind(ins)
 
     def forget(self) -> None:
         """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""
