@@ -218,6 +218,8 @@ class KeyMaker:
         """Drop the keys remembered by bytes (the survey is over: the memory serves the proofs better)."""
         for memo in self._by_bytes.values():
             memo.clear()
+        self._shapes.clear()
+        self._rips.clear()
 
     def key(self, raw: bytes, address: int) -> bytes:
         """The key of the instruction ``raw`` at ``address`` (remembered by bytes for kinds b and d

@@ -300,8 +300,9 @@ def machine_classes(raw: bytes, address: int, tracer_ranges: tuple[tuple[int, in
     return classes
 
 
-#: ``machine_classes`` remembered by bytes, up to this many.
-ADDRESS_FREE_LIMIT = 65536
+#: ``machine_classes`` remembered by bytes, up to this many (a proof reads its original's and its copy's in turn:
+#: few are asked again later, and a worker's peak memory is the run's).
+ADDRESS_FREE_LIMIT = 4096
 _ADDRESS_FREE: dict[bytes, MachineClasses] = {}
 _BRANCHES: dict[bytes, MachineClasses] = {}  # by the opcode bytes of a direct branch (``_direct_branch_opcode``)
 #: The unprefixed direct relative branches by their first byte, with their length: call, jmp rel32 and
