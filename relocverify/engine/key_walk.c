@@ -389,7 +389,8 @@ fail:
     return result;
 }
 
-/* guess(bytes) -> (length or 0, head length or 0): the length decoder alone, for tests. */
+/* guess(bytes) -> (length or 0, head, displacement place, size, immediate place, size, RIP-relative): the
+   length decoder alone, for tests. */
 static PyObject *guess_length(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data))
