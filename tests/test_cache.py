@@ -358,14 +358,7 @@ def test_the_walk_gives_each_instruction_the_key_of_its_case_analysis(parts, t, 
     data = b"".join(parts)
     start = {"kernel": 0xFFFFFFFF81000000 + jitter, "near T": t - 128 + jitter % 256,
              "rel32 edge": t + (1 << 31) - 300 + jitter % 512, "far": t - (1 << 40) + jitter}[where] & MASK64
-    from relocverify.engine.keys import KeyMaker
-
-    expected = _reference_keys(t, data, start)
-    for native in (True, False):
-        with _key_walk(native):
-            maker = KeyMaker(t)
-            assert maker.keys(data, start) == expected
-            assert maker.keys(data, start) == expected
+    _walks_as_expected(t, data, start, _reference_keys(t, data, start))
 
 
 #: Instructions with a displacement and an immediate: some immediates the keys leave out (``IMMEDIATE_OPERANDS``:
@@ -382,11 +375,16 @@ def test_key_walk_keys_the_fields_of_a_shape_as_the_case_analysis(instances, jit
     """Instances of one shape with other displacements and immediates (zero among them): the C walk keys each
     from the shape it met, the immediates the keys keep kept, and RIP-relative operands with their own
     alignment; as the case analysis does, walked twice."""
-    from relocverify.engine.keys import KeyMaker
-
     t, start = 0xFFFFFFFFC0001000, (0xFFFFFFFF81000000 + jitter) & MASK64
     data = b"".join(bytes.fromhex(f.format(d=f"{d:02x}", i=f"{i:02x}")) for f, d, i in instances)
-    expected = _reference_keys(t, data, start)
+    _walks_as_expected(t, data, start, _reference_keys(t, data, start))
+
+
+def _walks_as_expected(t: int, data: bytes, start: int, expected: list) -> None:
+    """``KeyMaker.keys`` gives ``expected`` by ``key_walk`` (C) and by the walk's Python loop, each walking twice
+    (the second time from remembered keys)."""
+    from relocverify.engine.keys import KeyMaker
+
     for native in (True, False):
         with _key_walk(native):
             maker = KeyMaker(t)
@@ -453,14 +451,7 @@ def test_the_walk_keys_branches_aimed_where_the_keys_tell_distances_apart(parts,
     if not -(1 << (8 * width - 1)) <= rel < 1 << (8 * width - 1):
         return
     data = prefix + op + rel.to_bytes(width, "little", signed=True) + bytes.fromhex("c3")
-    from relocverify.engine.keys import KeyMaker
-
-    expected = _reference_keys(t, data, start)
-    for native in (True, False):
-        with _key_walk(native):
-            maker = KeyMaker(t)
-            assert maker.keys(data, start) == expected
-            assert maker.keys(data, start) == expected
+    _walks_as_expected(t, data, start, _reference_keys(t, data, start))
 
 
 @pytest.mark.slow

@@ -255,17 +255,19 @@ static PyObject *take(PyObject *d, PyObject *k) {
     return v;
 }
 
-/* walk(data, start, tramp, memo, heads, shapes, rips, fallback) -> (lengths, keys) */
+/* walk(data, start, tramp, exact, memo, heads, shapes, rips, fallback) -> (lengths, keys); ``exact``: ``keys.EXACT``,
+   the distance from T within which ``keys._where`` tells distances apart (a target is "near" outside it and
+   within rel32 reach of every trampoline byte, as ``_where`` decides). */
 static PyObject *walk(PyObject *self, PyObject *args) {
     Py_buffer data;
-    unsigned long long start, tramp;
+    unsigned long long start, tramp, exact;
     PyObject *memo, *heads, *shapes, *rips, *fallback;
-    if (!PyArg_ParseTuple(args, "y*KKO!O!O!O!O", &data, &start, &tramp, &PyDict_Type, &memo, &PyDict_Type, &heads,
-                          &PyDict_Type, &shapes, &PyDict_Type, &rips, &fallback))
+    if (!PyArg_ParseTuple(args, "y*KKKO!O!O!O!O", &data, &start, &tramp, &exact, &PyDict_Type, &memo, &PyDict_Type,
+                          &heads, &PyDict_Type, &shapes, &PyDict_Type, &rips, &fallback))
         return NULL;
     const uint8_t *p = data.buf;
     Py_ssize_t size = data.len, pos = 0;
-    const uint64_t exact = 256, near_low = (1ULL << 31) - exact, near_span = 2 * ((1ULL << 31) - exact);
+    const uint64_t near_low = (1ULL << 31) - exact, near_span = 2 * ((1ULL << 31) - exact);
     PyObject *keys = PyList_New(0), *lengths = NULL, *result = NULL;
     char *lens = PyMem_Malloc(size ? size : 1);
     if (keys == NULL || lens == NULL)
@@ -403,7 +405,7 @@ static PyObject *guess_length(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
-     "walk(data, start, tramp, memo, heads, shapes, rips, fallback) -> (lengths, keys): KeyMaker.walk's keys, the "
+     "walk(data, start, tramp, exact, memo, heads, shapes, rips, fallback) -> (lengths, keys): KeyMaker.walk's keys, the "
      "instructions met before found here, the others asked of fallback(pos) -> (length, key)"},
     {"guess", guess_length, METH_VARARGS,
      "guess(bytes) -> (length or 0, head, displacement place, size, immediate place, size, RIP-relative)"},

@@ -150,7 +150,7 @@ class KeyMaker:
                 n = ins.len
                 return n, self._walked(dec, ins, data[pos:pos + n], start + pos, back_all)
 
-            return KEY_WALK.walk(data, start & MASK64, t, memo, self._heads, self._shapes, self._rips, at)
+            return KEY_WALK.walk(data, start & MASK64, t, EXACT, memo, self._heads, self._shapes, self._rips, at)
         lengths = bytearray()
         length = lengths.append
         out = []

@@ -77,8 +77,6 @@ class Machine:
     @classmethod
     def at(cls, address: int) -> "Machine":
         """The machine code at ``address`` runs in: the context of its half (one value per context)."""
-        if cls is not Machine:
-            return cls(Context.of(address))
         return _AT[Context.of(address)]
 
     @property

@@ -44,7 +44,6 @@ verdict is ``unknown``.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from ..concrete.outcome import Difference
 from ..plan.effects import Effect
